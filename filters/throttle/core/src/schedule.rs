@@ -1,0 +1,457 @@
+//! The virtual schedule (GCRA, "theoretical arrival time"), decided once at
+//! admission. See `design.md`: interval `T = 1/rate`, burst tolerance
+//! `tau = burst * T`; on arrival at `now`, `tat = max(stored, now)` and
+//! `release_at = tat - tau`:
+//!
+//! * `release_at <= now`: continue now, store `tat + T`;
+//! * `release_at - now > max_queue_delay`: reject now, store nothing;
+//! * otherwise: store `tat + T` and hold the request until `release_at`.
+//!
+//! The stored TAT is shared by all workers of the process and updated with
+//! compare-and-swap ([`TatStore`]), so the rate holds for the whole process.
+
+use crate::NS_PER_S;
+
+/// Parameters of one schedule, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// Time between two requests at the configured rate.
+    pub interval_ns: u64,
+    /// Burst tolerance: `burst * interval_ns`.
+    pub tau_ns: u64,
+    /// Longest a request may be held.
+    pub max_delay_ns: u64,
+}
+
+/// The outcome of one admission attempt against a given stored TAT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Within the rate: continue now and store `new_tat`.
+    Now { new_tat: u64 },
+    /// Hold until `release_at` and store `new_tat`.
+    Hold { release_at: u64, new_tat: u64 },
+    /// Its turn is `wait_ns` away, beyond what may be held: reject, store nothing.
+    Reject { wait_ns: u64, queue_full: bool },
+}
+
+impl Schedule {
+    /// A schedule for one request every `interval_ns`, `burst` extra requests
+    /// admitted at once, and holds of at most `max_delay_ns`.
+    pub fn new(interval_ns: u64, burst: u64, max_delay_ns: u64) -> Self {
+        Schedule {
+            interval_ns,
+            tau_ns: burst.saturating_mul(interval_ns),
+            max_delay_ns,
+        }
+    }
+
+    /// Decides one request arriving at `now` given the stored TAT. `can_hold`
+    /// is false when the worker's queue is full: a request that would be held
+    /// is rejected instead (and takes no slot).
+    pub fn step(&self, stored_tat: Option<u64>, now: u64, can_hold: bool) -> Step {
+        let tat = stored_tat.map_or(now, |t| t.max(now));
+        let release_at = tat.saturating_sub(self.tau_ns);
+        let new_tat = tat.saturating_add(self.interval_ns);
+        if release_at <= now {
+            return Step::Now { new_tat };
+        }
+        let wait_ns = release_at - now;
+        if wait_ns > self.max_delay_ns || !can_hold {
+            return Step::Reject {
+                wait_ns,
+                queue_full: wait_ns <= self.max_delay_ns,
+            };
+        }
+        Step::Hold {
+            release_at,
+            new_tat,
+        }
+    }
+
+    /// Seconds a rejected client should wait before its retry could be held
+    /// (the `retry-after` header): rounded up, at least 1.
+    pub fn retry_after_s(&self, wait_ns: u64, queue_full: bool) -> u64 {
+        let beyond = if queue_full {
+            wait_ns
+        } else {
+            wait_ns.saturating_sub(self.max_delay_ns)
+        };
+        beyond.div_ceil(NS_PER_S).max(1)
+    }
+}
+
+/// Where the TAT of a schedule lives: proxy-wasm shared data in the filter,
+/// a plain cell in tests. `load` returns the value and a version token; `store`
+/// succeeds only if the value has not changed since that token was read.
+pub trait TatStore {
+    /// Version token of a loaded value.
+    type Token;
+    /// Reads the stored TAT (None if never stored). Err: the store failed.
+    fn load(&mut self) -> Result<(Option<u64>, Self::Token), StoreError>;
+    /// Compare-and-swap. Ok(false): someone else changed it first (retry).
+    fn store(&mut self, tat: u64, token: Self::Token) -> Result<bool, StoreError>;
+}
+
+/// The store could not be read or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreError(pub u32);
+
+/// How many compare-and-swap attempts an admission makes before giving up.
+/// Each failed attempt means another worker admitted a request in between, so
+/// running out takes sustained, extreme contention.
+pub const MAX_CAS_ATTEMPTS: u32 = 64;
+
+/// The decision for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Continue now (fast path).
+    Now,
+    /// Hold until `release_at` (monotonic ns).
+    Hold { release_at: u64 },
+    /// Answer now with the reject status and `retry-after`.
+    Reject {
+        retry_after_s: u64,
+        queue_full: bool,
+    },
+    /// The shared schedule could not be updated (store error, or
+    /// [`MAX_CAS_ATTEMPTS`] lost races). The filter fails closed: it rejects.
+    Contention,
+}
+
+/// Admits one request at `now` against the shared schedule.
+pub fn admit<S: TatStore>(
+    store: &mut S,
+    schedule: &Schedule,
+    now: u64,
+    can_hold: bool,
+) -> Admission {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let Ok((stored, token)) = store.load() else {
+            return Admission::Contention;
+        };
+        let (new_tat, admission) = match schedule.step(stored, now, can_hold) {
+            Step::Reject {
+                wait_ns,
+                queue_full,
+            } => {
+                let retry_after_s = schedule.retry_after_s(wait_ns, queue_full);
+                return Admission::Reject {
+                    retry_after_s,
+                    queue_full,
+                };
+            }
+            Step::Now { new_tat } => (new_tat, Admission::Now),
+            Step::Hold {
+                release_at,
+                new_tat,
+            } => (new_tat, Admission::Hold { release_at }),
+        };
+        match store.store(new_tat, token) {
+            Ok(true) => return admission,
+            Ok(false) => continue,
+            Err(_) => return Admission::Contention,
+        }
+    }
+    Admission::Contention
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NS_PER_MS;
+
+    const MS: u64 = NS_PER_MS;
+
+    /// A TAT cell; `conflicts` simulates other workers winning the race.
+    #[derive(Default)]
+    struct Cell {
+        tat: Option<u64>,
+        version: u32,
+        conflicts: u32,
+        fail: bool,
+    }
+
+    impl TatStore for Cell {
+        type Token = u32;
+        fn load(&mut self) -> Result<(Option<u64>, u32), StoreError> {
+            if self.fail {
+                return Err(StoreError(10));
+            }
+            Ok((self.tat, self.version))
+        }
+        fn store(&mut self, tat: u64, token: u32) -> Result<bool, StoreError> {
+            if self.conflicts > 0 {
+                self.conflicts -= 1;
+                self.version += 1;
+                // The other worker took one slot.
+                self.tat = Some(self.tat.unwrap_or(0) + 2 * MS);
+                return Ok(false);
+            }
+            if token != self.version {
+                return Ok(false);
+            }
+            self.tat = Some(tat);
+            self.version += 1;
+            Ok(true)
+        }
+    }
+
+    // 500/s: one every 2 ms, no burst, hold at most 10 ms.
+    fn s500() -> Schedule {
+        Schedule::new(2 * MS, 0, 10 * MS)
+    }
+
+    #[test]
+    fn requests_within_the_rate_continue_at_once() {
+        let mut c = Cell::default();
+        let s = s500();
+        for i in 0..5 {
+            assert_eq!(
+                admit(&mut c, &s, 1000 * MS + i * 2 * MS, true),
+                Admission::Now
+            );
+        }
+        assert_eq!(c.tat, Some(1010 * MS));
+    }
+
+    #[test]
+    fn a_burst_is_spaced_exactly_one_interval_apart() {
+        let mut c = Cell::default();
+        let s = s500();
+        let now = 1000 * MS;
+        assert_eq!(admit(&mut c, &s, now, true), Admission::Now);
+        for i in 1..=5 {
+            assert_eq!(
+                admit(&mut c, &s, now, true),
+                Admission::Hold {
+                    release_at: now + i * 2 * MS
+                }
+            );
+        }
+        // 6th in the same instant: its turn (12 ms away) is beyond max_queue_delay.
+        assert_eq!(
+            admit(&mut c, &s, now, true),
+            Admission::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        // The rejection took no slot: 1 ms later the next is due at now+12ms = 11 ms away.
+        assert_eq!(
+            admit(&mut c, &s, now + MS, true),
+            Admission::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        assert_eq!(
+            admit(&mut c, &s, now + 2 * MS, true),
+            Admission::Hold {
+                release_at: now + 12 * MS
+            }
+        );
+    }
+
+    #[test]
+    fn exactly_max_queue_delay_is_held() {
+        let mut c = Cell {
+            tat: Some(110 * MS),
+            ..Default::default()
+        };
+        assert_eq!(
+            admit(&mut c, &s500(), 100 * MS, true),
+            Admission::Hold {
+                release_at: 110 * MS
+            }
+        );
+        let mut c = Cell {
+            tat: Some(110 * MS + 1),
+            ..Default::default()
+        };
+        assert!(matches!(
+            admit(&mut c, &s500(), 100 * MS, true),
+            Admission::Reject { .. }
+        ));
+    }
+
+    #[test]
+    fn burst_allows_extra_requests_at_once_then_paces() {
+        let mut c = Cell::default();
+        let s = Schedule::new(2 * MS, 3, 100 * MS);
+        let now = 50 * MS;
+        for _ in 0..4 {
+            assert_eq!(admit(&mut c, &s, now, true), Admission::Now);
+        }
+        assert_eq!(
+            admit(&mut c, &s, now, true),
+            Admission::Hold {
+                release_at: now + 2 * MS
+            }
+        );
+        assert_eq!(
+            admit(&mut c, &s, now, true),
+            Admission::Hold {
+                release_at: now + 4 * MS
+            }
+        );
+    }
+
+    #[test]
+    fn an_idle_schedule_forgets_its_past() {
+        let mut c = Cell {
+            tat: Some(5 * MS),
+            ..Default::default()
+        };
+        assert_eq!(admit(&mut c, &s500(), 1000 * MS, true), Admission::Now);
+        assert_eq!(c.tat, Some(1002 * MS));
+    }
+
+    #[test]
+    fn a_full_queue_rejects_what_would_be_held_without_taking_a_slot() {
+        let mut c = Cell {
+            tat: Some(104 * MS),
+            ..Default::default()
+        };
+        assert_eq!(
+            admit(&mut c, &s500(), 100 * MS, false),
+            Admission::Reject {
+                retry_after_s: 1,
+                queue_full: true
+            }
+        );
+        assert_eq!(c.tat, Some(104 * MS));
+        // Within the rate, a full queue does not matter.
+        assert_eq!(admit(&mut c, &s500(), 104 * MS, false), Admission::Now);
+    }
+
+    #[test]
+    fn retry_after_counts_whole_seconds_beyond_the_queue() {
+        let s = Schedule::new(NS_PER_S, 0, 2 * NS_PER_S); // 1/s, hold up to 2 s
+        assert_eq!(s.retry_after_s(2 * NS_PER_S + 1, false), 1);
+        assert_eq!(s.retry_after_s(5 * NS_PER_S, false), 3);
+        assert_eq!(s.retry_after_s(5 * NS_PER_S + 1, false), 4);
+        assert_eq!(s.retry_after_s(1, true), 1);
+        assert_eq!(s.retry_after_s(1500 * MS, true), 2);
+        let mut c = Cell {
+            tat: Some(10 * NS_PER_S),
+            ..Default::default()
+        };
+        assert_eq!(
+            admit(&mut c, &s, 0, true),
+            Admission::Reject {
+                retry_after_s: 8,
+                queue_full: false
+            }
+        );
+    }
+
+    #[test]
+    fn lost_races_are_retried_against_the_new_value() {
+        let mut c = Cell {
+            conflicts: 3,
+            tat: Some(100 * MS),
+            ..Default::default()
+        };
+        // Three other admissions win first (each takes 2 ms of schedule).
+        assert_eq!(
+            admit(&mut c, &s500(), 100 * MS, true),
+            Admission::Hold {
+                release_at: 106 * MS
+            }
+        );
+        assert_eq!(c.tat, Some(108 * MS));
+    }
+
+    #[test]
+    fn endless_contention_or_a_broken_store_fails_closed() {
+        // Every race is lost; the queue is long enough that each attempt wants to hold.
+        let patient = Schedule::new(2 * MS, 0, 10_000 * MS);
+        let mut c = Cell {
+            conflicts: MAX_CAS_ATTEMPTS,
+            ..Default::default()
+        };
+        assert_eq!(admit(&mut c, &patient, 0, true), Admission::Contention);
+        // One race fewer and the last attempt wins.
+        let mut c = Cell {
+            conflicts: MAX_CAS_ATTEMPTS - 1,
+            ..Default::default()
+        };
+        assert!(matches!(
+            admit(&mut c, &patient, 0, true),
+            Admission::Hold { .. }
+        ));
+        let mut c = Cell {
+            fail: true,
+            ..Default::default()
+        };
+        assert_eq!(admit(&mut c, &s500(), 0, true), Admission::Contention);
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_never_releases_early() {
+        let mut c = Cell::default();
+        let s = s500();
+        assert_eq!(admit(&mut c, &s, 100 * MS, true), Admission::Now);
+        assert_eq!(
+            admit(&mut c, &s, 100 * MS, true),
+            Admission::Hold {
+                release_at: 102 * MS
+            }
+        );
+        // Time appears to go back 50 ms: the schedule is still in the future.
+        assert_eq!(
+            admit(&mut c, &s, 50 * MS, true),
+            Admission::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        assert_eq!(c.tat, Some(104 * MS));
+    }
+
+    #[test]
+    fn saturating_at_the_end_of_time() {
+        let s = Schedule::new(u64::MAX / 2, u64::MAX, u64::MAX);
+        assert_eq!(s.tau_ns, u64::MAX);
+        assert_eq!(
+            s.step(Some(u64::MAX), u64::MAX, true),
+            Step::Now { new_tat: u64::MAX }
+        );
+    }
+
+    #[test]
+    fn zero_max_delay_is_a_pure_limiter() {
+        let mut c = Cell::default();
+        let s = Schedule::new(2 * MS, 0, 0);
+        assert_eq!(admit(&mut c, &s, 0, true), Admission::Now);
+        assert!(matches!(
+            admit(&mut c, &s, 0, true),
+            Admission::Reject { .. }
+        ));
+        assert_eq!(admit(&mut c, &s, 2 * MS, true), Admission::Now);
+    }
+
+    /// Over any window the schedule admits at most rate x window + burst + 1.
+    #[test]
+    fn rate_over_a_long_window_is_exact() {
+        let mut c = Cell::default();
+        let s = Schedule::new(2 * MS, 0, 1000 * MS);
+        let mut released = Vec::new();
+        // 2,000 requests offered at 4x the rate, 0.5 ms apart.
+        for i in 0..2000u64 {
+            let now = i * MS / 2;
+            match admit(&mut c, &s, now, true) {
+                Admission::Now => released.push(now),
+                Admission::Hold { release_at } => released.push(release_at),
+                _ => {}
+            }
+        }
+        released.sort_unstable();
+        for w in released.windows(2) {
+            assert!(w[1] - w[0] >= 2 * MS, "{} then {}", w[0], w[1]);
+        }
+        // Slots 0, 2, ..., 1998 ms: the last arrival (999.5 ms) may wait until 1999.5 ms.
+        assert_eq!(released.len(), 1000);
+        assert_eq!(released.last(), Some(&(1998 * MS)));
+    }
+}

@@ -1,0 +1,198 @@
+//! Parsing of rates (`"500/s"`, `"30/m"`, `"2/h"`, or a number per second) and
+//! durations (`"250ms"`, `"2s"`, `"1m"`).
+
+use crate::NS_PER_S;
+
+/// Highest accepted rate, per second. The interval is kept in whole nanoseconds,
+/// rounded up, so at this rate the setting is honoured within 0.1%.
+pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
+/// Lowest accepted rate: one request per hour.
+pub const MIN_RATE_PER_S: f64 = 1.0 / 3600.0;
+
+/// Parses a rate and returns the interval between two requests in nanoseconds,
+/// rounded up (so the effective rate never exceeds the setting).
+pub fn parse_rate(value: &serde_json::Value) -> Result<u64, String> {
+    let per_second = match value {
+        serde_json::Value::Number(n) => n
+            .as_f64()
+            .ok_or_else(|| format!("expected a positive number, got {n}"))?,
+        serde_json::Value::String(s) => parse_rate_str(s)?,
+        other => {
+            return Err(format!(
+                "expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got {}",
+                describe(other)
+            ))
+        }
+    };
+    if !per_second.is_finite() || per_second <= 0.0 {
+        return Err(format!("must be greater than 0, got {per_second}"));
+    }
+    if per_second > MAX_RATE_PER_S {
+        return Err(format!(
+            "must be at most {MAX_RATE_PER_S}/s, got {per_second}/s"
+        ));
+    }
+    if per_second < MIN_RATE_PER_S {
+        return Err(format!("must be at least 1/h, got {per_second}/s"));
+    }
+    let interval = (NS_PER_S as f64 / per_second).ceil();
+    // Bounded by the checks above: between 1_000 ns and 3_600 s.
+    Ok(interval as u64)
+}
+
+fn parse_rate_str(s: &str) -> Result<f64, String> {
+    let bad =
+        || format!("expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got \"{s}\"");
+    let (count, unit) = s.trim().split_once('/').ok_or_else(bad)?;
+    let count: f64 = parse_plain_number(count).ok_or_else(bad)?;
+    let seconds = match unit.trim() {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(bad()),
+    };
+    Ok(count / seconds)
+}
+
+/// Parses a duration string with a unit (`ms`, `s`, `m`) into nanoseconds.
+pub fn parse_duration(value: &serde_json::Value) -> Result<u64, String> {
+    let s = match value {
+        serde_json::Value::String(s) => s.trim(),
+        other => {
+            return Err(format!(
+                "expected a string with a unit such as \"250ms\", \"2s\" or \"1m\", got {}",
+                describe(other)
+            ))
+        }
+    };
+    let bad = || format!("expected a duration such as \"250ms\", \"2s\" or \"1m\", got \"{s}\"");
+    let (number, unit_ns) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1_000_000.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, NS_PER_S as f64)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0 * NS_PER_S as f64)
+    } else {
+        return Err(bad());
+    };
+    let number = parse_plain_number(number).ok_or_else(bad)?;
+    let ns = (number * unit_ns).round();
+    if ns > MAX_DURATION_NS as f64 {
+        return Err(format!("must be at most 1h, got \"{s}\""));
+    }
+    Ok(ns as u64)
+}
+
+/// Longest accepted duration (one hour).
+pub const MAX_DURATION_NS: u64 = 3600 * NS_PER_S;
+
+/// A non-negative decimal number without sign, exponent, or the words Rust's
+/// float parser also accepts ("inf", "NaN").
+fn parse_plain_number(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let ok = !s.is_empty()
+        && s.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && s.chars().filter(|&c| c == '.').count() <= 1
+        && s.chars().any(|c| c.is_ascii_digit());
+    if ok {
+        s.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// A short description of a JSON value for error messages.
+pub fn describe(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Null => "null".into(),
+        serde_json::Value::Bool(b) => b.to_string(),
+        serde_json::Value::Number(n) => n.to_string(),
+        serde_json::Value::String(s) => format!("\"{s}\""),
+        serde_json::Value::Array(_) => "an array".into(),
+        serde_json::Value::Object(_) => "an object".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate(&json!("500/s")), Ok(2_000_000));
+        assert_eq!(parse_rate(&json!(500)), Ok(2_000_000));
+        assert_eq!(parse_rate(&json!(200.0)), Ok(5_000_000));
+        assert_eq!(parse_rate(&json!("30/m")), Ok(2 * NS_PER_S));
+        assert_eq!(parse_rate(&json!("2/h")), Ok(1800 * NS_PER_S));
+        assert_eq!(parse_rate(&json!("0.5/s")), Ok(2 * NS_PER_S));
+        // 1/3 s is rounded up to the next whole nanosecond: never faster than set.
+        assert_eq!(parse_rate(&json!("3/s")), Ok(333_333_334));
+        assert_eq!(parse_rate(&json!(" 10 / s ")), Ok(100_000_000));
+    }
+
+    #[test]
+    fn bad_rates() {
+        for bad in [
+            json!("fast"),
+            json!("10/d"),
+            json!("/s"),
+            json!("-5/s"),
+            json!("1e3/s"),
+            json!("inf/s"),
+            json!(true),
+            json!(null),
+            json!([1]),
+        ] {
+            assert!(parse_rate(&bad).is_err(), "{bad} accepted");
+        }
+        assert_eq!(
+            parse_rate(&json!(0)),
+            Err("must be greater than 0, got 0".into())
+        );
+        assert_eq!(
+            parse_rate(&json!(-1)),
+            Err("must be greater than 0, got -1".into())
+        );
+        assert_eq!(
+            parse_rate(&json!("fast")),
+            Err(
+                "expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got \"fast\""
+                    .into()
+            )
+        );
+        assert!(parse_rate(&json!(2_000_000)).is_err());
+        assert!(parse_rate(&json!("1/d")).is_err());
+        assert!(parse_rate(&json!("0.5/h")).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration(&json!("250ms")), Ok(250_000_000));
+        assert_eq!(parse_duration(&json!("2s")), Ok(2 * NS_PER_S));
+        assert_eq!(parse_duration(&json!("1.5s")), Ok(1_500_000_000));
+        assert_eq!(parse_duration(&json!("1m")), Ok(60 * NS_PER_S));
+        assert_eq!(parse_duration(&json!("0s")), Ok(0));
+        assert_eq!(parse_duration(&json!("60m")), Ok(3600 * NS_PER_S));
+    }
+
+    #[test]
+    fn bad_durations() {
+        for bad in [
+            json!("1"),
+            json!(1),
+            json!("1h"),
+            json!("-1s"),
+            json!("s"),
+            json!("1 sec"),
+            json!("61m"),
+            json!("NaNs"),
+        ] {
+            assert!(parse_duration(&bad).is_err(), "{bad} accepted");
+        }
+        assert_eq!(
+            parse_duration(&json!(5)),
+            Err("expected a string with a unit such as \"250ms\", \"2s\" or \"1m\", got 5".into())
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! The filter's metrics, one set per rule (bounded cardinality: rule names,
+//! never request data). Envoy exposes them as `wasmcustom.throttle.rule.<rule>.<stat>`;
+//! with the `throttle_rule` tag extractor of `envoy/` they become Prometheus
+//! series such as `throttle_admitted{throttle_rule="default"}`.
+
+use crate::host::{define_metric, increment_metric, record_metric, MetricType};
+
+/// Metric ids of one rule (None where the host refused the definition).
+#[derive(Debug, Default)]
+pub struct RuleMetrics {
+    /// Requests within the rate, continued at once.
+    pub admitted: Option<u32>,
+    /// Requests held for later release.
+    pub queued: Option<u32>,
+    /// Held requests resumed at their turn.
+    pub released: Option<u32>,
+    /// Requests answered at once with the reject status.
+    pub rejected: Option<u32>,
+    /// Held requests whose client went away before their turn.
+    pub cancelled: Option<u32>,
+    /// Held requests whose stream was gone when their turn came.
+    pub gone: Option<u32>,
+    /// Requests rejected because the shared schedule could not be updated.
+    pub contention: Option<u32>,
+    /// Requests held now (gauge, summed over workers).
+    pub held: Option<u32>,
+    /// Time released requests were held, in milliseconds (histogram).
+    pub wait_ms: Option<u32>,
+}
+
+impl RuleMetrics {
+    /// Defines the metrics of rule `name`.
+    pub fn define(name: &str) -> Self {
+        let m = |kind, stat: &str| define_metric(kind, &format!("throttle.rule.{name}.{stat}"));
+        RuleMetrics {
+            admitted: m(MetricType::Counter, "admitted"),
+            queued: m(MetricType::Counter, "queued"),
+            released: m(MetricType::Counter, "released"),
+            rejected: m(MetricType::Counter, "rejected"),
+            cancelled: m(MetricType::Counter, "cancelled"),
+            gone: m(MetricType::Counter, "gone"),
+            contention: m(MetricType::Counter, "contention"),
+            held: m(MetricType::Gauge, "held"),
+            wait_ms: m(MetricType::Histogram, "wait_ms"),
+        }
+    }
+
+    /// Counts one event.
+    pub fn inc(id: Option<u32>) {
+        increment_metric(id, 1);
+    }
+
+    /// One request started being held.
+    pub fn on_hold(&self) {
+        increment_metric(self.queued, 1);
+        increment_metric(self.held, 1);
+    }
+
+    /// One held request left the queue (released, cancelled or gone).
+    pub fn on_unhold(&self) {
+        increment_metric(self.held, -1);
+    }
+
+    /// Records a released request's wait.
+    pub fn record_wait(&self, wait_ns: u64) {
+        record_metric(self.wait_ms, wait_ns / throttle_core::NS_PER_MS);
+    }
+}
