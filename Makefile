@@ -10,8 +10,13 @@ CARGO_W := cargo build --release --target wasm32-wasip1 -p throttle-wasm
 .DEFAULT_GOAL := help
 .PHONY: help setup build demo test lint unit integration clean
 
+# Each topic (benchmarks, Kubernetes checks, Bazel, ...) lives in its own
+# mk/<topic>.mk: it defines its targets and appends the ones CI runs to CI_EXTRA.
+CI_EXTRA :=
+-include mk/*.mk
+
 help: ## List targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 setup: ## Install toolchains and tools (wasm target, .venv with Envoy, Fortio)
 	@bash tools/setup.sh
@@ -33,7 +38,7 @@ unit: ## Core unit tests (host target, injected clock)
 integration: build ## Integration tests against real Envoy and Fortio
 	$(PY) -m pytest tests -v
 
-test: setup lint unit integration ## Everything CI runs
+test: setup lint unit integration $(CI_EXTRA) ## Everything CI runs
 	@echo "make test: all passed"
 
 clean: ## Remove build outputs

