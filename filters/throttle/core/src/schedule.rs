@@ -80,16 +80,26 @@ impl Schedule {
     }
 }
 
-/// Where the TAT of a schedule lives: proxy-wasm shared data in the filter,
-/// a plain cell in tests. `load` returns the value and a version token; `store`
-/// succeeds only if the value has not changed since that token was read.
-pub trait TatStore {
+/// A 16-byte cell shared by all workers: proxy-wasm shared data in the filter,
+/// a plain value in tests. `load` returns the value and a version token;
+/// `store` succeeds only if the value has not changed since that token was read.
+///
+/// Rate cells hold `[fingerprint, tat]` (fingerprint 0 for unkeyed cells);
+/// gate cells hold `[next, done]`.
+pub trait SharedCell {
     /// Version token of a loaded value.
-    type Token;
-    /// Reads the stored TAT (None if never stored). Err: the store failed.
-    fn load(&mut self) -> Result<(Option<u64>, Self::Token), StoreError>;
+    type Token: Copy;
+    /// Reads the cell (None if never stored). Err: the store failed.
+    fn load(&mut self) -> Result<(Option<[u64; 2]>, Self::Token), StoreError>;
     /// Compare-and-swap. Ok(false): someone else changed it first (retry).
-    fn store(&mut self, tat: u64, token: Self::Token) -> Result<bool, StoreError>;
+    fn store(&mut self, value: [u64; 2], token: Self::Token) -> Result<bool, StoreError>;
+}
+
+/// The cells of a per-key rule's key table, by slot.
+pub trait KeyTable {
+    type Cell: SharedCell;
+    /// The cell of `slot`.
+    fn cell(&mut self, slot: u32) -> Self::Cell;
 }
 
 /// The store could not be read or written.
@@ -104,10 +114,10 @@ pub const MAX_CAS_ATTEMPTS: u32 = 64;
 /// The decision for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Continue now (fast path).
-    Now,
+    /// Continue now (fast path). `tat`: the schedule after this request.
+    Now { tat: u64 },
     /// Hold until `release_at` (monotonic ns).
-    Hold { release_at: u64 },
+    Hold { release_at: u64, tat: u64 },
     /// Answer now with the reject status and `retry-after`.
     Reject {
         retry_after_s: u64,
@@ -118,35 +128,59 @@ pub enum Admission {
     Contention,
 }
 
-/// Admits one request at `now` against the shared schedule.
-pub fn admit<S: TatStore>(
-    store: &mut S,
+/// One admission step against a loaded cell value; returns the value to store.
+fn decide(
+    schedule: &Schedule,
+    fingerprint: u64,
+    stored_tat: Option<u64>,
+    now: u64,
+    can_hold: bool,
+) -> (Admission, Option<[u64; 2]>) {
+    match schedule.step(stored_tat, now, can_hold) {
+        Step::Reject {
+            wait_ns,
+            queue_full,
+        } => {
+            let retry_after_s = schedule.retry_after_s(wait_ns, queue_full);
+            (
+                Admission::Reject {
+                    retry_after_s,
+                    queue_full,
+                },
+                None,
+            )
+        }
+        Step::Now { new_tat } => (
+            Admission::Now { tat: new_tat },
+            Some([fingerprint, new_tat]),
+        ),
+        Step::Hold {
+            release_at,
+            new_tat,
+        } => (
+            Admission::Hold {
+                release_at,
+                tat: new_tat,
+            },
+            Some([fingerprint, new_tat]),
+        ),
+    }
+}
+
+/// Admits one request at `now` against a rule's shared schedule.
+pub fn admit<C: SharedCell>(
+    cell: &mut C,
     schedule: &Schedule,
     now: u64,
     can_hold: bool,
 ) -> Admission {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let Ok((stored, token)) = store.load() else {
+        let Ok((stored, token)) = cell.load() else {
             return Admission::Contention;
         };
-        let (new_tat, admission) = match schedule.step(stored, now, can_hold) {
-            Step::Reject {
-                wait_ns,
-                queue_full,
-            } => {
-                let retry_after_s = schedule.retry_after_s(wait_ns, queue_full);
-                return Admission::Reject {
-                    retry_after_s,
-                    queue_full,
-                };
-            }
-            Step::Now { new_tat } => (new_tat, Admission::Now),
-            Step::Hold {
-                release_at,
-                new_tat,
-            } => (new_tat, Admission::Hold { release_at }),
-        };
-        match store.store(new_tat, token) {
+        let (admission, new) = decide(schedule, 0, stored.map(|[_, tat]| tat), now, can_hold);
+        let Some(new) = new else { return admission };
+        match cell.store(new, token) {
             Ok(true) => return admission,
             Ok(false) => continue,
             Err(_) => return Admission::Contention,
@@ -155,12 +189,102 @@ pub fn admit<S: TatStore>(
     Admission::Contention
 }
 
+/// Admits one request of key `fingerprint` (non-zero) against a per-key rule's
+/// table: the candidate slot holding this key's schedule; else a candidate
+/// whose schedule lies in the past (the same as a fresh one); else the first
+/// candidate, shared with the key that holds it.
+pub fn admit_keyed<T: KeyTable>(
+    table: &mut T,
+    fingerprint: u64,
+    slots: (u32, u32),
+    schedule: &Schedule,
+    now: u64,
+    can_hold: bool,
+) -> Admission {
+    let mut a = table.cell(slots.0);
+    let mut b = (slots.0 != slots.1).then(|| table.cell(slots.1));
+    let own = |v: Option<[u64; 2]>| v.is_some_and(|[fp, _]| fp == fingerprint);
+    let free = |v: Option<[u64; 2]>| v.is_none_or(|[_, tat]| tat <= now);
+    let tat = |v: Option<[u64; 2]>| v.map(|[_, t]| t);
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let Ok((va, ta)) = a.load() else {
+            return Admission::Contention;
+        };
+        // Which cell, and what it holds: (use b, fingerprint to keep, stored tat).
+        let mut tb = None;
+        let (use_b, fp, stored) = if own(va) {
+            (false, fingerprint, tat(va))
+        } else {
+            let vb = match b.as_mut().map(|b| b.load()) {
+                None => None,
+                Some(Ok((vb, token))) => {
+                    tb = Some(token);
+                    vb
+                }
+                Some(Err(_)) => return Admission::Contention,
+            };
+            if tb.is_some() && own(vb) {
+                (true, fingerprint, tat(vb))
+            } else if free(va) {
+                (false, fingerprint, None)
+            } else if tb.is_some() && free(vb) {
+                (true, fingerprint, None)
+            } else {
+                // Both candidates are busy with other keys: share the first.
+                (false, va.map_or(fingerprint, |[f, _]| f), tat(va))
+            }
+        };
+        let (admission, new) = decide(schedule, fp, stored, now, can_hold);
+        let Some(new) = new else { return admission };
+        let result = match (use_b, b.as_mut(), tb) {
+            (true, Some(b), Some(tb)) => b.store(new, tb),
+            _ => a.store(new, ta),
+        };
+        match result {
+            Ok(true) => return admission,
+            Ok(false) => continue,
+            Err(_) => return Admission::Contention,
+        }
+    }
+    Admission::Contention
+}
+
+/// The draft rate-limit headers of a request: `(limit, remaining, reset_s)`.
+/// `limit`: requests per window as configured; `remaining`: requests that
+/// would pass at once right after this one; `reset_s`: seconds until the
+/// schedule is idle again (full burst available). `tat`: the schedule after
+/// this request (for a rejected request, the schedule as it stands).
+pub fn rate_limit_headers(schedule: &Schedule, limit: u64, tat: u64, now: u64) -> (u64, u64, u64) {
+    let horizon = now.saturating_add(schedule.tau_ns);
+    let remaining = if horizon >= tat && schedule.interval_ns > 0 {
+        (horizon - tat) / schedule.interval_ns + 1
+    } else {
+        0
+    };
+    let reset_s = tat.saturating_sub(now).div_ceil(NS_PER_S);
+    (limit, remaining, reset_s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::NS_PER_MS;
 
     const MS: u64 = NS_PER_MS;
+    const NOW: Admission = Admission::Now { tat: 0 };
+
+    /// The decision without the schedule's new TAT (asserted separately).
+    fn k(a: Admission) -> Admission {
+        match a {
+            Admission::Now { .. } => NOW,
+            Admission::Hold { release_at, .. } => hold(release_at),
+            other => other,
+        }
+    }
+
+    fn hold(release_at: u64) -> Admission {
+        Admission::Hold { release_at, tat: 0 }
+    }
 
     /// A TAT cell; `conflicts` simulates other workers winning the race.
     #[derive(Default)]
@@ -171,15 +295,15 @@ mod tests {
         fail: bool,
     }
 
-    impl TatStore for Cell {
+    impl SharedCell for Cell {
         type Token = u32;
-        fn load(&mut self) -> Result<(Option<u64>, u32), StoreError> {
+        fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
             if self.fail {
                 return Err(StoreError(10));
             }
-            Ok((self.tat, self.version))
+            Ok((self.tat.map(|t| [0, t]), self.version))
         }
-        fn store(&mut self, tat: u64, token: u32) -> Result<bool, StoreError> {
+        fn store(&mut self, [_, tat]: [u64; 2], token: u32) -> Result<bool, StoreError> {
             if self.conflicts > 0 {
                 self.conflicts -= 1;
                 self.version += 1;
@@ -206,10 +330,7 @@ mod tests {
         let mut c = Cell::default();
         let s = s500();
         for i in 0..5 {
-            assert_eq!(
-                admit(&mut c, &s, 1000 * MS + i * 2 * MS, true),
-                Admission::Now
-            );
+            assert_eq!(k(admit(&mut c, &s, 1000 * MS + i * 2 * MS, true)), NOW);
         }
         assert_eq!(c.tat, Some(1010 * MS));
     }
@@ -219,18 +340,13 @@ mod tests {
         let mut c = Cell::default();
         let s = s500();
         let now = 1000 * MS;
-        assert_eq!(admit(&mut c, &s, now, true), Admission::Now);
+        assert_eq!(k(admit(&mut c, &s, now, true)), NOW);
         for i in 1..=5 {
-            assert_eq!(
-                admit(&mut c, &s, now, true),
-                Admission::Hold {
-                    release_at: now + i * 2 * MS
-                }
-            );
+            assert_eq!(k(admit(&mut c, &s, now, true)), hold(now + i * 2 * MS));
         }
         // 6th in the same instant: its turn (12 ms away) is beyond max_queue_delay.
         assert_eq!(
-            admit(&mut c, &s, now, true),
+            k(admit(&mut c, &s, now, true)),
             Admission::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -238,17 +354,15 @@ mod tests {
         );
         // The rejection took no slot: 1 ms later the next is due at now+12ms = 11 ms away.
         assert_eq!(
-            admit(&mut c, &s, now + MS, true),
+            k(admit(&mut c, &s, now + MS, true)),
             Admission::Reject {
                 retry_after_s: 1,
                 queue_full: false
             }
         );
         assert_eq!(
-            admit(&mut c, &s, now + 2 * MS, true),
-            Admission::Hold {
-                release_at: now + 12 * MS
-            }
+            k(admit(&mut c, &s, now + 2 * MS, true)),
+            hold(now + 12 * MS)
         );
     }
 
@@ -258,18 +372,13 @@ mod tests {
             tat: Some(110 * MS),
             ..Default::default()
         };
-        assert_eq!(
-            admit(&mut c, &s500(), 100 * MS, true),
-            Admission::Hold {
-                release_at: 110 * MS
-            }
-        );
+        assert_eq!(k(admit(&mut c, &s500(), 100 * MS, true)), hold(110 * MS));
         let mut c = Cell {
             tat: Some(110 * MS + 1),
             ..Default::default()
         };
         assert!(matches!(
-            admit(&mut c, &s500(), 100 * MS, true),
+            k(admit(&mut c, &s500(), 100 * MS, true)),
             Admission::Reject { .. }
         ));
     }
@@ -280,20 +389,10 @@ mod tests {
         let s = Schedule::new(2 * MS, 3, 100 * MS);
         let now = 50 * MS;
         for _ in 0..4 {
-            assert_eq!(admit(&mut c, &s, now, true), Admission::Now);
+            assert_eq!(k(admit(&mut c, &s, now, true)), NOW);
         }
-        assert_eq!(
-            admit(&mut c, &s, now, true),
-            Admission::Hold {
-                release_at: now + 2 * MS
-            }
-        );
-        assert_eq!(
-            admit(&mut c, &s, now, true),
-            Admission::Hold {
-                release_at: now + 4 * MS
-            }
-        );
+        assert_eq!(k(admit(&mut c, &s, now, true)), hold(now + 2 * MS));
+        assert_eq!(k(admit(&mut c, &s, now, true)), hold(now + 4 * MS));
     }
 
     #[test]
@@ -302,7 +401,7 @@ mod tests {
             tat: Some(5 * MS),
             ..Default::default()
         };
-        assert_eq!(admit(&mut c, &s500(), 1000 * MS, true), Admission::Now);
+        assert_eq!(k(admit(&mut c, &s500(), 1000 * MS, true)), NOW);
         assert_eq!(c.tat, Some(1002 * MS));
     }
 
@@ -313,7 +412,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            admit(&mut c, &s500(), 100 * MS, false),
+            k(admit(&mut c, &s500(), 100 * MS, false)),
             Admission::Reject {
                 retry_after_s: 1,
                 queue_full: true
@@ -321,7 +420,7 @@ mod tests {
         );
         assert_eq!(c.tat, Some(104 * MS));
         // Within the rate, a full queue does not matter.
-        assert_eq!(admit(&mut c, &s500(), 104 * MS, false), Admission::Now);
+        assert_eq!(k(admit(&mut c, &s500(), 104 * MS, false)), NOW);
     }
 
     #[test]
@@ -337,7 +436,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            admit(&mut c, &s, 0, true),
+            k(admit(&mut c, &s, 0, true)),
             Admission::Reject {
                 retry_after_s: 8,
                 queue_full: false
@@ -353,12 +452,7 @@ mod tests {
             ..Default::default()
         };
         // Three other admissions win first (each takes 2 ms of schedule).
-        assert_eq!(
-            admit(&mut c, &s500(), 100 * MS, true),
-            Admission::Hold {
-                release_at: 106 * MS
-            }
-        );
+        assert_eq!(k(admit(&mut c, &s500(), 100 * MS, true)), hold(106 * MS));
         assert_eq!(c.tat, Some(108 * MS));
     }
 
@@ -370,37 +464,32 @@ mod tests {
             conflicts: MAX_CAS_ATTEMPTS,
             ..Default::default()
         };
-        assert_eq!(admit(&mut c, &patient, 0, true), Admission::Contention);
+        assert_eq!(k(admit(&mut c, &patient, 0, true)), Admission::Contention);
         // One race fewer and the last attempt wins.
         let mut c = Cell {
             conflicts: MAX_CAS_ATTEMPTS - 1,
             ..Default::default()
         };
         assert!(matches!(
-            admit(&mut c, &patient, 0, true),
+            k(admit(&mut c, &patient, 0, true)),
             Admission::Hold { .. }
         ));
         let mut c = Cell {
             fail: true,
             ..Default::default()
         };
-        assert_eq!(admit(&mut c, &s500(), 0, true), Admission::Contention);
+        assert_eq!(k(admit(&mut c, &s500(), 0, true)), Admission::Contention);
     }
 
     #[test]
     fn a_clock_that_goes_back_never_releases_early() {
         let mut c = Cell::default();
         let s = s500();
-        assert_eq!(admit(&mut c, &s, 100 * MS, true), Admission::Now);
-        assert_eq!(
-            admit(&mut c, &s, 100 * MS, true),
-            Admission::Hold {
-                release_at: 102 * MS
-            }
-        );
+        assert_eq!(k(admit(&mut c, &s, 100 * MS, true)), NOW);
+        assert_eq!(k(admit(&mut c, &s, 100 * MS, true)), hold(102 * MS));
         // Time appears to go back 50 ms: the schedule is still in the future.
         assert_eq!(
-            admit(&mut c, &s, 50 * MS, true),
+            k(admit(&mut c, &s, 50 * MS, true)),
             Admission::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -423,12 +512,12 @@ mod tests {
     fn zero_max_delay_is_a_pure_limiter() {
         let mut c = Cell::default();
         let s = Schedule::new(2 * MS, 0, 0);
-        assert_eq!(admit(&mut c, &s, 0, true), Admission::Now);
+        assert_eq!(k(admit(&mut c, &s, 0, true)), NOW);
         assert!(matches!(
-            admit(&mut c, &s, 0, true),
+            k(admit(&mut c, &s, 0, true)),
             Admission::Reject { .. }
         ));
-        assert_eq!(admit(&mut c, &s, 2 * MS, true), Admission::Now);
+        assert_eq!(k(admit(&mut c, &s, 2 * MS, true)), NOW);
     }
 
     /// Over any window the schedule admits at most rate x window + burst + 1.
@@ -440,9 +529,9 @@ mod tests {
         // 2,000 requests offered at 4x the rate, 0.5 ms apart.
         for i in 0..2000u64 {
             let now = i * MS / 2;
-            match admit(&mut c, &s, now, true) {
-                Admission::Now => released.push(now),
-                Admission::Hold { release_at } => released.push(release_at),
+            match k(admit(&mut c, &s, now, true)) {
+                Admission::Now { .. } => released.push(now),
+                Admission::Hold { release_at, .. } => released.push(release_at),
                 _ => {}
             }
         }
@@ -453,5 +542,159 @@ mod tests {
         // Slots 0, 2, ..., 1998 ms: the last arrival (999.5 ms) may wait until 1999.5 ms.
         assert_eq!(released.len(), 1000);
         assert_eq!(released.last(), Some(&(1998 * MS)));
+    }
+}
+
+#[cfg(test)]
+mod keyed_tests {
+    use super::*;
+    use crate::NS_PER_MS;
+    use std::collections::HashMap;
+
+    const MS: u64 = NS_PER_MS;
+
+    /// Cells by slot: (value, version).
+    type Cells = std::rc::Rc<std::cell::RefCell<HashMap<u32, ([u64; 2], u32)>>>;
+
+    /// A key table in memory: slot -> (value, version).
+    #[derive(Default)]
+    struct Table {
+        cells: Cells,
+    }
+
+    struct TableCell {
+        slot: u32,
+        cells: Cells,
+    }
+
+    impl SharedCell for TableCell {
+        type Token = u32;
+        fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
+            Ok(self
+                .cells
+                .borrow()
+                .get(&self.slot)
+                .map_or((None, 0), |&(v, ver)| (Some(v), ver)))
+        }
+        fn store(&mut self, v: [u64; 2], token: u32) -> Result<bool, StoreError> {
+            let mut cells = self.cells.borrow_mut();
+            let ver = cells.get(&self.slot).map_or(0, |&(_, ver)| ver);
+            if ver != token {
+                return Ok(false);
+            }
+            cells.insert(self.slot, (v, ver + 1));
+            Ok(true)
+        }
+    }
+
+    impl KeyTable for Table {
+        type Cell = TableCell;
+        fn cell(&mut self, slot: u32) -> TableCell {
+            TableCell {
+                slot,
+                cells: self.cells.clone(),
+            }
+        }
+    }
+
+    impl Table {
+        fn get(&self, slot: u32) -> Option<[u64; 2]> {
+            self.cells.borrow().get(&slot).map(|&(v, _)| v)
+        }
+    }
+
+    fn s500() -> Schedule {
+        Schedule::new(2 * MS, 0, 1000 * MS)
+    }
+
+    fn release(a: Admission, now: u64) -> u64 {
+        match a {
+            Admission::Now { .. } => now,
+            Admission::Hold { release_at, .. } => release_at,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_key_has_its_own_schedule() {
+        let mut t = Table::default();
+        let now = 100 * MS;
+        // Key 11 in slots (0, 1), key 22 in slots (2, 3): both start at once.
+        assert_eq!(
+            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            now
+        );
+        assert_eq!(
+            release(admit_keyed(&mut t, 22, (2, 3), &s500(), now, true), now),
+            now
+        );
+        assert_eq!(
+            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            now + 2 * MS
+        );
+        assert_eq!(
+            release(admit_keyed(&mut t, 22, (2, 3), &s500(), now, true), now),
+            now + 2 * MS
+        );
+        assert_eq!(t.get(0), Some([11, now + 4 * MS]));
+        assert_eq!(t.get(2), Some([22, now + 4 * MS]));
+    }
+
+    #[test]
+    fn a_key_finds_its_schedule_in_its_second_slot() {
+        let mut t = Table::default();
+        let now = 100 * MS;
+        // Slot 0 is busy with key 33; key 11 takes slot 1.
+        admit_keyed(&mut t, 33, (0, 9), &s500(), now, true);
+        admit_keyed(&mut t, 11, (0, 1), &s500(), now, true);
+        assert_eq!(t.get(1), Some([11, now + 2 * MS]));
+        // Later, key 11 finds its own schedule in slot 1, not a fresh one in 0.
+        assert_eq!(
+            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            now + 2 * MS
+        );
+    }
+
+    #[test]
+    fn a_slot_whose_schedule_is_past_is_taken_over_losslessly() {
+        let mut t = Table::default();
+        admit_keyed(&mut t, 33, (0, 1), &s500(), 100 * MS, true);
+        admit_keyed(&mut t, 44, (1, 0), &s500(), 100 * MS, true);
+        // 10 ms later both schedules are in the past: key 11 takes slot 0.
+        let now = 110 * MS;
+        assert_eq!(
+            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            now
+        );
+        assert_eq!(t.get(0), Some([11, now + 2 * MS]));
+    }
+
+    #[test]
+    fn when_both_slots_are_busy_keys_share_a_rate_never_exceed_it() {
+        let mut t = Table::default();
+        let now = 100 * MS;
+        admit_keyed(&mut t, 33, (0, 5), &s500(), now, true); // slot 0 busy until +2ms
+        admit_keyed(&mut t, 44, (1, 5), &s500(), now, true); // slot 1 busy until +2ms
+                                                             // Key 11 (slots 0, 1): shares slot 0 with key 33, which keeps the slot.
+        assert_eq!(
+            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            now + 2 * MS
+        );
+        assert_eq!(t.get(0), Some([33, now + 4 * MS]));
+    }
+
+    #[test]
+    fn rate_limit_header_values() {
+        // 10/s with burst 4: interval 100 ms, tau 400 ms.
+        let s = Schedule::new(100 * MS, 4, 1000 * MS);
+        let now = 10_000 * MS;
+        // First request after idle: tat = now + 100ms; 4 more could pass at once.
+        assert_eq!(rate_limit_headers(&s, 10, now + 100 * MS, now), (10, 4, 1));
+        // After the fifth at once: tat = now + 500 ms, none remain.
+        assert_eq!(rate_limit_headers(&s, 10, now + 500 * MS, now), (10, 0, 1));
+        // Deep in the queue: 2.5 s of schedule ahead.
+        assert_eq!(rate_limit_headers(&s, 10, now + 2500 * MS, now), (10, 0, 3));
+        // Idle: everything available, nothing to reset.
+        assert_eq!(rate_limit_headers(&s, 10, now - MS, now), (10, 5, 0));
     }
 }

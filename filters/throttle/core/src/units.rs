@@ -9,13 +9,26 @@ pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
 /// Lowest accepted rate: one request per hour.
 pub const MIN_RATE_PER_S: f64 = 1.0 / 3600.0;
 
-/// Parses a rate and returns the interval between two requests in nanoseconds,
-/// rounded up (so the effective rate never exceeds the setting).
-pub fn parse_rate(value: &serde_json::Value) -> Result<u64, String> {
-    let per_second = match value {
-        serde_json::Value::Number(n) => n
-            .as_f64()
-            .ok_or_else(|| format!("expected a positive number, got {n}"))?,
+/// A rate as the user wrote it: `count` requests per `window_s` seconds
+/// (for the `x-ratelimit-limit` header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateWindow {
+    /// Requests per window, rounded down, at least 1.
+    pub count: u64,
+    /// Window in seconds: 1, 60 or 3600.
+    pub window_s: u64,
+}
+
+/// Parses a rate. Returns the interval between two requests in nanoseconds,
+/// rounded up (so the effective rate never exceeds the setting), and the rate
+/// as written.
+pub fn parse_rate(value: &serde_json::Value) -> Result<(u64, RateWindow), String> {
+    let (per_second, window_s) = match value {
+        serde_json::Value::Number(n) => (
+            n.as_f64()
+                .ok_or_else(|| format!("expected a positive number, got {n}"))?,
+            1,
+        ),
         serde_json::Value::String(s) => parse_rate_str(s)?,
         other => {
             return Err(format!(
@@ -36,22 +49,29 @@ pub fn parse_rate(value: &serde_json::Value) -> Result<u64, String> {
         return Err(format!("must be at least 1/h, got {per_second}/s"));
     }
     let interval = (NS_PER_S as f64 / per_second).ceil();
+    let count = (per_second * window_s as f64).floor().max(1.0);
     // Bounded by the checks above: between 1_000 ns and 3_600 s.
-    Ok(interval as u64)
+    Ok((
+        interval as u64,
+        RateWindow {
+            count: count as u64,
+            window_s,
+        },
+    ))
 }
 
-fn parse_rate_str(s: &str) -> Result<f64, String> {
+fn parse_rate_str(s: &str) -> Result<(f64, u64), String> {
     let bad =
         || format!("expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got \"{s}\"");
     let (count, unit) = s.trim().split_once('/').ok_or_else(bad)?;
     let count: f64 = parse_plain_number(count).ok_or_else(bad)?;
     let seconds = match unit.trim() {
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
         _ => return Err(bad()),
     };
-    Ok(count / seconds)
+    Ok((count / seconds as f64, seconds))
 }
 
 /// Parses a duration string with a unit (`ms`, `s`, `m`) into nanoseconds.
@@ -120,15 +140,16 @@ mod tests {
 
     #[test]
     fn rates() {
-        assert_eq!(parse_rate(&json!("500/s")), Ok(2_000_000));
-        assert_eq!(parse_rate(&json!(500)), Ok(2_000_000));
-        assert_eq!(parse_rate(&json!(200.0)), Ok(5_000_000));
-        assert_eq!(parse_rate(&json!("30/m")), Ok(2 * NS_PER_S));
-        assert_eq!(parse_rate(&json!("2/h")), Ok(1800 * NS_PER_S));
-        assert_eq!(parse_rate(&json!("0.5/s")), Ok(2 * NS_PER_S));
+        let w = |count, window_s| RateWindow { count, window_s };
+        assert_eq!(parse_rate(&json!("500/s")), Ok((2_000_000, w(500, 1))));
+        assert_eq!(parse_rate(&json!(500)), Ok((2_000_000, w(500, 1))));
+        assert_eq!(parse_rate(&json!(200.0)), Ok((5_000_000, w(200, 1))));
+        assert_eq!(parse_rate(&json!("30/m")), Ok((2 * NS_PER_S, w(30, 60))));
+        assert_eq!(parse_rate(&json!("2/h")), Ok((1800 * NS_PER_S, w(2, 3600))));
+        assert_eq!(parse_rate(&json!("0.5/s")), Ok((2 * NS_PER_S, w(1, 1))));
         // 1/3 s is rounded up to the next whole nanosecond: never faster than set.
-        assert_eq!(parse_rate(&json!("3/s")), Ok(333_333_334));
-        assert_eq!(parse_rate(&json!(" 10 / s ")), Ok(100_000_000));
+        assert_eq!(parse_rate(&json!("3/s")), Ok((333_333_334, w(3, 1))));
+        assert_eq!(parse_rate(&json!(" 10 / s ")), Ok((100_000_000, w(10, 1))));
     }
 
     #[test]

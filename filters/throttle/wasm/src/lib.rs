@@ -10,6 +10,8 @@
 mod host;
 mod http;
 mod metrics;
+mod plugin;
+mod request;
 mod root;
 
 use proxy_wasm::traits::RootContext;

@@ -22,6 +22,12 @@ pub struct RuleMetrics {
     pub gone: Option<u32>,
     /// Requests rejected because the shared schedule could not be updated.
     pub contention: Option<u32>,
+    /// Dry-run: requests that would have been held.
+    pub dry_run_queued: Option<u32>,
+    /// Dry-run: requests that would have been rejected.
+    pub dry_run_rejected: Option<u32>,
+    /// Concurrency mode: requests in flight to the upstream now (gauge).
+    pub in_flight: Option<u32>,
     /// Requests held now (gauge, summed over workers).
     pub held: Option<u32>,
     /// Time released requests were held, in milliseconds (histogram).
@@ -40,6 +46,9 @@ impl RuleMetrics {
             cancelled: m(MetricType::Counter, "cancelled"),
             gone: m(MetricType::Counter, "gone"),
             contention: m(MetricType::Counter, "contention"),
+            dry_run_queued: m(MetricType::Counter, "dry_run_queued"),
+            dry_run_rejected: m(MetricType::Counter, "dry_run_rejected"),
+            in_flight: m(MetricType::Gauge, "in_flight"),
             held: m(MetricType::Gauge, "held"),
             wait_ms: m(MetricType::Histogram, "wait_ms"),
         }
@@ -48,6 +57,11 @@ impl RuleMetrics {
     /// Counts one event.
     pub fn inc(id: Option<u32>) {
         increment_metric(id, 1);
+    }
+
+    /// Adds to a counter or gauge.
+    pub fn add(id: Option<u32>, delta: i64) {
+        increment_metric(id, delta);
     }
 
     /// One request started being held.

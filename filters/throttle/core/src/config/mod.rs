@@ -1,0 +1,92 @@
+//! The filter's JSON configuration: parsed and validated in one pass that
+//! collects every problem, each naming its field (`rules[1].rate: ...`).
+//! Field names, bounds, defaults and docs live in [`spec`].
+//!
+//! ```json
+//! {"rules": [{"name": "default", "rate": "500/s", "burst": 0, "max_queue_delay": "1s",
+//!             "match": {"path_prefix": "/"}}],
+//!  "max_held_per_worker": 10000, "reject_status": 429}
+//! ```
+
+pub mod spec;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+use crate::keys::KeySource;
+use crate::matcher::Match;
+use crate::schedule::Schedule;
+pub use crate::units::RateWindow;
+
+pub use validate::{parse, DEFAULT_KEY_SLOTS, DEFAULT_MAX_QUEUE_DELAY_NS};
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Rules in order; the first that matches a request applies to it.
+    pub rules: Vec<Rule>,
+    /// Cap on requests held at once by one worker.
+    pub max_held_per_worker: u32,
+    /// Whether responses of rate rules carry the draft `x-ratelimit-*` headers.
+    pub rate_limit_headers: bool,
+}
+
+/// One validated rule. Rule-level overrides are already resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Unique name; used in metric names and shared-data keys.
+    pub name: String,
+    /// The rate schedule, if the rule has a `rate`.
+    pub schedule: Option<Schedule>,
+    /// The rate as configured, for `x-ratelimit-limit`.
+    pub rate_window: Option<RateWindow>,
+    /// Process-wide cap on requests in flight, if the rule has `concurrency`.
+    pub concurrency: Option<u32>,
+    /// Longest hold, in ns.
+    pub max_delay_ns: u64,
+    /// Which requests the rule applies to.
+    pub matcher: Match,
+    /// Per-key rule: where the key comes from.
+    pub key: Option<KeySource>,
+    /// Size of the key table (meaningful with `key`).
+    pub key_slots: u32,
+    /// Status of rejections.
+    pub reject_status: u16,
+    /// Decide and count, but hold and reject nothing.
+    pub dry_run: bool,
+}
+
+impl Config {
+    /// Whether some rule needs request data to match or key (false when the
+    /// first rule matches everything and has no key: the fast path reads no header).
+    pub fn first_rule_takes_all(&self) -> bool {
+        self.rules
+            .first()
+            .is_some_and(|r| r.matcher.is_empty() && r.key.is_none())
+    }
+}
+
+/// One configuration problem, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Path of the offending field, such as `rules[0].rate`, or `(config)`.
+    pub field: String,
+    /// What is wrong, and what would be right.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+impl std::str::FromStr for Config {
+    type Err = Vec<ConfigError>;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse(s.as_bytes())
+    }
+}

@@ -1,0 +1,252 @@
+use super::*;
+use crate::matcher::HeaderMatch;
+use crate::{NS_PER_MS, NS_PER_S};
+
+fn errors(json: &str) -> Vec<String> {
+    match parse(json.as_bytes()) {
+        Ok(c) => panic!("accepted: {c:?}"),
+        Err(e) => e.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn ok(json: &str) -> Config {
+    parse(json.as_bytes()).unwrap_or_else(|e| panic!("refused {json}: {e:?}"))
+}
+
+#[test]
+fn the_contract_example_parses() {
+    let c = ok(
+        r#"{"rules": [{"name": "default", "rate": "500/s", "burst": 0, "max_queue_delay": "1s",
+          "match": {"path_prefix": "/"}}], "max_held_per_worker": 10000, "reject_status": 429}"#,
+    );
+    assert_eq!(c.max_held_per_worker, 10_000);
+    let r = &c.rules[0];
+    assert_eq!(r.name, "default");
+    assert_eq!(r.reject_status, 429);
+    assert_eq!(
+        r.schedule,
+        Some(Schedule::new(2 * NS_PER_MS, 0, 1000 * NS_PER_MS))
+    );
+    assert_eq!(
+        r.rate_window,
+        Some(RateWindow {
+            count: 500,
+            window_s: 1
+        })
+    );
+    assert_eq!(r.matcher.path_prefix.as_deref(), Some("/"));
+    assert_eq!((r.concurrency, &r.key, r.dry_run), (None, &None, false));
+}
+
+#[test]
+fn defaults() {
+    let c = ok(r#"{"rules": [{"name": "a", "rate": 10}]}"#);
+    assert_eq!(c.max_held_per_worker, 10_000);
+    assert!(!c.rate_limit_headers);
+    let r = &c.rules[0];
+    assert_eq!(r.reject_status, 429);
+    assert_eq!(
+        r.schedule,
+        Some(Schedule::new(
+            100 * NS_PER_MS,
+            0,
+            DEFAULT_MAX_QUEUE_DELAY_NS
+        ))
+    );
+    assert_eq!(r.max_delay_ns, NS_PER_S);
+    assert_eq!(r.key_slots, DEFAULT_KEY_SLOTS);
+    assert!(r.matcher.is_empty());
+    assert!(c.first_rule_takes_all());
+}
+
+#[test]
+fn global_settings_and_rule_overrides() {
+    let c = ok(
+        r#"{"reject_status": 503, "dry_run": true, "rate_limit_headers": true, "rules": [
+        {"name": "a", "rate": 1},
+        {"name": "b", "rate": 1, "reject_status": 429, "dry_run": false}]}"#,
+    );
+    assert!(c.rate_limit_headers);
+    assert_eq!((c.rules[0].reject_status, c.rules[0].dry_run), (503, true));
+    assert_eq!((c.rules[1].reject_status, c.rules[1].dry_run), (429, false));
+}
+
+#[test]
+fn every_match_condition_and_key() {
+    let c = ok(
+        r#"{"rules": [{"name": "t", "rate": "5/s", "key": {"header": "X-Tenant"}, "key_slots": 16,
+        "match": {"path_prefix": "/api/", "path_exact": "/api/x", "methods": ["get", "POST"],
+                  "headers": {"X-Env": "prod", "authorization": true, "x-debug": false},
+                  "authority": "Shop.Example"}},
+        {"name": "ip", "rate": 1, "key": {"source": "address"}},
+        {"name": "p", "rate": 1, "key": {"path": true}},
+        {"name": "h", "rate": 1, "key": {"authority": true}}]}"#,
+    );
+    let m = &c.rules[0].matcher;
+    assert_eq!(m.methods, vec!["GET", "POST"]);
+    assert_eq!(
+        m.headers,
+        vec![
+            ("x-env".to_string(), HeaderMatch::Exact("prod".into())),
+            ("authorization".to_string(), HeaderMatch::Present),
+            ("x-debug".to_string(), HeaderMatch::Absent),
+        ]
+    );
+    assert_eq!(m.authority.as_deref(), Some("shop.example"));
+    assert_eq!(c.rules[0].key, Some(KeySource::Header("x-tenant".into())));
+    assert_eq!(c.rules[0].key_slots, 16);
+    assert_eq!(c.rules[1].key, Some(KeySource::SourceAddress));
+    assert_eq!(c.rules[2].key, Some(KeySource::Path));
+    assert_eq!(c.rules[3].key, Some(KeySource::Authority));
+    assert!(!c.first_rule_takes_all());
+}
+
+#[test]
+fn concurrency_alone_or_with_a_rate() {
+    let c = ok(
+        r#"{"rules": [{"name": "c", "concurrency": 8, "max_queue_delay": "5s"},
+                              {"name": "rc", "rate": "100/s", "concurrency": 2}]}"#,
+    );
+    assert_eq!(
+        (c.rules[0].concurrency, c.rules[0].schedule),
+        (Some(8), None)
+    );
+    assert_eq!(c.rules[0].max_delay_ns, 5 * NS_PER_S);
+    assert_eq!(c.rules[1].concurrency, Some(2));
+    assert!(c.rules[1].schedule.is_some());
+}
+
+/// Table of bad configs and the exact messages they produce.
+#[test]
+fn bad_configs_name_the_field() {
+    let table: &[(&str, &[&str])] = &[
+        (r#"{"rules": [{"name": "a", "rate": 1, "colour": "red"}]}"#,
+         &["rules[0].colour: unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_slots, reject_status, dry_run)"]),
+        (r#"{"rules": [{"name": "a", "rate": 1}], "max_held": 5}"#,
+         &["max_held: unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, rate_limit_headers)"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "burst": -1}]}"#,
+         &["rules[0].burst: must be an integer from 0 to 1000000, got -1"]),
+        (r#"{"rules": [{"name": "a", "rate": "fast"}]}"#,
+         &["rules[0].rate: expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got \"fast\""]),
+        (r#"{"rules": []}"#, &["rules: must contain at least one rule"]),
+        (r#"{}"#, &["rules: required: a non-empty list of rules"]),
+        (r#"{"rules": {}}"#, &["rules: expected a non-empty list of rules, got an object"]),
+        (r#"[]"#, &["(config): expected an object, got an array"]),
+        (r#"{"rules": [{"rate": 1}]}"#, &["rules[0].name: required: the rule's name (used in metric names)"]),
+        (r#"{"rules": [{"name": "a b", "rate": 1}]}"#,
+         &["rules[0].name: must be 1 to 64 characters of A-Z, a-z, 0-9, '_' or '-', got \"a b\""]),
+        (r#"{"rules": [{"name": "a"}]}"#, &["rules[0].rate: required: a rule needs `rate`, `concurrency`, or both"]),
+        (r#"{"rules": [{"name": "a", "rate": 1}, {"name": "a", "rate": 2}]}"#,
+         &["rules[1].name: duplicate rule name \"a\""]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "max_queue_delay": 5}]}"#,
+         &["rules[0].max_queue_delay: expected a string with a unit such as \"250ms\", \"2s\" or \"1m\", got 5"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "match": {"path_prefix": "api"}}]}"#,
+         &["rules[0].match.path_prefix: must be a string starting with '/', got \"api\""]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "match": {"path": "/"}}]}"#,
+         &["rules[0].match.path: unknown field (expected one of: path_prefix, path_exact, methods, headers, authority)"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "match": {"methods": []}}]}"#,
+         &["rules[0].match.methods: must be a non-empty list of method names such as [\"GET\", \"POST\"], got an array"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "match": {"methods": ["GET", 1]}}]}"#,
+         &["rules[0].match.methods[1]: must be a method name such as \"GET\", got 1"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "match": {"headers": {"x-a": 1}}}]}"#,
+         &["rules[0].match.headers.x-a: must be an exact value (string), true (present) or false (absent), got 1"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "match": {"headers": {"a b": true}}}]}"#,
+         &["rules[0].match.headers.a b: must be a header name"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "match": {"authority": ""}}]}"#,
+         &["rules[0].match.authority: must be a non-empty string, got \"\""]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "key": {}}]}"#,
+         &["rules[0].key: must have exactly one of: header, source, path, authority"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "key": {"header": "x", "path": true}}]}"#,
+         &["rules[0].key: must have exactly one of: header, source, path, authority"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "key": {"source": "port"}}]}"#,
+         &["rules[0].key.source: must be \"address\", got \"port\""]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "key": {"path": "yes"}}]}"#,
+         &["rules[0].key.path: must be true, got \"yes\""]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "key": {"cookie": "s"}}]}"#,
+         &["rules[0].key.cookie: unknown field (expected one of: header, source, path, authority)"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "key_slots": 8}]}"#, &["rules[0].key_slots: requires `key`"]),
+        (r#"{"rules": [{"name": "a", "concurrency": 2, "burst": 3}]}"#, &["rules[0].burst: requires `rate`"]),
+        (r#"{"rules": [{"name": "a", "concurrency": 0}]}"#,
+         &["rules[0].concurrency: must be an integer from 1 to 1000000, got 0"]),
+        (r#"{"rules": [{"name": "a", "concurrency": 2, "key": {"path": true}}]}"#,
+         &["rules[0].concurrency: cannot be combined with `key` (concurrency is per rule)"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "dry_run": "yes"}]}"#,
+         &["rules[0].dry_run: must be true or false, got \"yes\""]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "reject_status": 302}]}"#,
+         &["rules[0].reject_status: must be an integer from 400 to 599, got 302"]),
+        (r#"{"rules": [{"name": "a", "rate": 1}], "reject_status": 200}"#,
+         &["reject_status: must be an integer from 400 to 599, got 200"]),
+        (r#"{"rules": [{"name": "a", "rate": 1}], "max_held_per_worker": 0}"#,
+         &["max_held_per_worker: must be an integer from 1 to 1000000, got 0"]),
+        (r#"{"rules": [{"name": "a", "rate": 1}], "max_held_per_worker": 1.5}"#,
+         &["max_held_per_worker: must be an integer from 1 to 1000000, got 1.5"]),
+        (r#"{"rules": [{"name": "a", "rate": 1}], "rate_limit_headers": 1}"#,
+         &["rate_limit_headers: must be true or false, got 1"]),
+        // Every problem is reported, one line each.
+        (r#"{"rules": [{"name": "a", "rate": "fast", "burst": -1}, "x"], "reject_status": "429"}"#,
+         &["reject_status: must be an integer from 400 to 599, got \"429\"",
+           "rules[0].rate: expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got \"fast\"",
+           "rules[0].burst: must be an integer from 0 to 1000000, got -1",
+           "rules[1]: expected an object, got \"x\""]),
+    ];
+    for (json, expected) in table {
+        assert_eq!(&errors(json), expected, "config: {json}");
+    }
+}
+
+#[test]
+fn invalid_json_is_one_clear_error() {
+    let e = errors("{\"rules\": [");
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with("(config): invalid JSON: EOF while parsing"),
+        "{}",
+        e[0]
+    );
+}
+
+/// The validator accepts exactly the fields the spec lists (so the schema and
+/// README, generated from the spec, describe what is accepted).
+#[test]
+fn the_validator_knows_exactly_the_spec_fields() {
+    for (fields, wrap) in [
+        (spec::CONFIG_FIELDS, "{}"),
+        (spec::RULE_FIELDS, r#"{"rules": [{}]}"#),
+        (
+            spec::MATCH_FIELDS,
+            r#"{"rules": [{"name": "a", "rate": 1, "match": {}}]}"#,
+        ),
+        (
+            spec::KEY_FIELDS,
+            r#"{"rules": [{"name": "a", "rate": 1, "key": {}}]}"#,
+        ),
+    ] {
+        let _ = wrap;
+        for f in fields {
+            // A field named in the spec is never reported as unknown.
+            let cfg = match fields {
+                x if std::ptr::eq(x, spec::CONFIG_FIELDS) => format!(
+                    r#"{{"rules": [{{"name": "a", "rate": 1}}], "{}": null}}"#,
+                    f.name
+                ),
+                x if std::ptr::eq(x, spec::RULE_FIELDS) => format!(
+                    r#"{{"rules": [{{"name": "a", "rate": 1, "{}": null}}]}}"#,
+                    f.name
+                ),
+                x if std::ptr::eq(x, spec::MATCH_FIELDS) => format!(
+                    r#"{{"rules": [{{"name": "a", "rate": 1, "match": {{"{}": null}}}}]}}"#,
+                    f.name
+                ),
+                _ => format!(
+                    r#"{{"rules": [{{"name": "a", "rate": 1, "key": {{"{}": null}}}}]}}"#,
+                    f.name
+                ),
+            };
+            let errs = parse(cfg.as_bytes()).err().unwrap_or_default();
+            assert!(
+                errs.iter().all(|e| !e.reason.starts_with("unknown field")),
+                "{cfg}: {errs:?}"
+            );
+        }
+    }
+}

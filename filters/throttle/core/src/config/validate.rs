@@ -1,0 +1,471 @@
+//! The validator: walks the JSON once, checks every field against [`spec`],
+//! and reports every problem (not just the first).
+
+use serde_json::{Map, Value};
+
+use super::spec::{self, Field, Kind};
+use super::{Config, ConfigError, Rule};
+use crate::keys::KeySource;
+use crate::matcher::{HeaderMatch, Match};
+use crate::schedule::Schedule;
+use crate::units::{describe, parse_duration, parse_rate};
+
+/// Default of `key_slots`.
+pub const DEFAULT_KEY_SLOTS: u32 = 4096;
+/// Default of `max_queue_delay`.
+pub const DEFAULT_MAX_QUEUE_DELAY_NS: u64 = crate::NS_PER_S;
+
+/// Parses and validates a configuration. Returns every problem found.
+pub fn parse(bytes: &[u8]) -> Result<Config, Vec<ConfigError>> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        vec![ConfigError {
+            field: "(config)".into(),
+            reason: format!("invalid JSON: {e}"),
+        }]
+    })?;
+    let mut v = Validator::default();
+    match v.config(&value) {
+        Some(c) if v.errors.is_empty() => Ok(c),
+        _ => Err(v.errors),
+    }
+}
+
+#[derive(Default)]
+struct Validator {
+    errors: Vec<ConfigError>,
+}
+
+fn join(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_string()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+impl Validator {
+    fn error(&mut self, field: &str, reason: impl Into<String>) {
+        self.errors.push(ConfigError {
+            field: field.into(),
+            reason: reason.into(),
+        });
+    }
+
+    /// The object at `path`, with its unknown fields reported.
+    fn object<'a>(
+        &mut self,
+        path: &str,
+        value: &'a Value,
+        fields: &[Field],
+    ) -> Option<&'a Map<String, Value>> {
+        let Value::Object(obj) = value else {
+            let shown = if path.is_empty() { "(config)" } else { path };
+            self.error(
+                shown,
+                format!("expected an object, got {}", describe(value)),
+            );
+            return None;
+        };
+        for key in obj.keys() {
+            if !fields.iter().any(|f| f.name == key) {
+                self.error(
+                    &join(path, key),
+                    format!("unknown field (expected one of: {})", spec::names(fields)),
+                );
+            }
+        }
+        Some(obj)
+    }
+
+    /// A required field's value; reports `required: <what>` when absent.
+    fn get<'a>(
+        &mut self,
+        path: &str,
+        obj: &'a Map<String, Value>,
+        f: &Field,
+        what: &str,
+    ) -> Option<&'a Value> {
+        let v = obj.get(f.name);
+        if v.is_none() {
+            self.error(&join(path, f.name), format!("required: {what}"));
+        }
+        v
+    }
+
+    /// An integer field; `default` when absent. Bounds come from the spec.
+    fn integer(
+        &mut self,
+        path: &str,
+        obj: &Map<String, Value>,
+        f: &Field,
+        default: u64,
+    ) -> Option<u64> {
+        let Kind::Integer { min, max } = f.kind else {
+            return None;
+        };
+        let Some(value) = obj.get(f.name) else {
+            return Some(default);
+        };
+        match value.as_u64() {
+            Some(n) if (min..=max).contains(&n) => Some(n),
+            _ => {
+                self.error(
+                    &join(path, f.name),
+                    format!(
+                        "must be an integer from {min} to {max}, got {}",
+                        describe(value)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn boolean(
+        &mut self,
+        path: &str,
+        obj: &Map<String, Value>,
+        f: &Field,
+        default: bool,
+    ) -> Option<bool> {
+        match obj.get(f.name) {
+            None => Some(default),
+            Some(Value::Bool(b)) => Some(*b),
+            Some(other) => {
+                self.error(
+                    &join(path, f.name),
+                    format!("must be true or false, got {}", describe(other)),
+                );
+                None
+            }
+        }
+    }
+
+    fn config(&mut self, value: &Value) -> Option<Config> {
+        let obj = self.object("", value, spec::CONFIG_FIELDS)?;
+        let max_held = self.integer("", obj, &spec::MAX_HELD_PER_WORKER, 10_000);
+        let reject_status = self.integer("", obj, &spec::REJECT_STATUS, 429);
+        let dry_run = self.boolean("", obj, &spec::DRY_RUN, false);
+        let headers = self.boolean("", obj, &spec::RATE_LIMIT_HEADERS, false);
+        let defaults = RuleDefaults {
+            reject_status: reject_status.unwrap_or(429),
+            dry_run: dry_run.unwrap_or(false),
+        };
+        let rules = self.rules(obj, &defaults);
+        Some(Config {
+            rules: rules?,
+            max_held_per_worker: u32::try_from(max_held?).ok()?,
+            rate_limit_headers: headers?,
+        })
+    }
+
+    fn rules(&mut self, obj: &Map<String, Value>, defaults: &RuleDefaults) -> Option<Vec<Rule>> {
+        let value = self.get("", obj, &spec::RULES, "a non-empty list of rules")?;
+        let Value::Array(items) = value else {
+            self.error(
+                "rules",
+                format!(
+                    "expected a non-empty list of rules, got {}",
+                    describe(value)
+                ),
+            );
+            return None;
+        };
+        if items.is_empty() {
+            self.error("rules", "must contain at least one rule");
+            return None;
+        }
+        let before = self.errors.len();
+        let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("rules[{i}]");
+            if let Some(rule) = self.rule(&path, item, defaults) {
+                if rules.iter().any(|r| r.name == rule.name) {
+                    self.error(
+                        &format!("{path}.name"),
+                        format!("duplicate rule name \"{}\"", rule.name),
+                    );
+                }
+                rules.push(rule);
+            }
+        }
+        (self.errors.len() == before).then_some(rules)
+    }
+
+    fn rule(&mut self, path: &str, value: &Value, defaults: &RuleDefaults) -> Option<Rule> {
+        let obj = self.object(path, value, spec::RULE_FIELDS)?;
+        let before = self.errors.len();
+        let name = self.name(path, obj);
+        let rate = match obj.get(spec::RATE.name) {
+            None => None,
+            Some(v) => match parse_rate(v) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    self.error(&join(path, "rate"), e);
+                    None
+                }
+            },
+        };
+        let burst = self.integer(path, obj, &spec::BURST, 0);
+        let max_delay = match obj.get(spec::MAX_QUEUE_DELAY.name) {
+            None => Some(DEFAULT_MAX_QUEUE_DELAY_NS),
+            Some(v) => parse_duration(v)
+                .map_err(|e| self.error(&join(path, "max_queue_delay"), e))
+                .ok(),
+        };
+        let concurrency = match obj.get(spec::CONCURRENCY.name) {
+            None => None,
+            Some(_) => self
+                .integer(path, obj, &spec::CONCURRENCY, 0)
+                .and_then(|n| u32::try_from(n).ok()),
+        };
+        let matcher = match obj.get(spec::MATCH.name) {
+            None => Some(Match::default()),
+            Some(v) => self.matcher(&join(path, "match"), v),
+        };
+        let key = match obj.get(spec::KEY.name) {
+            None => None,
+            Some(v) => self.key(&join(path, "key"), v),
+        };
+        let key_slots = self.integer(path, obj, &spec::KEY_SLOTS, DEFAULT_KEY_SLOTS.into());
+        let reject_status =
+            self.integer(path, obj, &spec::RULE_REJECT_STATUS, defaults.reject_status);
+        let dry_run = self.boolean(path, obj, &spec::RULE_DRY_RUN, defaults.dry_run);
+
+        // Relations between fields.
+        let has = |f: &Field| obj.contains_key(f.name);
+        if !has(&spec::RATE) && !has(&spec::CONCURRENCY) {
+            self.error(
+                &join(path, "rate"),
+                "required: a rule needs `rate`, `concurrency`, or both",
+            );
+        }
+        if has(&spec::BURST) && !has(&spec::RATE) {
+            self.error(&join(path, "burst"), "requires `rate`");
+        }
+        if has(&spec::KEY_SLOTS) && !has(&spec::KEY) {
+            self.error(&join(path, "key_slots"), "requires `key`");
+        }
+        if has(&spec::CONCURRENCY) && has(&spec::KEY) {
+            self.error(
+                &join(path, "concurrency"),
+                "cannot be combined with `key` (concurrency is per rule)",
+            );
+        }
+        if self.errors.len() != before {
+            return None;
+        }
+        let max_delay_ns = max_delay?;
+        Some(Rule {
+            name: name?,
+            schedule: rate
+                .map(|(interval, _)| Schedule::new(interval, burst.unwrap_or(0), max_delay_ns)),
+            rate_window: rate.map(|(_, w)| w),
+            concurrency,
+            max_delay_ns,
+            matcher: matcher?,
+            key,
+            key_slots: u32::try_from(key_slots?).ok()?,
+            reject_status: u16::try_from(reject_status?).ok()?,
+            dry_run: dry_run?,
+        })
+    }
+
+    fn name(&mut self, path: &str, obj: &Map<String, Value>) -> Option<String> {
+        let ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
+        match self.get(
+            path,
+            obj,
+            &spec::NAME,
+            "the rule's name (used in metric names)",
+        )? {
+            Value::String(s) if ok(s) => Some(s.clone()),
+            other => {
+                self.error(
+                    &join(path, "name"),
+                    format!(
+                        "must be 1 to 64 characters of A-Z, a-z, 0-9, '_' or '-', got {}",
+                        describe(other)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn path_string(&mut self, path: &str, value: &Value) -> Option<String> {
+        match value {
+            Value::String(p) if p.starts_with('/') => Some(p.clone()),
+            other => {
+                self.error(
+                    path,
+                    format!(
+                        "must be a string starting with '/', got {}",
+                        describe(other)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn text(&mut self, path: &str, value: &Value) -> Option<String> {
+        match value {
+            Value::String(s) if !s.is_empty() => Some(s.clone()),
+            other => {
+                self.error(
+                    path,
+                    format!("must be a non-empty string, got {}", describe(other)),
+                );
+                None
+            }
+        }
+    }
+
+    fn matcher(&mut self, path: &str, value: &Value) -> Option<Match> {
+        let obj = self.object(path, value, spec::MATCH_FIELDS)?;
+        let before = self.errors.len();
+        let mut m = Match::default();
+        if let Some(v) = obj.get(spec::PATH_PREFIX.name) {
+            m.path_prefix = self.path_string(&join(path, "path_prefix"), v);
+        }
+        if let Some(v) = obj.get(spec::PATH_EXACT.name) {
+            m.path_exact = self.path_string(&join(path, "path_exact"), v);
+        }
+        if let Some(v) = obj.get(spec::METHODS.name) {
+            m.methods = self.methods(&join(path, "methods"), v).unwrap_or_default();
+        }
+        if let Some(v) = obj.get(spec::HEADERS.name) {
+            m.headers = self
+                .header_matches(&join(path, "headers"), v)
+                .unwrap_or_default();
+        }
+        if let Some(v) = obj.get(spec::AUTHORITY.name) {
+            m.authority = self
+                .text(&join(path, "authority"), v)
+                .map(|a| a.to_ascii_lowercase());
+        }
+        (self.errors.len() == before).then_some(m)
+    }
+
+    fn methods(&mut self, path: &str, value: &Value) -> Option<Vec<String>> {
+        let bad = |v: &Value| {
+            format!(
+                "must be a non-empty list of method names such as [\"GET\", \"POST\"], got {}",
+                describe(v)
+            )
+        };
+        let Value::Array(items) = value else {
+            self.error(path, bad(value));
+            return None;
+        };
+        if items.is_empty() {
+            self.error(path, bad(value));
+            return None;
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            match item {
+                Value::String(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphabetic()) => {
+                    out.push(s.to_ascii_uppercase())
+                }
+                other => self.error(
+                    &format!("{path}[{i}]"),
+                    format!(
+                        "must be a method name such as \"GET\", got {}",
+                        describe(other)
+                    ),
+                ),
+            }
+        }
+        Some(out)
+    }
+
+    fn header_matches(&mut self, path: &str, value: &Value) -> Option<Vec<(String, HeaderMatch)>> {
+        let obj = match value {
+            Value::Object(o) if !o.is_empty() => o,
+            other => {
+                self.error(
+                    path,
+                    format!(
+                        "must be a non-empty object of header name -> value, true or false, got {}",
+                        describe(other)
+                    ),
+                );
+                return None;
+            }
+        };
+        let mut out = Vec::with_capacity(obj.len());
+        for (name, v) in obj {
+            let field = join(path, name);
+            if !is_header_name(name) {
+                self.error(&field, "must be a header name");
+                continue;
+            }
+            let m = match v {
+                Value::String(s) => HeaderMatch::Exact(s.clone()),
+                Value::Bool(true) => HeaderMatch::Present,
+                Value::Bool(false) => HeaderMatch::Absent,
+                other => {
+                    self.error(&field, format!("must be an exact value (string), true (present) or false (absent), got {}", describe(other)));
+                    continue;
+                }
+            };
+            out.push((name.to_ascii_lowercase(), m));
+        }
+        Some(out)
+    }
+
+    fn key(&mut self, path: &str, value: &Value) -> Option<KeySource> {
+        let obj = self.object(path, value, spec::KEY_FIELDS)?;
+        if obj.len() != 1 {
+            self.error(
+                path,
+                format!(
+                    "must have exactly one of: {}",
+                    spec::names(spec::KEY_FIELDS)
+                ),
+            );
+            return None;
+        }
+        let (name, v) = obj.iter().next()?;
+        let field = join(path, name);
+        match (name.as_str(), v) {
+            ("header", v) => self
+                .text(&field, v)
+                .map(|h| KeySource::Header(h.to_ascii_lowercase())),
+            ("source", Value::String(s)) if s == "address" => Some(KeySource::SourceAddress),
+            ("source", other) => {
+                self.error(
+                    &field,
+                    format!("must be \"address\", got {}", describe(other)),
+                );
+                None
+            }
+            ("path", Value::Bool(true)) => Some(KeySource::Path),
+            ("authority", Value::Bool(true)) => Some(KeySource::Authority),
+            ("path" | "authority", other) => {
+                self.error(&field, format!("must be true, got {}", describe(other)));
+                None
+            }
+            _ => None, // unknown field, already reported
+        }
+    }
+}
+
+struct RuleDefaults {
+    reject_status: u64,
+    dry_run: bool,
+}
+
+/// A header name: visible ASCII without ':' (pseudo-headers such as
+/// `:authority` allowed).
+fn is_header_name(name: &str) -> bool {
+    let bare = name.strip_prefix(':').unwrap_or(name);
+    !bare.is_empty() && bare.bytes().all(|b| b.is_ascii_graphic() && b != b':')
+}
