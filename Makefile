@@ -8,7 +8,7 @@ WASM    := target/wasm32-wasip1/release/throttle.wasm
 CARGO_W := cargo build --release --target wasm32-wasip1 -p throttle-wasm
 
 .DEFAULT_GOAL := help
-.PHONY: help setup build demo test lint unit integration clean
+.PHONY: help setup build demo test lint unit integration config-docs clean
 
 # Each topic (benchmarks, Kubernetes checks, Bazel, ...) lives in its own
 # mk/<topic>.mk: it defines its targets and appends the ones CI runs to CI_EXTRA.
@@ -40,6 +40,9 @@ integration: build ## Integration tests against real Envoy and Fortio
 
 test: setup lint unit integration $(CI_EXTRA) ## Everything CI runs
 	@echo "make test: all passed"
+
+config-docs: ## Regenerate config.schema.json and the README config reference from the field table
+	@bash tools/gen-config-docs.sh
 
 clean: ## Remove build outputs
 	cargo clean

@@ -72,6 +72,14 @@ def stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
         proc.wait(timeout=timeout)
 
 
+def rss_kb(pid: int) -> int:
+    """Resident set size of a process, in KiB (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise ValueError(f"no VmRSS for pid {pid}")
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

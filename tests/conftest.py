@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.procs import WASM, Envoy, FortioServer, free_port, render  # noqa: E402
+from harness.upstream import Upstream  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -30,13 +31,21 @@ def upstream():
 
 
 @pytest.fixture
+def app():
+    """The counting upstream (harness/upstream.py): requests in flight, slow, errors, resets."""
+    with Upstream() as server:
+        yield server
+
+
+@pytest.fixture
 def envoy_with(wasm, upstream):
     """Starts Envoy from a shipped config with a given plugin config; stopped after the test."""
     started: list[Envoy] = []
 
-    def start(plugin: dict | str | None = None, base: str = "demo.yaml", concurrency: int = 2) -> Envoy:
-        cfg = render(base, listen_port=free_port(), admin_port=free_port(), upstream_port=upstream.port,
-                     plugin=plugin, wasm=wasm)
+    def start(plugin: dict | str | None = None, base: str = "demo.yaml", concurrency: int = 2,
+              upstream_port: int | None = None) -> Envoy:
+        cfg = render(base, listen_port=free_port(), admin_port=free_port(),
+                     upstream_port=upstream_port or upstream.port, plugin=plugin, wasm=wasm)
         envoy = Envoy(cfg, concurrency=concurrency)
         started.append(envoy)
         return envoy.start()

@@ -1,0 +1,44 @@
+"""Several rules, first match wins, each with its own settings; a request that
+matches none passes untouched."""
+
+from harness.procs import http_get
+from clients import burst
+
+RULES = {"rules": [
+    {"name": "login", "rate": "1000/s", "match": {"path_exact": "/login", "methods": ["POST"]}},
+    {"name": "gold", "rate": "1000/s", "match": {"path_prefix": "/api/", "headers": {"x-tier": "gold"}}},
+    {"name": "debug", "rate": "1000/s", "match": {"headers": {"x-debug": True}, "authority": "Debug.Example"}},
+    {"name": "api", "rate": "1000/s", "match": {"path_prefix": "/api/", "headers": {"x-debug": False}}},
+    {"name": "strict", "rate": "1/s", "max_queue_delay": "0s", "reject_status": 503,
+     "match": {"path_prefix": "/strict"}},
+]}
+
+
+def counts(envoy) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, v in envoy.stats().items():
+        rule, _, stat = name.removeprefix("rule.").rpartition(".")
+        if stat == "admitted":
+            out[rule] = v
+    return out
+
+
+def test_first_matching_rule_applies(envoy_with):
+    envoy = envoy_with(RULES)
+    u = envoy.url
+    assert http_get(u + "/api/items?x=1", headers={"x-tier": "gold"})[0] == 200         # gold (before api)
+    assert http_get(u + "/api/items")[0] == 200                                          # api
+    assert http_get(u + "/api/items", headers={"x-debug": "1"})[0] == 200                # no rule: debug needs authority
+    assert http_get(u + "/other", headers={"x-debug": "1", "host": "debug.example"})[0] == 200  # debug
+    assert http_get(u + "/login")[0] == 200                                              # GET: no rule
+    c = counts(envoy)
+    assert c == {"login": 0, "gold": 1, "debug": 1, "api": 1, "strict": 0}, c
+
+
+def test_a_rule_overrides_reject_status(envoy_with):
+    envoy = envoy_with(RULES)
+    replies = burst(envoy.port, 5, path="/strict/x")
+    statuses = sorted(r.status for r in replies)
+    assert statuses.count(200) >= 1 and set(statuses) <= {200, 503}, statuses
+    assert statuses.count(503) >= 3
+    assert all(r.headers.get("retry-after") == "1" for r in replies if r.status == 503)
