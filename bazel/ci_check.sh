@@ -29,11 +29,14 @@ test_s=$((SECONDS - t))
 
 step "envoy --mode validate: envoy/demo.yaml with the Bazel-built .wasm"
 .venv/bin/python - "$wasm" <<'PY'
+import shutil
 import sys
 from pathlib import Path
 from harness.procs import Envoy, render
 cfg = render("demo.yaml", listen_port=10000, admin_port=9901, upstream_port=8080, wasm=Path(sys.argv[1]))
-rc, out = Envoy(cfg).validate()
+envoy = Envoy(cfg)
+rc, out = envoy.validate()
+shutil.rmtree(envoy.dir, ignore_errors=True)
 ok = [line for line in out.splitlines() if line.rstrip().endswith(" OK")]
 print(ok[-1] if ok else out[-3000:])
 sys.exit(rc if ok else 1)
