@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,15 @@ from harness.upstream import Upstream  # noqa: E402
 
 @pytest.fixture(scope="session")
 def wasm() -> Path:
-    """The release .wasm, built once per session if missing (make test builds it first)."""
+    """The release .wasm, built once per session if missing (make test builds it first).
+
+    THROTTLE_WASM names another .wasm to test (the Bazel test wrappers pass the Bazel-built one)."""
+    override = os.environ.get("THROTTLE_WASM")
+    if override:
+        path = Path(override).absolute()
+        if not path.is_file():
+            raise FileNotFoundError(f"THROTTLE_WASM={override}: no such file")
+        return path
     if not WASM.exists():
         subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip1", "-p", "throttle-wasm"],
                        cwd=ROOT, check=True)
