@@ -28,7 +28,7 @@ pub mod wire;
 
 pub use config::{Config, ConfigError, Rule};
 pub use queue::{HeldQueue, Released};
-pub use schedule::{admit, admit_keyed, Admission, Schedule, SharedCell};
+pub use schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule, SharedCell};
 
 /// Nanoseconds per millisecond.
 pub const NS_PER_MS: u64 = 1_000_000;

@@ -249,6 +249,40 @@ pub fn admit_keyed<T: KeyTable>(
     Admission::Contention
 }
 
+/// Admits one request of key `fingerprint` under a shared rate with a per-key
+/// quota (fairness): the shared schedule alone decides when requests go, so
+/// the shared rate stays exact; the key's quota schedule only admits or
+/// rejects, so one key can hold at most `quota rate x max_queue_delay + 1`
+/// places of the shared queue and takes at most its quota on average.
+///
+/// Order: peek at the shared schedule (reject at once if it is full, touching
+/// nothing), take a place in the key's quota (reject if the key is over it),
+/// then take the shared place. If the shared schedule filled up in between (a
+/// race of microseconds), the quota place is spent: the conservative side.
+#[allow(clippy::too_many_arguments)]
+pub fn admit_with_quota<C: SharedCell, T: KeyTable>(
+    shared: &mut C,
+    table: &mut T,
+    fingerprint: u64,
+    slots: (u32, u32),
+    schedule: &Schedule,
+    quota: &Schedule,
+    now: u64,
+    can_hold: bool,
+) -> Admission {
+    let Ok((stored, _)) = shared.load() else {
+        return Admission::Contention;
+    };
+    let (peek, _) = decide(schedule, 0, stored.map(|[_, t]| t), now, can_hold);
+    if matches!(peek, Admission::Reject { .. }) {
+        return peek;
+    }
+    match admit_keyed(table, fingerprint, slots, quota, now, true) {
+        Admission::Now { .. } | Admission::Hold { .. } => admit(shared, schedule, now, can_hold),
+        other => other,
+    }
+}
+
 /// The draft rate-limit headers of a request: `(limit, remaining, reset_s)`.
 /// `limit`: requests per window as configured; `remaining`: requests that
 /// would pass at once right after this one; `reset_s`: seconds until the
@@ -681,6 +715,103 @@ mod keyed_tests {
             now + 2 * MS
         );
         assert_eq!(t.get(0), Some([33, now + 4 * MS]));
+    }
+
+    #[test]
+    fn a_noisy_key_cannot_fill_the_shared_schedule() {
+        // Shared 10/s (100 ms), hold up to 1 s: 11 places. Each key's quota: 2/s.
+        let shared_s = Schedule::new(100 * MS, 0, 1000 * MS);
+        let quota = Schedule::new(500 * MS, 0, 1000 * MS);
+        let mut shared = SingleCell::default();
+        let mut t = Table::default();
+        let now = 10_000 * MS;
+        let mut go = |t: &mut Table, shared: &mut SingleCell, fp: u64, slots| {
+            admit_with_quota(shared, t, fp, slots, &shared_s, &quota, now, true)
+        };
+        // Key A sends 20 at once: its quota admits 3 (at 0, 0.5 s, 1 s of its
+        // own schedule), which take the first 3 shared places, 100 ms apart.
+        let a: Vec<Admission> = (0..20)
+            .map(|_| go(&mut t, &mut shared, 11, (0, 1)))
+            .collect();
+        assert_eq!(
+            a.iter()
+                .filter(|x| !matches!(x, Admission::Reject { .. }))
+                .count(),
+            3
+        );
+        assert_eq!(
+            release(a[2], now),
+            now + 200 * MS,
+            "released by the shared schedule, not the quota"
+        );
+        // Key B still finds room: its 3 go right after A's.
+        let b: Vec<Admission> = (0..3)
+            .map(|_| go(&mut t, &mut shared, 22, (2, 3)))
+            .collect();
+        assert_eq!(
+            b.iter().map(|x| release(*x, now) - now).collect::<Vec<_>>(),
+            vec![300 * MS, 400 * MS, 500 * MS]
+        );
+        // A's rejected requests took no shared place: the shared schedule holds 6.
+        assert_eq!(shared.v.map(|[_, tat]| tat), Some(now + 600 * MS));
+    }
+
+    #[test]
+    fn a_full_shared_schedule_rejects_without_spending_quota() {
+        let shared_s = Schedule::new(100 * MS, 0, 0); // no queue: one place per 100 ms
+        let quota = Schedule::new(500 * MS, 0, 1000 * MS);
+        let mut shared = SingleCell::default();
+        let mut t = Table::default();
+        let now = 10_000 * MS;
+        assert!(matches!(
+            admit_with_quota(
+                &mut shared,
+                &mut t,
+                11,
+                (0, 1),
+                &shared_s,
+                &quota,
+                now,
+                true
+            ),
+            Admission::Now { .. }
+        ));
+        assert!(matches!(
+            admit_with_quota(
+                &mut shared,
+                &mut t,
+                22,
+                (2, 3),
+                &shared_s,
+                &quota,
+                now,
+                true
+            ),
+            Admission::Reject { .. }
+        ));
+        assert_eq!(t.get(2), None, "the rejected key's quota is untouched");
+    }
+
+    /// One shared cell in memory.
+    #[derive(Default)]
+    struct SingleCell {
+        v: Option<[u64; 2]>,
+        version: u32,
+    }
+
+    impl SharedCell for SingleCell {
+        type Token = u32;
+        fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
+            Ok((self.v, self.version))
+        }
+        fn store(&mut self, v: [u64; 2], token: u32) -> Result<bool, StoreError> {
+            if token != self.version {
+                return Ok(false);
+            }
+            self.v = Some(v);
+            self.version += 1;
+            Ok(true)
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use proxy_wasm::types::{Action, LogLevel};
 use throttle_core::gate::{self, Enter};
 use throttle_core::keys::candidate_slots;
 use throttle_core::schedule::rate_limit_headers;
-use throttle_core::{admit, admit_keyed, Admission, Rule, NS_PER_MS};
+use throttle_core::{admit, admit_keyed, admit_with_quota, Admission, Rule, NS_PER_MS};
 
 use crate::host::{self, SharedData, SharedTable};
 use crate::metrics::RuleMetrics;
@@ -142,8 +142,30 @@ impl ThrottleHttp {
     ) -> Option<(Admission, Option<RateLimitHeaders>)> {
         let schedule = rule.schedule.as_ref()?;
         let key = rule.key.as_ref().and_then(|k| k.extract(req));
-        let admission = match key {
-            Some(value) => {
+        let admission = match (key, &rule.quota) {
+            // Fairness: the shared schedule decides, each key within its quota
+            // (requests without a key value count as one key).
+            (key, Some(quota)) => {
+                let fp = plugin
+                    .hasher
+                    .fingerprint(&rule.name, key.as_deref().unwrap_or_default());
+                let slots = candidate_slots(fp, rule.key_slots);
+                let mut shared = SharedData { key: &rt.rate_key };
+                let mut table = SharedTable {
+                    prefix: &rt.slot_prefix,
+                };
+                admit_with_quota(
+                    &mut shared,
+                    &mut table,
+                    fp,
+                    slots,
+                    schedule,
+                    quota,
+                    now,
+                    can_hold,
+                )
+            }
+            (Some(value), None) => {
                 let fp = plugin.hasher.fingerprint(&rule.name, &value);
                 let slots = candidate_slots(fp, rule.key_slots);
                 admit_keyed(
@@ -157,7 +179,7 @@ impl ThrottleHttp {
                     can_hold,
                 )
             }
-            None => admit(
+            (None, None) => admit(
                 &mut SharedData { key: &rt.rate_key },
                 schedule,
                 now,

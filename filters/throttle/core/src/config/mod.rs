@@ -53,6 +53,8 @@ pub struct Rule {
     pub key: Option<KeySource>,
     /// Size of the key table (meaningful with `key`).
     pub key_slots: u32,
+    /// Fairness: each key's quota of the shared `schedule` (with `key_quota`).
+    pub quota: Option<Schedule>,
     /// Status of rejections.
     pub reject_status: u16,
     /// Decide and count, but hold and reject nothing.

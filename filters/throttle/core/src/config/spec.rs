@@ -165,6 +165,12 @@ pub const KEY: Field = field(
     Some("one schedule for everyone"),
     "Apply the rule per value of this key instead of once for everyone: exactly one of its fields. A request without a value (header absent) uses the rule's shared \"unkeyed\" schedule.",
 );
+pub const KEY_QUOTA: Field = field(
+    "key_quota",
+    Kind::Rate,
+    None,
+    "Fairness under one shared rate: with `key_quota`, `rate` is the rule's rate for all keys together (one exactly paced schedule) and `key_quota` caps each key's share of it: a key may hold at most `key_quota` x `max_queue_delay` + 1 places of the shared queue and gets at most `key_quota` on average, so one noisy key cannot fill the shared schedule. Requests without a key value count as one key. Requires `key` and `rate`.",
+);
 pub const KEY_SLOTS: Field = field(
     "key_slots",
     Kind::Integer { min: 1, max: 1_000_000 },
@@ -179,6 +185,7 @@ pub const RULE_FIELDS: &[Field] = &[
     CONCURRENCY,
     MATCH,
     KEY,
+    KEY_QUOTA,
     KEY_SLOTS,
     RULE_REJECT_STATUS,
     RULE_DRY_RUN,

@@ -102,6 +102,22 @@ fn every_match_condition_and_key() {
 }
 
 #[test]
+fn key_quota_makes_rate_shared() {
+    let c = ok(
+        r#"{"rules": [{"name": "t", "rate": "100/s", "key": {"header": "x-tenant"}, "key_quota": "20/s",
+                              "max_queue_delay": "2s"}]}"#,
+    );
+    assert_eq!(
+        c.rules[0].quota,
+        Some(Schedule::new(50 * NS_PER_MS, 0, 2 * NS_PER_S))
+    );
+    assert_eq!(
+        c.rules[0].schedule,
+        Some(Schedule::new(10 * NS_PER_MS, 0, 2 * NS_PER_S))
+    );
+}
+
+#[test]
 fn concurrency_alone_or_with_a_rate() {
     let c = ok(
         r#"{"rules": [{"name": "c", "concurrency": 8, "max_queue_delay": "5s"},
@@ -121,7 +137,13 @@ fn concurrency_alone_or_with_a_rate() {
 fn bad_configs_name_the_field() {
     let table: &[(&str, &[&str])] = &[
         (r#"{"rules": [{"name": "a", "rate": 1, "colour": "red"}]}"#,
-         &["rules[0].colour: unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_slots, reject_status, dry_run)"]),
+         &["rules[0].colour: unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run)"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "key_quota": "1/s"}]}"#, &["rules[0].key_quota: requires `key` and `rate`"]),
+        (r#"{"rules": [{"name": "a", "concurrency": 1, "key": {"path": true}, "key_quota": "1/s"}]}"#,
+         &["rules[0].key_quota: requires `key` and `rate`",
+           "rules[0].concurrency: cannot be combined with `key` (concurrency is per rule)"]),
+        (r#"{"rules": [{"name": "a", "rate": 10, "key": {"path": true}, "key_quota": "often"}]}"#,
+         &["rules[0].key_quota: expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got \"often\""]),
         (r#"{"rules": [{"name": "a", "rate": 1}], "max_held": 5}"#,
          &["max_held: unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, rate_limit_headers)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "burst": -1}]}"#,

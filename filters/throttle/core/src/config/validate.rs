@@ -207,6 +207,16 @@ impl Validator {
             },
         };
         let burst = self.integer(path, obj, &spec::BURST, 0);
+        let quota = match obj.get(spec::KEY_QUOTA.name) {
+            None => None,
+            Some(v) => match parse_rate(v) {
+                Ok((interval, _)) => Some(interval),
+                Err(e) => {
+                    self.error(&join(path, "key_quota"), e);
+                    None
+                }
+            },
+        };
         let max_delay = match obj.get(spec::MAX_QUEUE_DELAY.name) {
             None => Some(DEFAULT_MAX_QUEUE_DELAY_NS),
             Some(v) => parse_duration(v)
@@ -246,6 +256,9 @@ impl Validator {
         if has(&spec::KEY_SLOTS) && !has(&spec::KEY) {
             self.error(&join(path, "key_slots"), "requires `key`");
         }
+        if has(&spec::KEY_QUOTA) && !(has(&spec::KEY) && has(&spec::RATE)) {
+            self.error(&join(path, "key_quota"), "requires `key` and `rate`");
+        }
         if has(&spec::CONCURRENCY) && has(&spec::KEY) {
             self.error(
                 &join(path, "concurrency"),
@@ -266,6 +279,7 @@ impl Validator {
             matcher: matcher?,
             key,
             key_slots: u32::try_from(key_slots?).ok()?,
+            quota: quota.map(|interval| Schedule::new(interval, 0, max_delay_ns)),
             reject_status: u16::try_from(reject_status?).ok()?,
             dry_run: dry_run?,
         })
