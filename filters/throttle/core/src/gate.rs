@@ -214,26 +214,7 @@ impl GateWaiters {
 mod tests {
     use super::*;
 
-    #[derive(Default)]
-    struct Cell {
-        v: Option<[u64; 2]>,
-        version: u32,
-    }
-
-    impl SharedCell for Cell {
-        type Token = u32;
-        fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-            Ok((self.v, self.version))
-        }
-        fn store(&mut self, v: [u64; 2], token: u32) -> Result<bool, StoreError> {
-            if token != self.version {
-                return Ok(false);
-            }
-            self.v = Some(v);
-            self.version += 1;
-            Ok(true)
-        }
-    }
+    use crate::testing::MemCell as Cell;
 
     #[test]
     fn at_most_limit_go_the_rest_wait_in_order() {

@@ -26,6 +26,9 @@ pub mod schedule;
 pub mod units;
 pub mod wire;
 
+#[cfg(test)]
+mod testing;
+
 pub use config::{Config, ConfigError, Rule};
 pub use queue::{HeldQueue, Released};
 pub use schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule, SharedCell};

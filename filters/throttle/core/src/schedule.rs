@@ -582,6 +582,7 @@ mod tests {
 #[cfg(test)]
 mod keyed_tests {
     use super::*;
+    use crate::testing::MemCell as SingleCell;
     use crate::NS_PER_MS;
     use std::collections::HashMap;
 
@@ -790,28 +791,6 @@ mod keyed_tests {
             Admission::Reject { .. }
         ));
         assert_eq!(t.get(2), None, "the rejected key's quota is untouched");
-    }
-
-    /// One shared cell in memory.
-    #[derive(Default)]
-    struct SingleCell {
-        v: Option<[u64; 2]>,
-        version: u32,
-    }
-
-    impl SharedCell for SingleCell {
-        type Token = u32;
-        fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-            Ok((self.v, self.version))
-        }
-        fn store(&mut self, v: [u64; 2], token: u32) -> Result<bool, StoreError> {
-            if token != self.version {
-                return Ok(false);
-            }
-            self.v = Some(v);
-            self.version += 1;
-            Ok(true)
-        }
     }
 
     #[test]
