@@ -726,7 +726,7 @@ mod keyed_tests {
         let mut shared = SingleCell::default();
         let mut t = Table::default();
         let now = 10_000 * MS;
-        let mut go = |t: &mut Table, shared: &mut SingleCell, fp: u64, slots| {
+        let go = |t: &mut Table, shared: &mut SingleCell, fp: u64, slots| {
             admit_with_quota(shared, t, fp, slots, &shared_s, &quota, now, true)
         };
         // Key A sends 20 at once: its quota admits 3 (at 0, 0.5 s, 1 s of its
