@@ -84,7 +84,10 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
     limited = [r for r in rows if meta.get(r["label"], {}).get("setting_qps")]
     if through:
         head = ["scenario", "tool", "conns", "req/s", "vs baseline", "failures", "p50 ms", "p90 ms", "p99 ms",
-                "p99.9 ms", "proxy CPU s", "proxy RSS MB"]
+                "p99.9 ms", "proxy CPU s", "proxy CPU µs/req", "proxy RSS MB"]
+        with_rounds = any(meta.get(r["label"], {}).get("rounds_qps") for r in through)
+        if with_rounds:
+            head.insert(4, "rounds req/s")
         body = []
         for r in through:
             base_label = meta.get(r["label"], {}).get("baseline")
@@ -95,10 +98,17 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
             body.append([r["label"], r["tool"], _f(r["conns"], "{:.0f}"), _f(r["achieved_qps"]), ratio,
                          _f(r["errors"], "{:.0f}"), _f(r["p50"], "{:.2f}"), _f(r["p90"], "{:.2f}"),
                          _f(r["p99"], "{:.2f}"), _f(r["p99.9"], "{:.2f}"), _f(r["proxy_cpu_s"], "{:.2f}"),
-                         _f(r["proxy_rss_mb"])])
-        out.append(("Throughput ladder (no limit reached)",
-                    "req/s = 2xx responses per second seen by the client; vs baseline = ratio of req/s to the "
-                    "named row of the same run.", (head, body)))
+                         _f(_cpu_per_request(r, meta)), _f(r["proxy_rss_mb"])])
+            if with_rounds:
+                rq = meta.get(r["label"], {}).get("rounds_qps") or []
+                body[-1].insert(4, " / ".join(f"{q:.0f}" for q in rq))
+        note = ("req/s = 2xx responses per second seen by the client; vs baseline = ratio of req/s to the "
+                "named row of the same run; proxy CPU µs/req = the proxy's CPU time in the run / requests "
+                "(less sensitive than req/s to other load on the machine).")
+        if with_rounds:
+            note += (" Where rounds are listed, the scenarios of a group ran interleaved, round after round; "
+                     "the row shows the round with the median req/s.")
+        out.append(("Throughput ladder (no limit reached)", note, (head, body)))
     if limited:
         head = ["scenario", "tool", "setting /s", "client req/s", "vs setting", "upstream req/s", "vs setting",
                 "worst 100 ms window /s", "vs setting", "window sd /s", "failures", "p50 ms", "p90 ms", "p99 ms"]
@@ -118,7 +128,7 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
                     "from the setting (1 request = 10 req/s in a 100 ms window); window sd = standard deviation of "
                     "the windows. failures = non-2xx "
                     "(local_ratelimit rejects with 429).", (head, body)))
-    targets = target_rows(by_label)
+    targets = target_rows(by_label, meta)
     if targets:
         out.append(("Targets (reported, not asserted)", "", (["target", "measured", "met"], targets)))
     if memory:
@@ -136,7 +146,14 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
     return out
 
 
-def target_rows(by_label: dict) -> list[list[str]]:
+def _cpu_per_request(r: dict, meta: dict) -> float | None:
+    n = meta.get(r["label"], {}).get("requests")
+    if not n or r.get("proxy_cpu_s") is None:
+        return None
+    return r["proxy_cpu_s"] / n * 1e6
+
+
+def target_rows(by_label: dict, meta: dict | None = None) -> list[list[str]]:
     """The issue's targets, for the labels of the standard set that are present."""
     out = []
     for rate in (500, 200):
@@ -158,6 +175,10 @@ def target_rows(by_label: dict) -> list[list[str]]:
                 ratio = t["achieved_qps"] / lrl["achieved_qps"]
                 out.append([f"pass-through >= local_ratelimit (c{c}, {tool})", f"{ratio:.3f}",
                             "yes" if ratio >= 1 else "no"])
+            cpu = {k: _cpu_per_request(r, meta or {}) for k, r in (("t", t), ("h", h), ("l", lrl)) if r}
+            if cpu.get("t") and cpu.get("h") and cpu.get("l"):
+                out.append([f"(info) proxy CPU per request: throttle / no filter / local_ratelimit (c{c}, {tool})",
+                            f"{cpu['t']:.1f} / {cpu['h']:.1f} / {cpu['l']:.1f} µs", ""])
     queued = [r for label, r in by_label.items() if label.startswith(("throttle-500", "throttle-200", "nginx-"))]
     if queued:
         fails = int(sum(r["errors"] or 0 for r in queued))
@@ -379,7 +400,9 @@ def render_run(run_dir: Path) -> dict[str, Path]:
     for p in sorted((run_dir / "runs").glob("*.json")):
         d = json.loads(p.read_text())
         sc = d.get("scenario") or {}
-        meta[d["label"]] = {"baseline": sc.get("baseline"), "setting_qps": d.get("setting_qps")}
+        meta[d["label"]] = {"baseline": sc.get("baseline"), "setting_qps": d.get("setting_qps"),
+                            "rounds_qps": d.get("rounds_achieved_qps"),
+                            "requests": (d.get("client") or {}).get("requests")}
     return render(rows, timeseries, run_dir, meta=meta, memory=memory, info=info)
 
 

@@ -43,39 +43,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="results directory (default perf/results/<run-id>)")
     args = ap.parse_args(argv)
     try:
-        scenarios = load_set(args.set)
+        groups = load_set(args.set)
     except ScenarioError as e:
         print(f"perf: {e}", file=sys.stderr)
         return 2
     if args.only:
-        scenarios = [s for s in scenarios if s.label in set(args.only)]
+        groups = [([s for s in g if s.label in set(args.only)], n) for g, n in groups]
+        groups = [(g, n) for g, n in groups if g]
+    scenarios = [s for g, _ in groups for s in g]
     run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{args.set}"
     out = args.out or RESULTS / run_id
     (out / "runs").mkdir(parents=True, exist_ok=True)
     memory.raise_fd_limit(16384)  # inherited by Envoy: held requests are open connections
     info = environment(run_id, args.set)
     t0 = time.monotonic()
-    rows, timeseries, mem, failed = [], {}, {}, []
+    rows, timeseries, mem, failed, rounds_qps, requests = [], {}, {}, [], {}, {}
     rates = tuple(sorted({s.nginx_limit["rate"] for s in scenarios if s.topology == "nginx_limit"}))
+    total = sum(len(g) * n for g, n in groups)
+    step = 0
     with nginx.Nginx(limit_rates=rates) as web:
-        for i, s in enumerate(scenarios, 1):
-            started = time.monotonic()
-            print(f"[{i}/{len(scenarios)}] {s.label}: {s.description}", flush=True)
-            try:
-                if s.kind == "memory":
-                    result = run_memory(s, web)
+        for group, rounds in groups:
+            done: dict[str, list[dict]] = {s.label: [] for s in group}
+            for r in range(rounds):
+                for s in group:
+                    step += 1
+                    tag = f" (round {r + 1}/{rounds})" if rounds > 1 else ""
+                    print(f"[{step}/{total}] {s.label}{tag}: {s.description}", flush=True)
+                    done[s.label].append(run_one(s, web))
+            for s in group:
+                result = choose(done[s.label])
+                if "error" in result:
+                    failed.append(s.label)
+                elif s.kind == "memory":
                     mem[s.label] = result
                 else:
-                    result = run_load(s, web)
                     rows.append(result["row"])
                     timeseries[s.label] = result["timeseries"]
-                    print("    " + "  ".join(f"{k}={_fmt(result['row'][k])}" for k in CSV_COLUMNS[2:]), flush=True)
-            except Exception as e:  # one broken scenario must not lose the rest of the run
-                failed.append(s.label)
-                result = {"label": s.label, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-                print(f"    FAILED: {result['error']}", flush=True)
-            result["wall_s"] = round(time.monotonic() - started, 2)
-            (out / "runs" / f"{s.label}.json").write_text(json.dumps(result, indent=1, default=str))
+                    requests[s.label] = result["client"]["requests"]
+                    if rounds > 1:
+                        rounds_qps[s.label] = result["rounds_achieved_qps"]
+                (out / "runs" / f"{s.label}.json").write_text(json.dumps(result, indent=1, default=str))
     info["duration_s"] = round(time.monotonic() - t0, 1)
     info["loadavg_end"] = os.getloadavg()
     info["failed"] = failed
@@ -84,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "memory.json").write_text(json.dumps(mem, indent=1))
     (out / "info.json").write_text(json.dumps(info, indent=1))
     meta = {s.label: {"baseline": s.baseline, "setting_qps": s.setting_qps, "description": s.description,
-                      "concurrency": s.envoy.get("concurrency")} for s in scenarios}
+                      "concurrency": s.envoy.get("concurrency"), "rounds_qps": rounds_qps.get(s.label),
+                      "requests": requests.get(s.label)}
+            for s in scenarios}
     paths = report.render(read_csv(out / "results.csv"), timeseries, out, meta=meta, memory=mem, info=info)
     latest = RESULTS / "latest"
     if out.parent == RESULTS:
@@ -96,6 +105,35 @@ def main(argv: list[str] | None = None) -> int:
     print(f"perf: {len(scenarios)} scenarios ({len(failed)} failed) in {info['duration_s']} s -> "
           f"{out}/ (results.csv, summary.md, report.html)")
     return 1 if failed else 0
+
+
+def run_one(s: Scenario, web: nginx.Nginx) -> dict:
+    started = time.monotonic()
+    try:
+        if s.kind == "memory":
+            result = run_memory(s, web)
+        else:
+            result = run_load(s, web)
+            print("    " + "  ".join(f"{k}={_fmt(result['row'][k])}" for k in CSV_COLUMNS[2:]), flush=True)
+    except Exception as e:  # one broken scenario must not lose the rest of the run
+        result = {"label": s.label, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        print(f"    FAILED: {result['error']}", flush=True)
+    result["wall_s"] = round(time.monotonic() - started, 2)
+    return result
+
+
+def choose(results: list[dict]) -> dict:
+    """One result of several interleaved rounds: the median by achieved req/s
+    (the whole run, so its percentiles belong to it); every round is kept."""
+    if len(results) == 1:
+        return results[0]
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return {**failed[0], "rounds": results}
+    order = sorted(range(len(results)), key=lambda i: results[i]["row"]["achieved_qps"])
+    k = order[len(order) // 2]
+    return {**results[k], "chosen_round": k + 1, "rounds_achieved_qps": [r["row"]["achieved_qps"] for r in results],
+            "rounds": results}
 
 
 def run_load(s: Scenario, web: nginx.Nginx) -> dict:

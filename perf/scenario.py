@@ -212,17 +212,38 @@ def load_all() -> dict[str, Scenario]:
     return {p.stem: parse(p) for p in sorted(SCENARIOS.glob("*.yaml"))}
 
 
-def load_set(name: str) -> list[Scenario]:
-    """A named set from perf/sets.yaml, in its order."""
+def load_set(name: str) -> list[tuple[list[Scenario], int]]:
+    """A named set from perf/sets.yaml, in its order, as groups of
+    (scenarios, rounds). An entry is a label (one run) or
+    {rounds: N, scenarios: [labels]}: those scenarios run interleaved,
+    round after round, so that slow drifts of the machine hit them alike."""
     sets = yaml.safe_load(SETS.read_text())
     if name not in sets:
         raise ScenarioError(f"perf/sets.yaml: no set {name!r} (have {sorted(sets)})")
     scenarios = load_all()
-    missing = [label for label in sets[name] if label not in scenarios]
+    groups: list[tuple[list[str], int]] = []
+    for i, entry in enumerate(sets[name]):
+        where = f"perf/sets.yaml: {name}[{i}]"
+        if isinstance(entry, str):
+            groups.append(([entry], 1))
+            continue
+        _check(isinstance(entry, dict) and set(entry) == {"rounds", "scenarios"}, where,
+               "expected a label or {rounds: N, scenarios: [labels]}")
+        _check(isinstance(entry["rounds"], int) and 1 <= entry["rounds"] <= 10, f"{where}.rounds", "expected 1..10")
+        _check(isinstance(entry["scenarios"], list) and entry["scenarios"], f"{where}.scenarios",
+               "expected a list of labels")
+        groups.append((entry["scenarios"], entry["rounds"]))
+    labels = [label for g, _ in groups for label in g]
+    missing = [label for label in labels if label not in scenarios]
     if missing:
         raise ScenarioError(f"perf/sets.yaml: {name}: no scenario file for {missing}")
-    chosen = [scenarios[label] for label in sets[name]]
-    for s in chosen:
+    dup = sorted({label for label in labels if labels.count(label) > 1})
+    _check(not dup, f"perf/sets.yaml: {name}", f"listed more than once: {dup}")
+    for label in labels:
+        s = scenarios[label]
         if s.baseline and s.baseline not in scenarios:
             raise ScenarioError(f"perf/scenarios/{s.label}.yaml: baseline: no scenario {s.baseline!r}")
-    return chosen
+    for g, rounds in groups:
+        _check(rounds == 1 or all(scenarios[label].kind == "load" for label in g), f"perf/sets.yaml: {name}",
+               "rounds apply to load scenarios only")
+    return [([scenarios[label] for label in g], rounds) for g, rounds in groups]

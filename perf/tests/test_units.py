@@ -86,9 +86,16 @@ def test_label_must_match_the_file_name(tmp_path):
 
 @pytest.mark.parametrize("name", ["standard", "quick"])
 def test_shipped_sets_parse(name):
-    scenarios = load_set(name)
+    scenarios = [s for group, _ in load_set(name) for s in group]
     assert scenarios
     for s in scenarios:
         if s.topology == "envoy":
             cfg = s.envoy_config(listen_port=1, admin_port=2, upstream_port=3)
             assert cfg["static_resources"]["clusters"][0]["load_assignment"]
+
+
+def test_choose_takes_the_median_round_and_keeps_all():
+    rounds = [{"row": {"achieved_qps": q}, "n": i} for i, q in enumerate((300.0, 100.0, 200.0))]
+    r = run.choose(rounds)
+    assert (r["n"], r["chosen_round"], r["rounds_achieved_qps"]) == (2, 3, [300.0, 100.0, 200.0])
+    assert len(r["rounds"]) == 3
