@@ -111,7 +111,8 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
         out.append(("Throughput ladder (no limit reached)", note, (head, body)))
     if limited:
         head = ["scenario", "tool", "setting /s", "client req/s", "vs setting", "upstream req/s", "vs setting",
-                "worst 100 ms window /s", "vs setting", "window sd /s", "failures", "p50 ms", "p90 ms", "p99 ms"]
+                "worst 100 ms window /s", "vs setting", "window sd /s", "failures", "limiter counts",
+                "p50 ms", "p90 ms", "p99 ms"]
         body = []
         for r in limited:
             setting = meta[r["label"]]["setting_qps"]
@@ -120,14 +121,17 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
             body.append([r["label"], r["tool"], _f(setting, "{:g}"), _f(r["achieved_qps"], "{:.2f}"),
                          _pct(100 * (r["achieved_qps"] / setting - 1)), _f(up, "{:.2f}"),
                          _pct(None if up is None else 100 * (up / setting - 1)), _f(p.get("worst")),
-                         _pct(p.get("worst_pct")), _f(p.get("sd")), _f(r["errors"], "{:.0f}"), _f(r["p50"], "{:.1f}"),
+                         _pct(p.get("worst_pct")), _f(p.get("sd")), _f(r["errors"], "{:.0f}"),
+                         _limiter(meta[r["label"]].get("limiter")), _f(r["p50"], "{:.1f}"),
                          _f(r["p90"], "{:.1f}"), _f(r["p99"], "{:.1f}")])
         out.append(("Rate limited: accuracy and pacing",
                     "client req/s = 2xx per second over the client's run; upstream req/s = (n-1)/(last-first) "
                     "from the upstream's access-log timestamps (ms); worst window = the 100 ms window furthest "
                     "from the setting (1 request = 10 req/s in a 100 ms window); window sd = standard deviation of "
                     "the windows. failures = non-2xx "
-                    "(local_ratelimit rejects with 429).", (head, body)))
+                    "(local_ratelimit rejects with 429). limiter counts: the throttle's admitted at once / "
+                    "queued / rejected, or local_ratelimit's ok / rate_limited, in the measured run.",
+                    (head, body)))
     targets = target_rows(by_label, meta)
     if targets:
         out.append(("Targets (reported, not asserted)", "", (["target", "measured", "met"], targets)))
@@ -144,6 +148,16 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
         out.append(("Envoy memory (VmRSS)", "held requests each on its own connection; memory-conns-* holds "
                     "idle connections without the filter, for the connection cost alone.", (head, body)))
     return out
+
+
+def _limiter(stats: dict | None) -> str:
+    if not stats:
+        return ""
+    if "queued" in stats:
+        return f"{stats.get('admitted', 0)} / {stats.get('queued', 0)} / {stats.get('rejected', 0)}"
+    if "rate_limited" in stats:
+        return f"{stats.get('ok', 0)} / {stats.get('rate_limited', 0)}"
+    return ""
 
 
 def _cpu_per_request(r: dict, meta: dict) -> float | None:
@@ -402,7 +416,8 @@ def render_run(run_dir: Path) -> dict[str, Path]:
         sc = d.get("scenario") or {}
         meta[d["label"]] = {"baseline": sc.get("baseline"), "setting_qps": d.get("setting_qps"),
                             "rounds_qps": d.get("rounds_achieved_qps"),
-                            "requests": (d.get("client") or {}).get("requests")}
+                            "requests": (d.get("client") or {}).get("requests"),
+                            "limiter": d.get("filter_stats")}
     return render(rows, timeseries, run_dir, meta=meta, memory=memory, info=info)
 
 

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     memory.raise_fd_limit(16384)  # inherited by Envoy: held requests are open connections
     info = environment(run_id, args.set)
     t0 = time.monotonic()
-    rows, timeseries, mem, failed, rounds_qps, requests = [], {}, {}, [], {}, {}
+    rows, timeseries, mem, failed, rounds_qps, requests, limiter = [], {}, {}, [], {}, {}, {}
     rates = tuple(sorted({s.nginx_limit["rate"] for s in scenarios if s.topology == "nginx_limit"}))
     total = sum(len(g) * n for g, n in groups)
     step = 0
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(result["row"])
                     timeseries[s.label] = result["timeseries"]
                     requests[s.label] = result["client"]["requests"]
+                    limiter[s.label] = result.get("filter_stats")
                     if rounds > 1:
                         rounds_qps[s.label] = result["rounds_achieved_qps"]
                 (out / "runs" / f"{s.label}.json").write_text(json.dumps(result, indent=1, default=str))
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "info.json").write_text(json.dumps(info, indent=1))
     meta = {s.label: {"baseline": s.baseline, "setting_qps": s.setting_qps, "description": s.description,
                       "concurrency": s.envoy.get("concurrency"), "rounds_qps": rounds_qps.get(s.label),
-                      "requests": requests.get(s.label)}
+                      "requests": requests.get(s.label), "limiter": limiter.get(s.label)}
             for s in scenarios}
     paths = report.render(read_csv(out / "results.csv"), timeseries, out, meta=meta, memory=mem, info=info)
     latest = RESULTS / "latest"

@@ -14,9 +14,11 @@ command -v ab >/dev/null || missing+=(apache2-utils)
 command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   step "apt: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get -o DPkg::Lock::Timeout=300 update -q
-  apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${missing[@]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -q
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q \
+    --no-install-recommends "${missing[@]}"
 fi
 # The Debian package may start a system nginx on :80; the benchmarks never use
 # it (they run their own nginx on free loopback ports with their own config).

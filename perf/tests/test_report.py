@@ -61,7 +61,7 @@ def test_csv_has_the_fixed_columns():
 
 def test_summary_has_tables_with_ratios(rendered):
     md = rendered["summary"].read_text()
-    assert "| scenario | tool | conns | req/s | vs baseline |" in md
+    assert "| scenario | tool | conns | req/s |" in md and "| vs baseline |" in md
     assert " of http-c2-" in md  # a ratio to a baseline row of the same run
     assert "| scenario | tool | setting /s |" in md
 
