@@ -1,0 +1,93 @@
+"""Envoy's memory while it holds requests: open N connections that each send
+one request the throttle holds (a low rate, long max_queue_delay), read VmRSS
+from /proc, then close them all (the filter counts them as cancelled)."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import time
+
+from harness.procs import Envoy, wait_until
+from perf.procinfo import rss_kb
+
+REQUEST = b"GET /details.json HTTP/1.1\r\nHost: perf\r\n\r\n"
+
+
+def raise_fd_limit(need: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise RuntimeError(f"need {need} file descriptors, hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def open_held(port: int, n: int, send: bool = True) -> list[socket.socket]:
+    """n connections to Envoy, each with one request sent (or none: idle)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if send:
+                s.sendall(REQUEST)
+            socks.append(s)
+    except Exception:
+        close_all(socks)
+        raise
+    return socks
+
+
+def close_all(socks: list[socket.socket]) -> None:
+    for s in socks:
+        try:
+            s.close()
+        except OSError:
+            pass
+    socks.clear()
+
+
+def _decided(envoy: Envoy) -> int:
+    s = envoy.rule_stats()
+    return s.get("admitted", 0) + s.get("queued", 0) + s.get("rejected", 0)
+
+
+def settle_rss(pid: int, seconds: float = 1.0) -> float:
+    """RSS (MB) after it stops moving for a moment (max of a few samples)."""
+    time.sleep(seconds)
+    return max(rss_kb(pid) for _ in range(3)) / 1024
+
+
+def measure(envoy: Envoy, steps: list[int], throttled: bool, timeout_s: float = 60) -> dict:
+    """RSS idle, then with each cumulative number of held requests (throttled)
+    or of idle open connections (not throttled: the connection cost alone)."""
+    assert envoy.proc is not None
+    pid = envoy.proc.pid
+    raise_fd_limit(max(steps) + 1024)
+    points = [{"held": 0, "rss_mb": settle_rss(pid)}]
+    socks: list[socket.socket] = []
+    try:
+        for target in steps:
+            socks += open_held(envoy.port, target - len(socks), send=throttled)
+            if throttled:
+                # every request decided (the first passes at once, a few are
+                # released meanwhile at the low rate, the others are held)
+                wait_until(lambda: _decided(envoy) >= target, timeout_s, f"{target} requests decided")
+                held = envoy.rule_stats().get("held", 0)
+            else:
+                held = target
+            points.append({"held": held, "connections": len(socks), "rss_mb": settle_rss(pid)})
+    finally:
+        close_all(socks)
+    if throttled:
+        wait_until(lambda: envoy.rule_stats().get("held", 1) == 0, timeout_s, "held requests cancelled")
+    after = settle_rss(pid)
+    base = points[0]["rss_mb"]
+    last = points[-1]
+    first = points[1]
+    # marginal cost between the first and the last step (first-use costs excluded)
+    span = last["held"] - first["held"]
+    per_1000 = (last["rss_mb"] - first["rss_mb"]) / span * 1000 if span > 0 else None
+    from_idle = (last["rss_mb"] - base) / last["held"] * 1000 if last["held"] else None
+    return {"points": points, "idle_rss_mb": base, "after_close_rss_mb": after,
+            "mb_per_1000": per_1000, "mb_per_1000_from_idle": from_idle,
+            "stats": envoy.rule_stats() if throttled else {}}

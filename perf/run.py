@@ -1,0 +1,271 @@
+"""The benchmark runner: executes a set of scenarios (perf/sets.yaml) in one
+run against one nginx (upstream + limit_req anchors), skips each scenario's
+warm-up, and writes self-describing results to perf/results/<run-id>/:
+
+  runs/<label>.json   everything about one run (scenario, config, client and upstream figures)
+  results.csv         one fixed-column row per load run (CSV_COLUMNS)
+  timeseries.json     the rate the upstream saw per 100 ms window, per run
+  memory.json         Envoy RSS idle and with held requests
+  summary.md, report.html  (perf/report.py)
+
+  python -m perf.run --set quick          # or standard; --only LABEL... to pick some
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from harness.procs import ROOT, Envoy, envoy_bin, free_port
+from perf import loadgen, memory, nginx, report
+from perf.procinfo import Sampler
+from perf.scenario import Scenario, ScenarioError, load_set
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CSV_COLUMNS = ("label", "tool", "conns", "offered_qps", "achieved_qps", "errors",
+               "p50", "p75", "p90", "p99", "p99.9", "proxy_rss_mb", "proxy_cpu_s")
+WINDOW_S = 0.1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", default="quick", help="scenario set from perf/sets.yaml (default quick)")
+    ap.add_argument("--only", nargs="*", help="run only these labels of the set")
+    ap.add_argument("--out", type=Path, help="results directory (default perf/results/<run-id>)")
+    args = ap.parse_args(argv)
+    try:
+        groups = load_set(args.set)
+    except ScenarioError as e:
+        print(f"perf: {e}", file=sys.stderr)
+        return 2
+    if args.only:
+        groups = [([s for s in g if s.label in set(args.only)], n) for g, n in groups]
+        groups = [(g, n) for g, n in groups if g]
+    scenarios = [s for g, _ in groups for s in g]
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{args.set}"
+    out = args.out or RESULTS / run_id
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    memory.raise_fd_limit(16384)  # inherited by Envoy: held requests are open connections
+    info = environment(run_id, args.set)
+    t0 = time.monotonic()
+    rows, timeseries, mem, failed, rounds_qps, requests, limiter = [], {}, {}, [], {}, {}, {}
+    rates = tuple(sorted({s.nginx_limit["rate"] for s in scenarios if s.topology == "nginx_limit"}))
+    total = sum(len(g) * n for g, n in groups)
+    step = 0
+    with nginx.Nginx(limit_rates=rates) as web:
+        for group, rounds in groups:
+            done: dict[str, list[dict]] = {s.label: [] for s in group}
+            for r in range(rounds):
+                for s in group:
+                    step += 1
+                    tag = f" (round {r + 1}/{rounds})" if rounds > 1 else ""
+                    print(f"[{step}/{total}] {s.label}{tag}: {s.description}", flush=True)
+                    done[s.label].append(run_one(s, web))
+            for s in group:
+                result = choose(done[s.label])
+                if "error" in result:
+                    failed.append(s.label)
+                elif s.kind == "memory":
+                    mem[s.label] = result
+                else:
+                    rows.append(result["row"])
+                    timeseries[s.label] = result["timeseries"]
+                    requests[s.label] = result["client"]["requests"]
+                    limiter[s.label] = result.get("filter_stats")
+                    if rounds > 1:
+                        rounds_qps[s.label] = result["rounds_achieved_qps"]
+                (out / "runs" / f"{s.label}.json").write_text(json.dumps(result, indent=1, default=str))
+    info["duration_s"] = round(time.monotonic() - t0, 1)
+    info["loadavg_end"] = os.getloadavg()
+    info["failed"] = failed
+    write_csv(out / "results.csv", rows)
+    (out / "timeseries.json").write_text(json.dumps(timeseries))
+    (out / "memory.json").write_text(json.dumps(mem, indent=1))
+    (out / "info.json").write_text(json.dumps(info, indent=1))
+    meta = {s.label: {"baseline": s.baseline, "setting_qps": s.setting_qps, "description": s.description,
+                      "concurrency": s.envoy.get("concurrency"), "rounds_qps": rounds_qps.get(s.label),
+                      "requests": requests.get(s.label), "limiter": limiter.get(s.label)}
+            for s in scenarios}
+    paths = report.render(read_csv(out / "results.csv"), timeseries, out, meta=meta, memory=mem, info=info)
+    latest = RESULTS / "latest"
+    if out.parent == RESULTS:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(out.name)
+    print()
+    print(paths["summary"].read_text())
+    print(f"perf: {len(scenarios)} scenarios ({len(failed)} failed) in {info['duration_s']} s -> "
+          f"{out}/ (results.csv, summary.md, report.html)")
+    return 1 if failed else 0
+
+
+def run_one(s: Scenario, web: nginx.Nginx) -> dict:
+    started = time.monotonic()
+    try:
+        if s.kind == "memory":
+            result = run_memory(s, web)
+        else:
+            result = run_load(s, web)
+            print("    " + "  ".join(f"{k}={_fmt(result['row'][k])}" for k in CSV_COLUMNS[2:]), flush=True)
+    except Exception as e:  # one broken scenario must not lose the rest of the run
+        result = {"label": s.label, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        print(f"    FAILED: {result['error']}", flush=True)
+    result["wall_s"] = round(time.monotonic() - started, 2)
+    return result
+
+
+def choose(results: list[dict]) -> dict:
+    """One result of several interleaved rounds: the median by achieved req/s
+    (the whole run, so its percentiles belong to it); every round is kept."""
+    if len(results) == 1:
+        return results[0]
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return {**failed[0], "rounds": results}
+    order = sorted(range(len(results)), key=lambda i: results[i]["row"]["achieved_qps"])
+    k = order[len(order) // 2]
+    return {**results[k], "chosen_round": k + 1, "rounds_achieved_qps": [r["row"]["achieved_qps"] for r in results],
+            "rounds": results}
+
+
+def run_load(s: Scenario, web: nginx.Nginx) -> dict:
+    envoy = None
+    try:
+        if s.topology == "envoy":
+            cfg = s.envoy_config(listen_port=free_port(), admin_port=free_port(), upstream_port=web.upstream_port)
+            envoy = Envoy(cfg, concurrency=s.envoy["concurrency"], log_level="warn").start()
+            url, pids, log = f"{envoy.url}{nginx.PATH}", [envoy.proc.pid], web.log_path()
+        elif s.topology == "nginx_limit":
+            rate = s.nginx_limit["rate"]
+            url, pids, log = web.url(rate), web.pids(), web.log_path(rate)
+        else:
+            url, pids, log = web.url(), [], web.log_path()
+        timeout = 600.0
+        if s.warmup_requests:
+            loadgen.run(s.tool, url, connections=min(s.connections, s.warmup_requests),
+                        requests=s.warmup_requests, keepalive=s.keepalive, timeout_s=timeout)
+        tail = nginx.LogTail(log)
+        stats0 = envoy.rule_stats() if envoy and "throttle" in s.envoy else None
+        with Sampler(pids) as cost:
+            res = loadgen.run(s.tool, url, connections=s.connections, requests=s.requests,
+                              duration_s=s.duration_s, qps=s.qps, keepalive=s.keepalive, timeout_s=timeout)
+        seen = [t for t, status in tail.read() if 200 <= status < 300]
+        filter_stats = None
+        if stats0 is not None:
+            now = envoy.rule_stats()
+            filter_stats = {k: now.get(k, 0) - stats0.get(k, 0) for k in now if k != "held"}
+        elif envoy and s.envoy["config"] == "local_ratelimit.yaml":
+            filter_stats = {k.rsplit(".", 1)[-1]: v for k, v in envoy.stats("local_rate_limit.").items()}
+    finally:
+        if envoy:
+            envoy.stop()
+    row = {
+        "label": s.label, "tool": s.tool, "conns": s.connections, "offered_qps": s.qps,
+        "achieved_qps": res["achieved_qps"], "errors": res["errors"],
+        "p50": res["p50"], "p75": res["p75"], "p90": res["p90"], "p99": res["p99"], "p99.9": res["p99.9"],
+        "proxy_rss_mb": cost.peak_mb if pids else None, "proxy_cpu_s": cost.cpu_s if pids else None,
+    }
+    ts = window_counts(seen, WINDOW_S)
+    ts.update(setting_qps=s.setting_qps, upstream_qps=upstream_rate(seen), upstream_requests=len(seen))
+    return {"label": s.label, "scenario": vars(s), "setting_qps": s.setting_qps, "url": url, "row": row,
+            "client": res, "filter_stats": filter_stats,
+            "upstream": {"requests": len(seen), "qps": upstream_rate(seen)}, "timeseries": ts}
+
+
+def run_memory(s: Scenario, web: nginx.Nginx) -> dict:
+    cfg = s.envoy_config(listen_port=free_port(), admin_port=free_port(), upstream_port=web.upstream_port)
+    throttled = "throttle" in s.envoy
+    with Envoy(cfg, concurrency=s.envoy["concurrency"], log_level="warn") as envoy:
+        res = memory.measure(envoy, s.steps, throttled=throttled)
+    res.update({"label": s.label, "description": s.description, "throttled": throttled,
+                "concurrency": s.envoy["concurrency"]})
+    print(f"    idle {res['idle_rss_mb']:.1f} MB; " + ", ".join(
+        f"{p['held']} {'held' if throttled else 'idle conns'}: {p['rss_mb']:.1f} MB" for p in res["points"][1:])
+          + (f"; {res['mb_per_1000']:.2f} MB per 1,000 between steps" if res["mb_per_1000"] is not None else ""),
+          flush=True)
+    return res
+
+
+def window_counts(stamps: list[float], window: float) -> dict:
+    """Requests per `window` seconds from the first timestamp on; the last,
+    partial window is dropped. Rates in requests per second."""
+    if len(stamps) < 2:
+        return {"window_s": window, "rates": []}
+    stamps = sorted(stamps)
+    t0 = stamps[0]
+    eps = 1e-9  # timestamps on a window boundary belong to the later window
+    n = int((stamps[-1] - t0) / window + eps)  # full windows only
+    counts = [0] * n
+    for t in stamps:
+        k = int((t - t0) / window + eps)
+        if k < n:
+            counts[k] += 1
+    return {"window_s": window, "rates": [c / window for c in counts]}
+
+
+def upstream_rate(stamps: list[float]) -> float | None:
+    """(n - 1) / (last - first): the upstream's own view of the rate."""
+    if len(stamps) < 2:
+        return None
+    span = max(stamps) - min(stamps)
+    return (len(stamps) - 1) / span if span > 0 else None
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _fmt(r[k]) for k in CSV_COLUMNS})
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def _envoy_version(text: str) -> str:
+    """"envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL" -> "1.40.0"."""
+    parts = text.split("version:")[-1].strip().split("/")
+    return parts[1] if len(parts) > 1 else text
+
+
+def environment(run_id: str, set_name: str) -> dict:
+    def out(cmd: list[str]) -> str:
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            return (r.stdout + r.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unavailable: {e}"
+    envoy_v = out([envoy_bin(), "--version"])
+    return {
+        "run_id": run_id, "set": set_name,
+        "started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
+        "loadavg_start": os.getloadavg(),
+        "envoy": _envoy_version(envoy_v),
+        "nginx": nginx.version(), **loadgen.versions(),
+        "git": out(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        "window_s": WINDOW_S,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The benchmark report renders, and a person can look at it: headless
+Chromium turns report.html into report.png, which must not be blank.
+
+With PERF_RUN_DIR=perf/results/<run-id> (make perf-quick sets it) the report
+of that real run is rendered; without it, a small synthetic input is used
+(to test the renderer only: these figures are not measurements)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from perf import report
+from perf.run import CSV_COLUMNS
+
+RUN_DIR = os.environ.get("PERF_RUN_DIR")
+
+
+def _synthetic(out: Path) -> dict[str, Path]:
+    rows = []
+    for label, tool, qps, base in (("http-c2-fortio", "fortio", 9000.0, None),
+                                   ("throttle-off-c2-fortio", "fortio", 8800.0, "http-c2-fortio"),
+                                   ("throttle-500-c2-fortio", "fortio", 499.8, None)):
+        rows.append({"label": label, "tool": tool, "conns": "100", "offered_qps": "0", "achieved_qps": str(qps),
+                     "errors": "0", "p50": "5.1", "p75": "7.0", "p90": "9.5", "p99": "20.2", "p99.9": "40.0",
+                     "proxy_rss_mb": "70.5", "proxy_cpu_s": "3.2"})
+    ts = {"throttle-500-c2-fortio": {"window_s": 0.1, "rates": [500.0 + (10 if i % 7 == 0 else 0) for i in range(100)],
+                                     "setting_qps": 500.0, "upstream_qps": 500.1},
+          "http-c2-fortio": {"window_s": 0.1, "rates": [9000.0] * 20, "setting_qps": None}}
+    meta = {"throttle-off-c2-fortio": {"baseline": "http-c2-fortio"}}
+    memory = {"memory-throttle-c2": {"idle_rss_mb": 99.0, "points": [{"held": 0, "rss_mb": 99.0},
+                                                                      {"held": 1000, "rss_mb": 120.0}],
+                                     "mb_per_1000": 21.0}}
+    return report.render(rows, ts, out, meta=meta, memory=memory, info={"run_id": "synthetic"})
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, Path]:
+    if RUN_DIR:
+        return report.render_run(Path(RUN_DIR))
+    return _synthetic(tmp_path_factory.mktemp("report"))
+
+
+def test_csv_has_the_fixed_columns():
+    if not RUN_DIR:
+        pytest.skip("no PERF_RUN_DIR: no real run to check")
+    with open(Path(RUN_DIR) / "results.csv", newline="") as f:
+        reader = csv.reader(f)
+        assert tuple(next(reader)) == CSV_COLUMNS
+        rows = list(reader)
+    assert rows, "results.csv has no rows"
+    assert all(len(r) == len(CSV_COLUMNS) for r in rows)
+
+
+def test_summary_has_tables_with_ratios(rendered):
+    md = rendered["summary"].read_text()
+    assert "| scenario | tool | conns | req/s |" in md and "| vs baseline |" in md
+    assert " of http-c2-" in md  # a ratio to a baseline row of the same run
+    assert "| scenario | tool | setting /s |" in md
+
+
+def test_html_embeds_charts(rendered):
+    page = rendered["html"].read_text()
+    assert page.count("src='data:image/png;base64,") >= 3
+
+
+def test_html_renders_to_a_non_trivial_png(rendered):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium not installed: run tools/setup-perf.sh"
+    png = rendered["html"].with_name("report.png")
+    png.unlink(missing_ok=True)
+    profile = tempfile.mkdtemp(prefix="perf-chromium-")
+    try:
+        r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                            "--no-first-run", "--hide-scrollbars", f"--user-data-dir={profile}",
+                            f"--screenshot={png}", "--window-size=1400,7000",
+                            rendered["html"].resolve().as_uri()],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert png.exists(), f"no screenshot (rc {r.returncode}):\n{r.stderr[-2000:]}"
+    img = Image.open(png).convert("RGB")
+    assert img.size == (1400, 7000)
+    small = img.resize((350, 1750))
+    colors = small.getcolors(maxcolors=1 << 20)
+    assert len(colors) > 50, "screenshot has almost no colours: blank page?"
+    non_white = sum(n for n, c in colors if sum(c) < 720)
+    assert non_white / (350 * 1750) > 0.03, "screenshot is almost all white"
