@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, help="seconds per measured run (full: 8, short: 3)")
     ap.add_argument("--warmup", type=float, help="seconds of unrecorded load before each run (full: 1, short: 0.5)")
     ap.add_argument("--runs", type=int, help="override the repetitions of every case")
+    ap.add_argument("--check", action="store_true",
+                    help="fail unless every unthrottled run served >= 90%% of the offered load without errors, "
+                         "and every run throttled below the load achieved its rate within 20%%")
     ap.add_argument("--out", type=Path, help="output directory (default perf/meshlab/results/<UTC time>)")
     args = ap.parse_args(argv)
 
@@ -154,7 +157,26 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     report.write(out, meta, rows)
     print(f"perf-mesh: {len(rows)} runs in {meta['elapsed_s']} s; report: {out / 'report.html'}")
+    if args.check:
+        problems = check(rows)
+        for p in problems:
+            print(f"perf-mesh: CHECK FAILED: {p}")
+        print(f"perf-mesh: check {'failed' if problems else 'passed'} ({len(rows)} runs)")
+        return 1 if problems else 0
     return 0
+
+
+def check(rows: list[dict]) -> list[str]:
+    """Sanity of a run (honest tolerances; precise figures belong in the report)."""
+    problems = []
+    for r in rows:
+        what = f"{r['case']} | {r['label']} (run {r['run']})"
+        if not r["throttle"]:
+            if r["errors"] or r["achieved_qps"] < 0.9 * r["offered_qps"]:
+                problems.append(f"{what}: {r['achieved_qps']:.1f} of {r['offered_qps']} qps, errors {r['codes']}")
+        elif r["throttle"] == "below" and abs(r["achieved_qps"] - r["rate"]) > 0.2 * r["rate"]:
+            problems.append(f"{what}: {r['achieved_qps']:.1f} qps with the throttle at {r['rate']}/s")
+    return problems
 
 
 if __name__ == "__main__":

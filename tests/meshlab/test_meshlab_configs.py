@@ -93,3 +93,35 @@ def test_labels_say_the_node_proxies_are_not_ztunnel():
     for t in topologies.ALL:
         if t.key in ("ambient", "waypoint"):
             assert "(Envoy as HBONE node proxy, not ztunnel)" in t.label(100, 10)
+
+
+def test_without_root_the_run_skips_with_a_clear_message(monkeypatch, capsys, tmp_path):
+    from perf.meshlab import lab, run
+
+    monkeypatch.setattr(lab.os, "geteuid", lambda: 1000)
+    with pytest.raises(lab.LabUnavailable, match="need root"):
+        lab.check_available()
+    assert run.main(["--short", "--out", str(tmp_path)]) == 0
+    assert "perf-mesh: SKIPPED: network namespaces need root" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_iproute2_the_run_names_it(monkeypatch):
+    from perf.meshlab import lab
+
+    monkeypatch.setattr(lab.shutil, "which", lambda name: None)
+    with pytest.raises(lab.LabUnavailable, match="iproute2"):
+        lab.check_available()
+
+
+def test_check_flags_errors_and_unpaced_throttles():
+    from perf.meshlab.run import check
+
+    ok = {"case": "c", "label": "x", "run": 1, "throttle": "", "errors": 0, "achieved_qps": 99.5,
+          "offered_qps": 100, "codes": {200: 995}, "rate": None}
+    assert check([ok]) == []
+    assert check([{**ok, "errors": 3, "codes": {200: 992, 503: 3}}])
+    assert check([{**ok, "achieved_qps": 80.0}])
+    paced = {**ok, "throttle": "below", "rate": 50, "achieved_qps": 50.1}
+    assert check([paced]) == []
+    assert check([{**paced, "achieved_qps": 99.0}])
