@@ -81,7 +81,7 @@ def _chart(case: str, med: list[dict]) -> bytes:
     ax1.invert_yaxis()
     ax1.set_xscale("log")
     ax1.set_xlabel("latency (ms, log scale)")
-    ax1.legend(fontsize=8, loc="lower right")
+    ax1.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
     ax1.grid(axis="x", alpha=0.3)
     ax2.barh(list(ys), [r["proxy_cpu_s"] for r in med], color="#55a868")
     ax2.set_xlabel("proxy CPU (s, all proxies)")
@@ -186,3 +186,25 @@ def _html(md: str, charts: list[tuple[str, bytes]]) -> str:
              "th{background:#f3f3f3}img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Mesh comparison</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Re-renders report.md/.html and charts of a results directory from its results.json."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m perf.meshlab.report RESULTS_DIR", file=sys.stderr)
+        return 2
+    out = Path(args[0])
+    data = json.loads((out / "results.json").read_text())
+    for r in data["rows"]:
+        r["codes"] = {int(k): v for k, v in r["codes"].items()}
+    write(out, data["meta"], data["rows"])
+    print(f"report: {out / 'report.md'}, {out / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

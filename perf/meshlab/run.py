@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(__file__).resolve().parent / "results" / stamp
     out.mkdir(parents=True, exist_ok=True)
 
+    # SIGTERM (e.g. a CI timeout) unwinds like Ctrl-C, so the lab's teardown runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.monotonic()
     meta = {"started_utc": stamp, "mode": "short" if args.short else "full", "duration_s": duration,
             "warmup_s": warmup, "app": report.APP_LABEL, **environment()}
