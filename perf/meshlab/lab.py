@@ -126,6 +126,9 @@ class Lab:
         for ns in reversed(self.created):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self.created.clear()
+        # Per-run keys, configs and logs; MESHLAB_KEEP=1 keeps them for debugging.
+        if os.environ.get("MESHLAB_KEEP") != "1":
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def __getitem__(self, name: str) -> Node:
         return self.nodes[name]
