@@ -1,0 +1,223 @@
+"""Envoy configuration templates for the mesh lab, one function per proxy role.
+
+Roles (Istio names in brackets):
+- sidecar_outbound   client-side sidecar: HTTP in, mTLS (HTTP/1.1) out   [outbound listener, 15001]
+- sidecar_inbound    server-side sidecar: mTLS in, optional throttle, app  [virtualInbound, 15006]
+- node_outbound      ambient node proxy, client node: TCP in, HBONE out   [ztunnel outbound capture]
+- node_inbound       ambient node proxy, app node: HBONE in (15008), TCP to the app  [ztunnel inbound]
+- waypoint           HBONE in (15008) -> internal listener with HCM (+ throttle) -> HBONE out
+                     [Istio waypoint: connect_terminate -> main_internal -> connect_originate]
+
+HBONE = HTTP/2 CONNECT over mutual TLS on port 15008, the :authority naming the
+destination. The node proxies here are Envoy, not ztunnel.
+
+Every timeout on a throttled path exceeds the throttle's max_queue_delay
+(route timeout 15 s, no request timeout), as filters/throttle/README.md requires.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from harness.procs import WASM, load_config, throttle_filter
+
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+TCP_PROXY = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
+ROUTER = {"name": "envoy.filters.http.router",
+          "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+HTTP_OPTS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+HBONE_PORT = 15008
+
+
+def _base(admin_sock: Path) -> dict:
+    demo = load_config("demo.yaml")
+    return {"admin": {"address": {"pipe": {"path": str(admin_sock)}}},
+            "stats_config": copy.deepcopy(demo["stats_config"]),  # throttle_rule tag, as in envoy/demo.yaml
+            "static_resources": {"listeners": [], "clusters": []}}
+
+
+def throttle_http_filter(plugin: dict, wasm: Path = WASM) -> dict:
+    """The wasm filter block of envoy/demo.yaml with this run's plugin config and .wasm path."""
+    hf = copy.deepcopy(throttle_filter(load_config("demo.yaml")))
+    if hf is None:
+        raise KeyError("envoy/demo.yaml has no throttle filter")
+    cfg = hf["typed_config"]["config"]
+    cfg["vm_config"]["code"]["local"]["filename"] = str(wasm)
+    cfg["configuration"]["value"] = json.dumps(plugin)
+    return hf
+
+
+def _tls_certificate(ident: dict) -> dict:
+    return {"tls_certificates": [{"certificate_chain": {"filename": ident["cert"]},
+                                  "private_key": {"filename": ident["key"]}}]}
+
+
+def _validation(ident: dict, peer_san: str | None) -> dict:
+    vc: dict = {"trusted_ca": {"filename": ident["ca"]}}
+    if peer_san:
+        vc["match_typed_subject_alt_names"] = [{"san_type": "URI", "matcher": {"exact": peer_san}}]
+    else:  # any workload of the trust domain
+        vc["match_typed_subject_alt_names"] = [{"san_type": "URI", "matcher": {"prefix": "spiffe://cluster.local/"}}]
+    return vc
+
+
+def downstream_tls(ident: dict, alpn: list[str], peer_san: str | None = None) -> dict:
+    ctx = _tls_certificate(ident)
+    ctx["validation_context"] = _validation(ident, peer_san)
+    ctx["alpn_protocols"] = alpn
+    ctx["tls_params"] = {"tls_minimum_protocol_version": "TLSv1_2"}
+    return {"name": "envoy.transport_sockets.tls",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                             "require_client_certificate": True, "common_tls_context": ctx}}
+
+
+def upstream_tls(ident: dict, alpn: list[str], peer_san: str, sni: str) -> dict:
+    ctx = _tls_certificate(ident)
+    ctx["validation_context"] = _validation(ident, peer_san)
+    ctx["alpn_protocols"] = alpn
+    return {"name": "envoy.transport_sockets.tls",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                             "sni": sni, "common_tls_context": ctx}}
+
+
+def _addr(host: str, port: int) -> dict:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _cluster(name: str, host: str, port: int, transport_socket: dict | None = None, h2: bool = False) -> dict:
+    c: dict = {"name": name, "type": "STATIC", "connect_timeout": "2s",
+               "load_assignment": {"cluster_name": name,
+                                   "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _addr(host, port)}}]}]},
+               # The lab's load (up to 400 connections) must not hit Envoy's default breakers (1024).
+               "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
+                                                    "max_requests": 100000}]}}
+    if transport_socket:
+        c["transport_socket"] = transport_socket
+    if h2:
+        c["typed_extension_protocol_options"] = {HTTP_OPTS: {
+            "@type": f"type.googleapis.com/{HTTP_OPTS}",
+            "explicit_http_config": {"http2_protocol_options": {}}}}
+    return c
+
+
+def _internal_cluster(name: str, listener: str) -> dict:
+    return {"name": name, "connect_timeout": "2s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"envoy_internal_address": {"server_listener_name": listener}}}}]}]},
+            "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
+                                                 "max_requests": 100000}]}}
+
+
+def _hcm(stat_prefix: str, cluster: str, http_filters: list[dict]) -> dict:
+    return {"name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {"@type": HCM, "stat_prefix": stat_prefix, "codec_type": "AUTO",
+                             "stream_idle_timeout": "300s", "request_timeout": "0s",
+                             "route_config": {"name": stat_prefix, "virtual_hosts": [{
+                                 "name": "all", "domains": ["*"],
+                                 "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster, "timeout": "15s"}}]}]},
+                             "http_filters": [*http_filters, ROUTER]}}
+
+
+def _connect_terminate_hcm(stat_prefix: str, cluster: str) -> dict:
+    """HCM that accepts HTTP/2 CONNECT (HBONE) and forwards the tunnel payload as raw TCP."""
+    return {"name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {"@type": HCM, "stat_prefix": stat_prefix, "codec_type": "HTTP2",
+                             "http2_protocol_options": {"allow_connect": True},
+                             "upgrade_configs": [{"upgrade_type": "CONNECT"}],
+                             "stream_idle_timeout": "0s", "request_timeout": "0s",
+                             "route_config": {"name": stat_prefix, "virtual_hosts": [{
+                                 "name": "hbone", "domains": ["*"],
+                                 "routes": [{"match": {"connect_matcher": {}},
+                                             "route": {"cluster": cluster, "timeout": "0s",
+                                                       "upgrade_configs": [{"upgrade_type": "CONNECT",
+                                                                            "connect_config": {}}]}}]}]},
+                             "http_filters": [ROUTER]}}
+
+
+def _tcp_tunnel(stat_prefix: str, cluster: str, authority: str) -> dict:
+    """tcp_proxy that opens an HTTP/2 CONNECT stream (HBONE) per downstream connection."""
+    return {"name": "envoy.filters.network.tcp_proxy",
+            "typed_config": {"@type": TCP_PROXY, "stat_prefix": stat_prefix, "cluster": cluster,
+                             "tunneling_config": {"hostname": authority}}}
+
+
+def _listener(name: str, host: str, port: int, filters: list[dict], transport_socket: dict | None = None) -> dict:
+    chain: dict = {"filters": filters}
+    if transport_socket:
+        chain["transport_socket"] = transport_socket
+    return {"name": name, "address": _addr(host, port), "filter_chains": [chain]}
+
+
+# --- sidecar ------------------------------------------------------------------------------
+
+def sidecar_outbound(admin: Path, certs: dict, listen_port: int, app_addr: str, inbound_port: int) -> dict:
+    cfg = _base(admin)
+    cluster = "outbound|8080||app.default.svc.cluster.local"
+    cfg["static_resources"]["listeners"].append(
+        _listener("outbound", "127.0.0.1", listen_port, [_hcm("outbound_app_8080", cluster, [])]))
+    cfg["static_resources"]["clusters"].append(
+        _cluster(cluster, app_addr, inbound_port,
+                 upstream_tls(certs["client"], ["istio-http/1.1", "istio"], certs["app"]["san"],
+                              "outbound_.8080_._.app.default.svc.cluster.local")))
+    return cfg
+
+
+def sidecar_inbound(admin: Path, certs: dict, addr: str, port: int, app_port: int,
+                    throttle: dict | None = None) -> dict:
+    cfg = _base(admin)
+    filters = [throttle_http_filter(throttle)] if throttle else []
+    cfg["static_resources"]["listeners"].append(
+        _listener("virtualInbound", addr, port, [_hcm("inbound_0.0.0.0_8080", "inbound|8080||", filters)],
+                  downstream_tls(certs["app"], ["istio-http/1.1", "istio"], certs["client"]["san"])))
+    cfg["static_resources"]["clusters"].append(_cluster("inbound|8080||", "127.0.0.1", app_port))
+    return cfg
+
+
+# --- ambient: node proxies (Envoy speaking HBONE, standing in for ztunnel) -----------------
+
+def node_outbound(admin: Path, certs: dict, listen_port: int, hbone_addr: str, hbone_san: str,
+                  authority: str) -> dict:
+    """Client node: every TCP connection of the client becomes a CONNECT stream to `hbone_addr`:15008
+    (the destination's node proxy, or a waypoint), pooled over HTTP/2 connections, as ztunnel does."""
+    cfg = _base(admin)
+    cfg["static_resources"]["listeners"].append(
+        _listener("outbound_capture", "127.0.0.1", listen_port, [_tcp_tunnel("outbound_hbone", "hbone_out", authority)]))
+    cfg["static_resources"]["clusters"].append(
+        _cluster("hbone_out", hbone_addr, HBONE_PORT, upstream_tls(certs["client"], ["h2"], hbone_san, "hbone"), h2=True))
+    return cfg
+
+
+def node_inbound(admin: Path, certs: dict, addr: str, app_port: int) -> dict:
+    """App node: terminates HBONE on :15008 and connects each tunnel to the app over plain TCP."""
+    cfg = _base(admin)
+    cfg["static_resources"]["listeners"].append(
+        _listener("inbound_hbone", addr, HBONE_PORT, [_connect_terminate_hcm("inbound_hbone", "inbound_app")],
+                  downstream_tls(certs["app"], ["h2"])))
+    cfg["static_resources"]["clusters"].append(_cluster("inbound_app", "127.0.0.1", app_port))
+    return cfg
+
+
+def waypoint(admin: Path, certs: dict, addr: str, dest_node_addr: str, authority: str,
+             throttle: dict | None = None) -> dict:
+    """Waypoint: HBONE in -> internal listener `main_internal` running the HTTP filters (the
+    throttle) -> internal listener `connect_originate` -> HBONE to the destination node proxy."""
+    cfg = _base(admin)
+    cfg["bootstrap_extensions"] = [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}]
+    filters = [throttle_http_filter(throttle)] if throttle else []
+    main = _hcm("main_internal", "connect_originate", filters)
+    ls = cfg["static_resources"]["listeners"]
+    ls.append(_listener("connect_terminate", addr, HBONE_PORT,
+                        [_connect_terminate_hcm("connect_terminate", "main_internal")],
+                        downstream_tls(certs["waypoint"], ["h2"])))
+    ls.append({"name": "main_internal", "internal_listener": {}, "filter_chains": [{"filters": [main]}]})
+    ls.append({"name": "connect_originate", "internal_listener": {},
+               "filter_chains": [{"filters": [_tcp_tunnel("connect_originate", "hbone_dest", authority)]}]})
+    cs = cfg["static_resources"]["clusters"]
+    cs.append(_internal_cluster("main_internal", "main_internal"))
+    cs.append(_internal_cluster("connect_originate", "connect_originate"))
+    cs.append(_cluster("hbone_dest", dest_node_addr, HBONE_PORT,
+                       upstream_tls(certs["waypoint"], ["h2"], certs["app"]["san"], "hbone"), h2=True))
+    return cfg
