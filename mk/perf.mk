@@ -1,17 +1,20 @@
 # Benchmarks (perf/): the throttle against plain Envoy, Envoy's native
 # local_ratelimit and nginx limit_req, in one run. See perf/README.md.
-.PHONY: perf perf-quick perf-setup
+.PHONY: perf perf-quick perf-setup perf-noop
 
 PERF_QUICK_DIR := perf/results/ci-quick
 
 perf-setup: ## Install what the benchmarks need (nginx, ab, chromium, matplotlib)
 	@bash tools/setup-perf.sh
 
-perf: setup perf-setup build ## Benchmarks, standard set (< ~15 min): CSV, Markdown summary, HTML report
+perf-noop: ## Build the no-op Wasm filter (the Wasm ABI's floor, run beside the throttle)
+	CARGO_TARGET_DIR=target/noop-filter cargo build --release --target wasm32-wasip1 --manifest-path perf/noop-filter/Cargo.toml
+
+perf: setup perf-setup build perf-noop ## Benchmarks, standard set (< ~15 min): CSV, Markdown summary, HTML report
 	$(PY) -m perf.run --set standard
 	PERF_RUN_DIR=perf/results/latest $(PY) -m pytest perf/tests -q
 
-perf-quick: setup perf-setup build ## Benchmarks, quick subset (~2 min, CI): numbers reported, not asserted
+perf-quick: setup perf-setup build perf-noop ## Benchmarks, quick subset (~2 min, CI): numbers reported, not asserted
 	rm -rf $(PERF_QUICK_DIR)
 	$(PY) -m perf.run --set quick --out $(PERF_QUICK_DIR)
 	PERF_RUN_DIR=$(PERF_QUICK_DIR) $(PY) -m pytest perf/tests -q

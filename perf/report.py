@@ -180,7 +180,7 @@ def target_rows(by_label: dict, meta: dict | None = None) -> list[list[str]]:
                             "yes" if abs(err) <= ACCURACY_TARGET_PCT else "no"])
     for c in (1, 2):
         for tool in ("ab", "fortio"):
-            t, h, lrl = (by_label.get(f"{x}-c{c}-{tool}") for x in ("throttle-off", "http", "lrl-off"))
+            t, h, lrl, noop = (by_label.get(f"{x}-c{c}-{tool}") for x in ("throttle-off", "http", "lrl-off", "noop-wasm"))
             if t and h and h["achieved_qps"]:
                 ratio = t["achieved_qps"] / h["achieved_qps"]
                 out.append([f"pass-through >= {PASS_THROUGH_TARGET:.0%} of Envoy without filter (c{c}, {tool})",
@@ -189,10 +189,17 @@ def target_rows(by_label: dict, meta: dict | None = None) -> list[list[str]]:
                 ratio = t["achieved_qps"] / lrl["achieved_qps"]
                 out.append([f"pass-through >= local_ratelimit (c{c}, {tool})", f"{ratio:.3f}",
                             "yes" if ratio >= 1 else "no"])
-            cpu = {k: _cpu_per_request(r, meta or {}) for k, r in (("t", t), ("h", h), ("l", lrl)) if r}
+            cpu = {k: _cpu_per_request(r, meta or {}) for k, r in (("t", t), ("h", h), ("l", lrl), ("n", noop)) if r}
             if cpu.get("t") and cpu.get("h") and cpu.get("l"):
-                out.append([f"(info) proxy CPU per request: throttle / no filter / local_ratelimit (c{c}, {tool})",
-                            f"{cpu['t']:.1f} / {cpu['h']:.1f} / {cpu['l']:.1f} µs", ""])
+                floor = f" / {cpu['n']:.1f}" if cpu.get("n") else ""
+                out.append([f"(info) proxy CPU per request: throttle / no filter / local_ratelimit"
+                            f"{' / no-op Wasm filter' if floor else ''} (c{c}, {tool})",
+                            f"{cpu['t']:.1f} / {cpu['h']:.1f} / {cpu['l']:.1f}{floor} µs", ""])
+            if cpu.get("t") and cpu.get("h"):
+                ratio = cpu["h"] / cpu["t"]
+                out.append([f"pass-through by proxy CPU: no filter / throttle >= {PASS_THROUGH_TARGET:.0%} (c{c}, {tool})",
+                            f"{ratio:.3f}" + (f" (no-op Wasm filter: {cpu['h'] / cpu['n']:.3f})" if cpu.get("n") else ""),
+                            "yes" if ratio >= PASS_THROUGH_TARGET else "no"])
     queued = [r for label, r in by_label.items() if label.startswith(("throttle-500", "throttle-200", "nginx-"))]
     if queued:
         fails = int(sum(r["errors"] or 0 for r in queued))

@@ -21,8 +21,10 @@ TOPOLOGIES = ("direct", "envoy", "nginx_limit")
 ENVOY_CONFIGS = ("baseline.yaml", "tcp_proxy.yaml", "demo.yaml", "local_ratelimit.yaml")
 TOP_KEYS = {"label", "description", "kind", "topology", "envoy", "nginx_limit", "tool", "connections",
             "requests", "duration", "qps", "keepalive", "warmup_requests", "baseline", "steps"}
-ENVOY_KEYS = {"config", "concurrency", "throttle", "local_ratelimit"}
+ENVOY_KEYS = {"config", "concurrency", "throttle", "local_ratelimit", "wasm"}
 THROTTLE_KEYS = {"rate", "burst", "max_queue_delay"}
+# The floor of any proxy-wasm filter (perf/noop-filter, built by `make perf-noop`).
+NOOP_WASM = Path(__file__).resolve().parent.parent / "target/noop-filter/wasm32-wasip1/release/noop_filter.wasm"
 LRL_KEYS = {"max_tokens", "tokens_per_fill", "fill_interval"}
 NEVER_REACHED = 100_000  # a limiter set at or above this rate is "never reached" here
 
@@ -69,8 +71,9 @@ class Scenario:
         if "throttle" in e:
             plugin = json.loads(plugin_config(load_config("demo.yaml")))
             plugin["rules"][0].update(e["throttle"])
+        extra = {"wasm": NOOP_WASM} if e.get("wasm") == "noop" else {}
         cfg = render(e["config"], listen_port=listen_port, admin_port=admin_port,
-                     upstream_port=upstream_port, plugin=plugin)
+                     upstream_port=upstream_port, plugin=plugin, **extra)
         for hcm in _hcms(cfg):
             # ab speaks HTTP/1.0, which Envoy answers with 426 unless allowed:
             # allowed in every HTTP scenario alike (ab and fortio).
@@ -148,8 +151,12 @@ def parse(path: Path) -> Scenario:
             except (ValueError, KeyError):
                 raise ScenarioError(f"{where}: envoy.throttle.rate: expected \"<n>/s\", got "
                                     f"{e['throttle']['rate']!r}") from None
+        elif e.get("wasm") == "noop":
+            _check(e["config"] == "demo.yaml", f"{where}: envoy.wasm", "needs config demo.yaml")
         else:
             _check(e["config"] != "demo.yaml", f"{where}: envoy.throttle", "required with config demo.yaml")
+        _check(e.get("wasm", "noop") == "noop" and not ("wasm" in e and "throttle" in e), f"{where}: envoy.wasm",
+               "the only value is noop (the no-op filter in the throttle's place), without throttle")
         if "local_ratelimit" in e:
             b = e["local_ratelimit"]
             _check(e["config"] == "local_ratelimit.yaml", f"{where}: envoy.local_ratelimit",
