@@ -6,12 +6,12 @@ module byte-for-byte; its digest is the one the shipped resources pin."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import tarfile
 import urllib.request
-import gzip
 
 import pytest
 
