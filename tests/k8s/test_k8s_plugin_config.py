@@ -1,7 +1,9 @@
 """The plugin configuration of every shipped Istio resource is parsed by the
-filter itself: each WasmPlugin `pluginConfig` and each EnvoyFilter
-`configuration` value is put into envoy/demo.yaml and run through
-`envoy --mode validate` with the built .wasm, which runs the filter's
+filter itself: the string Istio hands the filter -- for a WasmPlugin, its
+`pluginConfig` serialised by Istio's own code (tools/istio/pluginjson:
+istio.io/api WasmPlugin, protomarshal.ToJSON, as pilot does); for an
+EnvoyFilter, its `configuration` value -- is put into envoy/demo.yaml and run
+through `envoy --mode validate` with the built .wasm, which runs the filter's
 on_configure (a refused config makes Envoy exit non-zero)."""
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 import yaml
 
 from harness.procs import Envoy, free_port, render
-from k8sutil import ROOT
+from k8sutil import ROOT, run
 
 ISTIO_FILES = sorted(p for p in (ROOT / "istio").rglob("*.yaml") if p.name != "kustomization.yaml")
 
@@ -53,17 +55,39 @@ def test_every_kind_has_configs():
     assert len(CONFIGS) >= 5
 
 
-def _validate(plugin: dict, wasm: Path) -> tuple[int, str]:
+def _validate(plugin: dict | str, wasm: Path) -> tuple[int, str]:
     cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=free_port(),
                  plugin=plugin, wasm=wasm)
     return Envoy(cfg, concurrency=1).validate()
 
 
+@pytest.fixture(scope="module")
+def istio_strings(tools) -> dict[str, str]:
+    """{file:WasmPlugin/name: the configuration string Istio builds from pluginConfig}."""
+    files = [f for f in ISTIO_FILES if "kind: WasmPlugin" in f.read_text()]
+    r = run([tools["pluginjson"], *map(str, files)])
+    assert r.returncode == 0, r.stderr
+    out = {}
+    for line in r.stdout.splitlines():
+        d = json.loads(line)
+        out[f"{Path(d['file']).relative_to(ROOT)}:WasmPlugin/{d['name']}"] = d["configuration"]
+    return out
+
+
 @pytest.mark.parametrize("where, plugin", [(w, c) for _, w, c in CONFIGS], ids=[w for _, w, _ in CONFIGS])
-def test_plugin_config_accepted_by_the_filter(where, plugin, wasm):
-    rc, out = _validate(plugin, wasm)
+def test_plugin_config_accepted_by_the_filter(where, plugin, wasm, istio_strings):
+    if ":WasmPlugin/" in where:
+        text = istio_strings[where]  # exactly what istiod puts into the filter's configuration
+        assert json.loads(text) == plugin, "Istio's serialisation changes the configuration"
+    else:
+        text = json.dumps(plugin)
+    rc, out = _validate(text, wasm)
     assert rc == 0, f"{where}: refused by the filter:\n{out[-3000:]}"
     assert "OK" in out
+
+
+def test_every_wasmplugin_went_through_istio(istio_strings):
+    assert set(istio_strings) == {w for _, w, _ in CONFIGS if ":WasmPlugin/" in w}
 
 
 def test_the_check_can_fail(wasm):

@@ -2,7 +2,11 @@ module throttle.local/tools/istio
 
 go 1.26.0
 
-require istio.io/istio v0.0.0-20260827124520-eed52ebb66ad
+require (
+	istio.io/api v1.31.1
+	istio.io/istio v0.0.0-20260827124520-eed52ebb66ad
+	sigs.k8s.io/yaml v1.6.0
+)
 
 require (
 	cel.dev/expr v0.25.1 // indirect
@@ -165,7 +169,6 @@ require (
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
 	helm.sh/helm/v4 v4.2.0 // indirect
-	istio.io/api v1.31.1 // indirect
 	istio.io/client-go v1.31.1 // indirect
 	k8s.io/api v0.36.1 // indirect
 	k8s.io/apiextensions-apiserver v0.36.1 // indirect
@@ -188,7 +191,6 @@ require (
 	sigs.k8s.io/mcs-api v0.4.1 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.0 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 tool istio.io/istio/istioctl/cmd/istioctl
