@@ -6,8 +6,8 @@
 # - apt: docker-registry (local OCI registry for the image test), prometheus
 #   (a real Prometheus for the dashboard test)
 # - go install (pinned): kustomize, kubeconform, crane
-# - istioctl, wasmfetch (Istio's Wasm image fetcher) and pluginjson (Istio's
-#   WasmPlugin pluginConfig -> filter configuration string), built from the
+# - istioctl, wasmfetch (Istio's Wasm image fetcher) and istiowasm (WasmPlugin /
+#   EnvoyFilter -> the Envoy Wasm filter istiod + istio-agent make), built from the
 #   istio.io/istio Go module with the pinned versions in tools/istio/go.mod,
 #   cached under build/istio/<key>/ (key: hash of go.mod, go.sum, our Go code
 #   and the Go version), ~7 min on 2 cores the first time
@@ -58,12 +58,12 @@ step "istioctl + wasmfetch from istio.io/istio (pinned in tools/istio/go.mod)"
 key=$( (cat tools/istio/go.mod tools/istio/go.sum; find tools/istio -name '*.go' | sort | xargs cat; go version) \
        | sha256sum | cut -c1-16)
 ISTIO_DIR="build/istio/$key"
-if [ ! -x "$ISTIO_DIR/istioctl" ] || [ ! -x "$ISTIO_DIR/wasmfetch" ] || [ ! -x "$ISTIO_DIR/pluginjson" ]; then
+if [ ! -x "$ISTIO_DIR/istioctl" ] || [ ! -x "$ISTIO_DIR/wasmfetch" ] || [ ! -x "$ISTIO_DIR/istiowasm" ]; then
   mkdir -p "$ISTIO_DIR.tmp"
   start=$(date +%s)
   (cd tools/istio && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/istioctl" istio.io/istio/istioctl/cmd/istioctl \
                   && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/wasmfetch" ./wasmfetch \
-                  && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/pluginjson" ./pluginjson)
+                  && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/istiowasm" ./istiowasm)
   rm -rf "$ISTIO_DIR" && mv "$ISTIO_DIR.tmp" "$ISTIO_DIR"
   echo "built in $(( $(date +%s) - start )) s"
 fi
@@ -91,7 +91,7 @@ fi
 mkdir -p build/k8s
 cat > build/k8s/tools.json <<EOF
 {"istioctl": "$PWD/$ISTIO_DIR/istioctl", "wasmfetch": "$PWD/$ISTIO_DIR/wasmfetch",
- "pluginjson": "$PWD/$ISTIO_DIR/pluginjson",
+ "istiowasm": "$PWD/$ISTIO_DIR/istiowasm",
  "promtool": "$PWD/$PROMTOOL", "istio_module": "$ISTIO_MODULE_DIR",
  "kustomize": "$GOBIN_DIR/kustomize", "kubeconform": "$GOBIN_DIR/kubeconform", "crane": "$GOBIN_DIR/crane"}
 EOF

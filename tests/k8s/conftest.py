@@ -60,3 +60,23 @@ def schemas(tools, tmp_path_factory) -> Path:
     assert r.returncode == 0, r.stderr[-3000:]
     print(r.stdout)
     return out
+
+
+@pytest.fixture(scope="session")
+def registry(tools):
+    """Debian's docker-registry on loopback, for the whole session."""
+    import wasm_image  # noqa: PLC0415
+
+    with wasm_image.LocalRegistry() as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def pushed(registry, wasm) -> tuple[str, str]:
+    """The built .wasm's image pushed to the local registry under the repository and
+    tag the shipped manifests use (only the registry host differs): (ref, digest)."""
+    import wasm_image  # noqa: PLC0415
+    from k8sutil import image_path  # noqa: PLC0415
+
+    ref = f"{registry.host}/{image_path()}"
+    return ref, wasm_image.push(ref, wasm, insecure=True)

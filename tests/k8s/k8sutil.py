@@ -26,3 +26,14 @@ def kubeconform(tools, schemas: Path, files: list[Path]) -> subprocess.Completed
                 "-schema-location", str(schemas / "kubernetes" / "{{.ResourceKind}}{{.KindSuffix}}.json"),
                 "-schema-location", str(schemas / "crds" / "{{.Group}}" / "{{.ResourceKind}}_{{.ResourceAPIVersion}}.json"),
                 *map(str, files)])
+
+
+def image_path() -> str:
+    """`repo:tag` of the one image every shipped WasmPlugin/EnvoyFilter refers to (oci://<host>/<repo>:<tag>)."""
+    import re  # noqa: PLC0415
+
+    urls = set()
+    for f in (ROOT / "istio").rglob("*.yaml"):
+        urls |= set(re.findall(r"(?:url|uri): oci://[^/\s]+/(\S+)", f.read_text()))
+    assert len(urls) == 1, f"the shipped resources refer to several images: {urls}"
+    return urls.pop()

@@ -19,19 +19,6 @@ import wasm_image
 from k8sutil import run
 
 
-@pytest.fixture(scope="module")
-def registry(tools):
-    with wasm_image.LocalRegistry() as reg:
-        yield reg
-
-
-@pytest.fixture(scope="module")
-def pushed(registry, wasm):
-    ref = f"{registry.host}/envoy-throttle:test"
-    digest = wasm_image.push(ref, wasm, insecure=True)
-    return ref, digest
-
-
 def test_image_is_istio_compat_form(pushed, tools):
     ref, digest = pushed
     r = run([tools["crane"], "manifest", "--insecure", ref])
@@ -73,7 +60,7 @@ def test_shipped_pins_match_the_built_image(pushed, wasm):
 
 def test_image_is_reproducible(registry, pushed, wasm):
     _, digest = pushed
-    assert wasm_image.push(f"{registry.host}/envoy-throttle:again", wasm, insecure=True) == digest
+    assert wasm_image.push(f"{registry.host}/envoy-throttle-again:test", wasm, insecure=True) == digest
 
 
 def _put_blob(host: str, repo: str, data: bytes) -> dict:
