@@ -13,8 +13,6 @@ import json
 import tarfile
 import urllib.request
 
-import pytest
-
 import wasm_image
 from k8sutil import run
 
