@@ -1,0 +1,154 @@
+"""Generates the Grafana dashboards (JSON) with grafana-foundation-sdk.
+
+    .venv/bin/python k8s/monitoring/dashboards/generate.py          # rewrite the JSON files
+    .venv/bin/python k8s/monitoring/dashboards/generate.py --check  # exit 1 if they are stale
+
+Two dashboards, provisioned into Grafana by the `grafana-dashboards` ConfigMap:
+- throttle.json: the throttle's decisions per rule, held requests, wait-time quantiles;
+- mesh.json: request rate and p50/p90/p99 per workload from Istio's standard metrics.
+
+Every query uses only the template variables defined here; tests/k8s/test_dashboards.py
+fills them in and runs each throttle query against a real Prometheus scraping a real Envoy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus as prom
+from grafana_foundation_sdk.builders import timeseries as ts
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as dm
+
+HERE = Path(__file__).resolve().parent
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+RATE = "$__rate_interval"
+
+
+def datasource_var() -> db.DatasourceVariable:
+    return db.DatasourceVariable("datasource").label("Data source").type("prometheus")
+
+
+def query_var(name: str, label: str, query: str) -> db.QueryVariable:
+    return (db.QueryVariable(name).label(label).datasource(DS).query(query)
+            .multi(True).include_all(True).all_value(".*")
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC))
+
+
+def custom_var(name: str, label: str, values: list[str]) -> db.CustomVariable:
+    return (db.CustomVariable(name).label(label).values(",".join(values))
+            .current(dm.VariableOption(selected=True, text=values[0], value=values[0])))
+
+
+def panel(title: str, unit: str, targets: list[tuple[str, str]], description: str = "",
+          w: int = 12, h: int = 8) -> ts.Panel:
+    p = ts.Panel().title(title).description(description).unit(unit).datasource(DS).span(w).height(h).min(0)
+    for i, (expr, legend) in enumerate(targets):
+        p = p.with_target(prom.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + i)).range())
+    return p
+
+
+THROTTLE_SEL = 'throttle_rule=~"$rule", namespace=~"$namespace"'
+
+
+def throttle_dashboard() -> db.Dashboard:
+    def rate_of(stat: str) -> str:
+        return f"sum by (throttle_rule) (rate(throttle_{stat}{{{THROTTLE_SEL}}}[{RATE}]))"
+
+    d = (db.Dashboard("Throttle").uid("envoy-throttle").tags(["envoy", "wasm", "throttle"])
+         .description("The proxy-wasm throttle: decisions per rule, held requests and wait time. "
+                      "Counters are per Envoy process and summed over pods.")
+         .refresh("10s").time("now-15m", "now")
+         .with_variable(datasource_var())
+         .with_variable(query_var("namespace", "Namespace", "label_values(throttle_admitted, namespace)"))
+         .with_variable(query_var("rule", "Rule", "label_values(throttle_admitted, throttle_rule)")))
+    decisions = [
+        ("admitted", "Admitted at once (fast path)", "Requests within the rate or burst, continued at once."),
+        ("queued", "Queued (held)", "Requests held for a later release."),
+        ("released", "Released", "Held requests resumed at their turn: the paced stream the upstream sees."),
+        ("rejected", "Rejected", "Answered at once with reject_status (429): turn beyond max_queue_delay, "
+                                 "full worker queue, or contention."),
+        ("cancelled", "Cancelled", "Held requests whose client went away before their turn."),
+    ]
+    d = d.with_row(db.Row("Decisions per rule"))
+    for stat, title, desc in decisions:
+        d = d.with_panel(panel(f"{title} /s", "reqps", [(rate_of(stat), "{{throttle_rule}}")], desc, w=8))
+    d = d.with_panel(panel("Held now", "short",
+                           [(f"sum by (throttle_rule) (throttle_held{{{THROTTLE_SEL}}})", "{{throttle_rule}}")],
+                           "Requests held inside Envoy right now, summed over workers and pods.", w=8))
+    d = d.with_row(db.Row("Wait time of released requests"))
+    quantiles = [
+        (f"histogram_quantile({q}, sum by (throttle_rule, le) "
+         f"(rate(throttle_wait_ms_bucket{{{THROTTLE_SEL}}}[{RATE}])))", f"{{{{throttle_rule}}}} p{int(q * 100)}")
+        for q in (0.5, 0.9, 0.99)
+    ]
+    d = d.with_panel(panel("Wait time quantiles", "ms", quantiles,
+                           "How long released requests were held (histogram throttle_wait_ms).", w=12))
+    d = d.with_panel(panel("Mean wait time", "ms", [(
+        f"sum by (throttle_rule) (rate(throttle_wait_ms_sum{{{THROTTLE_SEL}}}[{RATE}])) / "
+        f"sum by (throttle_rule) (rate(throttle_wait_ms_count{{{THROTTLE_SEL}}}[{RATE}]))", "{{throttle_rule}}")],
+        "Mean hold time of released requests.", w=12))
+    return d
+
+
+MESH_SEL = ('reporter=~"$reporter", destination_workload_namespace=~"$namespace", '
+            'destination_workload=~"$workload"')
+
+
+def mesh_dashboard() -> db.Dashboard:
+    d = (db.Dashboard("Mesh comparison").uid("mesh-comparison").tags(["istio", "mesh", "perf"])
+         .description("Request rate and latency per workload from Istio's standard metrics. "
+                      "Reporter: destination (sidecar), waypoint (ambient with waypoint). "
+                      "ztunnel alone reports no HTTP metrics.")
+         .refresh("10s").time("now-15m", "now")
+         .with_variable(datasource_var())
+         .with_variable(custom_var("reporter", "Reporter", ["destination", "waypoint", "source"]))
+         .with_variable(query_var("namespace", "Namespace",
+                                  "label_values(istio_requests_total, destination_workload_namespace)"))
+         .with_variable(query_var("workload", "Workload",
+                                  'label_values(istio_requests_total{destination_workload_namespace=~"$namespace"}, '
+                                  'destination_workload)')))
+    d = d.with_panel(panel("Requests /s per workload", "reqps", [(
+        f"sum by (destination_workload) (rate(istio_requests_total{{{MESH_SEL}}}[{RATE}]))",
+        "{{destination_workload}}")], w=12))
+    d = d.with_panel(panel("Non-2xx /s per workload and code", "reqps", [(
+        f'sum by (destination_workload, response_code) (rate(istio_requests_total{{{MESH_SEL}, '
+        f'response_code!~"2.."}}[{RATE}]))', "{{destination_workload}} {{response_code}}")],
+        "429 here with the throttle on: requests it rejected.", w=12))
+    for q in (0.5, 0.9, 0.99):
+        d = d.with_panel(panel(f"p{int(q * 100)} latency per workload", "ms", [(
+            f"histogram_quantile({q}, sum by (destination_workload, le) "
+            f"(rate(istio_request_duration_milliseconds_bucket{{{MESH_SEL}}}[{RATE}])))",
+            "{{destination_workload}}")], w=8))
+    return d
+
+
+DASHBOARDS = {"throttle.json": throttle_dashboard, "mesh.json": mesh_dashboard}
+
+
+def render(builder: db.Dashboard) -> str:
+    return json.dumps(builder.build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name, make in DASHBOARDS.items():
+        text = render(make())
+        path = HERE / name
+        if "--check" in argv:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(HERE.parent.parent.parent)}")
+    if stale:
+        print(f"stale dashboards: {', '.join(stale)}: run `make k8s-dashboards`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,183 @@
+"""The throttle's .wasm as an OCI image in Istio's "compat" form, without Docker.
+
+The image has one layer, media type application/vnd.oci.image.layer.v1.tar+gzip,
+holding `plugin.wasm` (what istio-agent's fetcher, istio.io/istio/pkg/wasm,
+extracts). The layer is made reproducibly (fixed mtime/owner/mode, gzip without
+timestamp) and appended to crane's empty OCI base, so the same .wasm always gives
+the same manifest digest: the `sha256` a WasmPlugin pins. (A registry computes
+that digest over the OCI manifest crane pushes; `crane append -o` tarballs are
+docker-save form with another digest, so the digest is taken from a push to a
+throwaway registry on loopback: Debian's docker-registry, temp storage.)
+
+    python tools/wasm_image.py push REGISTRY/REPO:TAG [--insecure] # push (crane; your docker login)
+    python tools/wasm_image.py digest          # manifest digest of the built .wasm's image
+    python tools/wasm_image.py pin [--check]   # rewrite (or check) the sha256 pins in istio/
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "throttle.wasm"
+PIN_RE = re.compile(r"^(\s*sha256:\s*)([0-9a-f]{64})\s*$", re.M)
+
+
+def crane() -> str:
+    gopath = subprocess.run(["go", "env", "GOPATH"], capture_output=True, text=True, check=True).stdout.strip()
+    path = Path(gopath) / "bin" / "crane"
+    if not path.exists():
+        raise FileNotFoundError("crane not found: run tools/setup-k8s.sh")
+    return str(path)
+
+
+def layer_bytes(wasm: bytes) -> bytes:
+    """tar+gzip with a single regular file plugin.wasm; byte-for-byte reproducible."""
+    tar_buf = io.BytesIO()
+    with tarfile.open(fileobj=tar_buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("plugin.wasm")
+        info.size = len(wasm)
+        info.mode = 0o644
+        info.mtime = 0
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        tar.addfile(info, io.BytesIO(wasm))
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=9) as gz:
+        gz.write(tar_buf.getvalue())
+    return out.getvalue()
+
+
+def push(ref: str, wasm: Path = WASM, insecure: bool = False) -> str:
+    """Pushes the image of `wasm` to `ref`; returns the manifest digest (`sha256:<hex>`)."""
+    with tempfile.TemporaryDirectory(prefix="wasm-image-") as tmp:
+        layer = Path(tmp) / "layer.tar.gz"
+        layer.write_bytes(layer_bytes(wasm.read_bytes()))
+        cmd = [crane(), "append", "--oci-empty-base", "-f", str(layer), "-t", ref]
+        r = subprocess.run(cmd + (["--insecure"] if insecure else []), capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"crane append failed: {r.stderr.strip()}")
+    pushed = r.stdout.strip()  # <repo>@sha256:<hex>
+    if "@sha256:" not in pushed:
+        raise RuntimeError(f"unexpected crane output {pushed!r}")
+    return pushed.rsplit("@", 1)[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRegistry:
+    """Debian's docker-registry (distribution 2.8) on 127.0.0.1:<free port>,
+    storage in a temp dir; stopped by its PID."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="registry-"))
+        self.port = _free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "LocalRegistry":
+        binary = shutil.which("docker-registry")
+        if not binary:
+            raise FileNotFoundError("docker-registry not found: run tools/setup-k8s.sh (apt docker-registry)")
+        cfg = self.dir / "config.yml"
+        cfg.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+                       f"    rootdirectory: {self.dir / 'data'}\nhttp:\n  addr: {self.host}\n")
+        self.log = open(self.dir / "registry.log", "wb")
+        self.proc = subprocess.Popen([binary, "serve", str(cfg)], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"docker-registry did not start: {(self.dir / 'registry.log').read_text()}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def digest(wasm: Path = WASM) -> str:
+    """Manifest digest (hex, no `sha256:`) of the image of `wasm`, as a registry computes it."""
+    with LocalRegistry() as reg:
+        return push(f"{reg.host}/envoy-throttle:digest", wasm, insecure=True).removeprefix("sha256:")
+
+
+def pinned_files() -> list[Path]:
+    return sorted(p for p in (ROOT / "istio").rglob("*.yaml") if PIN_RE.search(p.read_text()))
+
+
+def pins() -> dict[Path, set[str]]:
+    return {p: set(m.group(2) for m in PIN_RE.finditer(p.read_text())) for p in pinned_files()}
+
+
+def pin(check: bool = False) -> int:
+    want = digest()
+    stale = []
+    for path in pinned_files():
+        text = path.read_text()
+        new = PIN_RE.sub(lambda m: m.group(1) + want, text)
+        if new != text:
+            stale.append(path.relative_to(ROOT))
+            if not check:
+                path.write_text(new)
+    verb = "stale" if check else "rewrote"
+    for p in stale:
+        print(f"{verb}: {p}")
+    print(f"image digest of {WASM.relative_to(ROOT)}: sha256:{want}")
+    if check and stale:
+        print("the sha256 pins do not match the built .wasm: run `make k8s-pin`", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "push":
+        print(push(rest[0], insecure="--insecure" in rest))
+    elif cmd == "digest":
+        print("sha256:" + digest())
+    elif cmd == "pin":
+        return pin(check="--check" in rest)
+    else:
+        print(__doc__)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
