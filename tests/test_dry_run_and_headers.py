@@ -20,7 +20,7 @@ def test_dry_run_holds_and_rejects_nothing_but_says_what_it_would_do(envoy_with)
     assert len(queued) >= 5 and len(rejected) >= 8 and len(queued) + len(rejected) <= 19
     assert all(n == "rejected; status=429; retry_after=1" for n in rejected)
     assert stats["queued"] == 0 and stats["rejected"] == 0 and stats["held"] == 0
-    assert stats["dry_run_queued"] == len(queued) and stats["dry_run_rejected"] == len(rejected)
+    assert stats["would_queue"] == len(queued) and stats["would_reject"] == len(rejected)
 
 
 def test_held_requests_carry_their_wait(envoy_with):

@@ -23,6 +23,7 @@ pub mod keys;
 pub mod matcher;
 pub mod queue;
 pub mod schedule;
+pub mod stats;
 pub mod units;
 pub mod wire;
 

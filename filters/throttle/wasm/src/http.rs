@@ -237,7 +237,7 @@ impl ThrottleHttp {
             match admission {
                 Admission::Now { .. } => {}
                 Admission::Hold { release_at, .. } if rule.dry_run => {
-                    RuleMetrics::inc(m.dry_run_queued);
+                    RuleMetrics::inc(m.would_queue);
                     self.note(format!(
                         "queued; wait_ms={}",
                         (release_at - now) / NS_PER_MS
@@ -246,7 +246,7 @@ impl ThrottleHttp {
                 // A rule with concurrency takes its slot at release time (on tick).
                 Admission::Hold { release_at, .. } => return self.hold(index, rt, now, release_at),
                 Admission::Reject { retry_after_s, .. } if rule.dry_run => {
-                    RuleMetrics::inc(m.dry_run_rejected);
+                    RuleMetrics::inc(m.would_reject);
                     self.note(format!(
                         "rejected; status={}; retry_after={retry_after_s}",
                         rule.reject_status
@@ -281,7 +281,7 @@ impl ThrottleHttp {
                 Enter::Wait { .. } if rule.dry_run => {
                     // Dry-run goes at once, but keeps its slot so in-flight stays true.
                     self.take_slot(index, rt);
-                    RuleMetrics::inc(m.dry_run_queued);
+                    RuleMetrics::inc(m.would_queue);
                     self.note("queued; waiting for a concurrency slot".into());
                 }
                 Enter::Wait { ticket } => {

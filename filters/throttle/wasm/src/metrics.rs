@@ -3,6 +3,8 @@
 //! with the `throttle_rule` tag extractor of `envoy/` they become Prometheus
 //! series such as `throttle_admitted{throttle_rule="default"}`.
 
+use throttle_core::stats;
+
 use crate::host::{define_metric, increment_metric, record_metric, MetricType};
 
 /// Metric ids of one rule (None where the host refused the definition).
@@ -23,9 +25,9 @@ pub struct RuleMetrics {
     /// Requests rejected because the shared schedule could not be updated.
     pub contention: Option<u32>,
     /// Dry-run: requests that would have been held.
-    pub dry_run_queued: Option<u32>,
+    pub would_queue: Option<u32>,
     /// Dry-run: requests that would have been rejected.
-    pub dry_run_rejected: Option<u32>,
+    pub would_reject: Option<u32>,
     /// Concurrency mode: requests in flight to the upstream now (gauge).
     pub in_flight: Option<u32>,
     /// Requests held now (gauge, summed over workers).
@@ -39,18 +41,18 @@ impl RuleMetrics {
     pub fn define(name: &str) -> Self {
         let m = |kind, stat: &str| define_metric(kind, &format!("throttle.rule.{name}.{stat}"));
         RuleMetrics {
-            admitted: m(MetricType::Counter, "admitted"),
-            queued: m(MetricType::Counter, "queued"),
-            released: m(MetricType::Counter, "released"),
-            rejected: m(MetricType::Counter, "rejected"),
-            cancelled: m(MetricType::Counter, "cancelled"),
-            gone: m(MetricType::Counter, "gone"),
-            contention: m(MetricType::Counter, "contention"),
-            dry_run_queued: m(MetricType::Counter, "dry_run_queued"),
-            dry_run_rejected: m(MetricType::Counter, "dry_run_rejected"),
-            in_flight: m(MetricType::Gauge, "in_flight"),
-            held: m(MetricType::Gauge, "held"),
-            wait_ms: m(MetricType::Histogram, "wait_ms"),
+            admitted: m(MetricType::Counter, stats::ADMITTED),
+            queued: m(MetricType::Counter, stats::QUEUED),
+            released: m(MetricType::Counter, stats::RELEASED),
+            rejected: m(MetricType::Counter, stats::REJECTED),
+            cancelled: m(MetricType::Counter, stats::CANCELLED),
+            gone: m(MetricType::Counter, stats::GONE),
+            contention: m(MetricType::Counter, stats::CONTENTION),
+            would_queue: m(MetricType::Counter, stats::WOULD_QUEUE),
+            would_reject: m(MetricType::Counter, stats::WOULD_REJECT),
+            in_flight: m(MetricType::Gauge, stats::IN_FLIGHT),
+            held: m(MetricType::Gauge, stats::HELD),
+            wait_ms: m(MetricType::Histogram, stats::WAIT_MS),
         }
     }
 
