@@ -177,8 +177,9 @@ def h2c_exchange(port: int, requests: list[tuple[list[tuple[bytes, bytes]], byte
             sid = conn.get_next_available_stream_id()
             answers[sid] = Answer(sent_at=time.monotonic(), headers={})
             conn.send_headers(sid, headers, end_stream=not body)
-            if body:
-                conn.send_data(sid, body, end_stream=True)
+            # Bodies must fit the initial flow-control windows (64 KiB per connection).
+            for i in range(0, len(body), 16384):
+                conn.send_data(sid, body[i:i + 16384], end_stream=i + 16384 >= len(body))
         sock.sendall(conn.data_to_send())
         deadline = time.monotonic() + timeout
         open_streams = set(answers)
