@@ -28,9 +28,11 @@ class Sampler:
     def _run(self):
         while not self._stop.is_set():
             try:
+                t_before = time.monotonic()
                 st = self.envoy.rule_stats()
+                t = (t_before + time.monotonic()) / 2  # when the counters were read, within the poll
                 heap = heap_allocated(self.envoy.admin_port)
-                self.samples.append((time.monotonic(), st, rss_kib(self.envoy.proc.pid), heap))
+                self.samples.append((t, st, rss_kib(self.envoy.proc.pid), heap))
             except (OSError, KeyError):
                 pass
             self._stop.wait(self.every)
@@ -116,9 +118,11 @@ def held_connections(envoy_to, upstream, n: int, rate: int) -> dict:
     assert stats["rejected"] == stats["cancelled"] == stats["gone"] == stats["contention"] == 0
     # Most of the crowd was held at once (sends take a moment; releases run meanwhile).
     assert peak_held >= 0.6 * n, peak_held
-    # Released at the rate: never faster (2% for polling jitter), not much slower on a busy machine.
-    assert 0.85 * rate <= out["release_rate"] <= 1.02 * rate, out["release_rate"]
-    assert elapsed >= (n - 1) / rate * 0.98
+    # Released at the rate. Exactly never faster: the whole crowd took at least
+    # (n - 1) / rate. The rate sampled from the admin counters while held (polls
+    # from a busy client process: +-5% jitter) is neither much faster nor slower.
+    assert elapsed >= (n - 1) / rate * 0.99
+    assert 0.85 * rate <= out["release_rate"] <= 1.05 * rate, out["release_rate"]
     assert envoy.proc.poll() is None
     return out
 
