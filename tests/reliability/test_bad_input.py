@@ -192,3 +192,39 @@ async def _bodies(port: int, requests: list[bytes]):
     await crowd.connect()
     await crowd.send()
     return await crowd.wait()
+
+
+KEYED = {"rules": [{"name": "users", "rate": "20/s", "max_queue_delay": "5s", "key": {"header": "x-user"}}]}
+
+
+def test_key_headers_long_non_utf8_and_missing(envoy_to):
+    """Keys come from the client. 8 KiB key values: each distinct key has its own
+    schedule (10 distinct keys at once all pass at once); one repeated long key
+    is paced. Non-UTF-8 key bytes are a key like any other. Requests without
+    the header share the rule's unkeyed schedule (paced together)."""
+    envoy = envoy_to(KEYED)
+
+    def delta(before):
+        after = envoy.rule_stats("users")
+        return {k: after[k] - before.get(k, 0) for k in ("admitted", "queued", "rejected")}
+
+    before = envoy.rule_stats("users")
+    distinct = [request_bytes("/", headers={"x-user": f"{i:04d}" + "u" * 8192}) for i in range(10)]
+    answers = asyncio.run(_bodies(envoy.port, distinct))
+    assert [a.status for a in answers] == [200] * 10
+    assert delta(before) == {"admitted": 10, "queued": 0, "rejected": 0}
+
+    for label, req in [("one long key", request_bytes("/", headers={"x-user": "L" * 8192})),
+                       ("non-UTF-8 key", b"GET / HTTP/1.1\r\nHost: t\r\nx-user: \xff\xfe\xc3\x28\r\n\r\n"),
+                       ("no key header", request_bytes("/"))]:
+        before = envoy.rule_stats("users")
+        t0 = time.monotonic()
+        answers = burst(envoy.port, req, 10)
+        took = max(a.done_at for a in answers) - t0
+        d = delta(before)
+        print(f"{label}: {[a.status for a in answers].count(200)} x 200 in {took:.2f} s, {d}")
+        assert [a.status for a in answers] == [200] * 10, label
+        # One schedule at 20/s: 1 at once, 9 held, the last about 0.45 s later.
+        assert d["queued"] >= 8 and d["admitted"] + d["queued"] == 10, (label, d)
+        assert took >= 0.9 * 9 / 20, (label, took)
+    alive(envoy)
