@@ -34,7 +34,7 @@ reliability-ci: build envoy-versions
 	ENVOY_BIN=$(CURDIR)/.venv-envoy-1.40/bin/envoy $(REL_PYTEST) tests/reliability -m "not slow" -q; \
 	echo "reliability-ci: passed on Envoy 1.36 and 1.40 in $$(( $$(date +%s) - start )) s"
 
-fuzz-long: ## Property tests of the core with 20,000 cases each (PROPTEST_CASES)
-	PROPTEST_CASES=20000 cargo test --release -p throttle-core --test properties
+fuzz-long: ## Property tests of the core with 100,000 cases each (PROPTEST_CASES)
+	PROPTEST_CASES=100000 cargo test --release -p throttle-core --test properties
 
 CI_EXTRA += reliability-ci
