@@ -93,7 +93,7 @@ def test_istio_builds_every_plugin(istio_built, pushed, wasm):
         local = Path(config["vm_config"]["code"]["local"]["filename"])
         assert local.name == digest.removeprefix("sha256:") + ".wasm", where  # pinned digest, verified by the agent
         assert local.read_bytes() == wasm.read_bytes(), where
-        assert config["failure_policy"] == "FAIL_CLOSED", where
+        assert config["failure_policy"] == "FAIL_RELOAD", where  # Istio maps failStrategy FAIL_RELOAD
 
 
 @pytest.mark.parametrize("where, plugin", [(w, c) for _, w, c in CONFIGS], ids=WHERE)

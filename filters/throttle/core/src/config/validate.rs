@@ -68,8 +68,10 @@ impl Validator {
         };
         for key in obj.keys() {
             if !fields.iter().any(|f| f.name == key) {
+                // An empty key is shown as "" so the message still names it.
+                let shown = if key.is_empty() { "\"\"" } else { key.as_str() };
                 self.error(
-                    &join(path, key),
+                    &join(path, shown),
                     format!("unknown field (expected one of: {})", spec::names(fields)),
                 );
             }
