@@ -52,9 +52,12 @@ def envoy_with(wasm, upstream):
     started: list[Envoy] = []
 
     def start(plugin: dict | str | None = None, base: str = "demo.yaml", concurrency: int = 2,
-              upstream_port: int | None = None) -> Envoy:
+              upstream_port: int | None = None, mutate=None) -> Envoy:
+        """`mutate(cfg)` may change the rendered Envoy config before it starts."""
         cfg = render(base, listen_port=free_port(), admin_port=free_port(),
                      upstream_port=upstream_port or upstream.port, plugin=plugin, wasm=wasm)
+        if mutate:
+            mutate(cfg)
         envoy = Envoy(cfg, concurrency=concurrency)
         started.append(envoy)
         return envoy.start()

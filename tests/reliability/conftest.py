@@ -67,24 +67,14 @@ def own_upstream():
 
 
 @pytest.fixture
-def envoy_to(wasm, upstream):
+def envoy_to(envoy_with):
     """Starts Envoy (demo.yaml, a given plugin config) towards an upstream port
-    (default: the session's Fortio server)."""
-    started: list[Envoy] = []
+    (default: the session's Fortio server): tests/conftest.py's envoy_with."""
 
     def start(plugin, upstream_port: int | None = None, concurrency: int = 2, mutate=None) -> Envoy:
-        upstream_port = upstream_port or upstream.port
-        cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=upstream_port,
-                     plugin=plugin, wasm=wasm)
-        if mutate:
-            mutate(cfg)
-        e = Envoy(cfg, concurrency=concurrency)
-        started.append(e)
-        return e.start()
+        return envoy_with(plugin, upstream_port=upstream_port, concurrency=concurrency, mutate=mutate)
 
-    yield start
-    for e in started:
-        e.stop()
+    return start
 
 
 @pytest.fixture
