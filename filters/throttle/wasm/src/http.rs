@@ -31,6 +31,9 @@ pub struct ThrottleHttp {
     worker: Rc<RefCell<Worker>>,
     /// The rule that applied, if it held this request at some point.
     held_rule: Option<usize>,
+    /// Whether the matched rule has a concurrency gate (so this request may
+    /// hold a slot to return); requests of other rules skip that bookkeeping.
+    gated: bool,
     /// Dry-run: what would have happened (for `x-throttle-dry-run`).
     dry_run_note: Option<String>,
     /// Draft rate-limit headers for the response.
@@ -77,6 +80,7 @@ impl ThrottleHttp {
             plugin,
             worker,
             held_rule: None,
+            gated: false,
             dry_run_note: None,
             rate_limit: None,
         }
@@ -97,6 +101,9 @@ impl ThrottleHttp {
 
     /// Returns this request's concurrency slot, if it holds one (idempotent).
     fn release_slot(&self) {
+        if !self.gated {
+            return;
+        }
         let Some(plugin) = &self.plugin else { return };
         let slot = self
             .worker
@@ -220,6 +227,9 @@ impl ThrottleHttp {
         let (Some(rule), Some(rt)) = (config.rules.get(index), plugin.rules.get(index)) else {
             return Action::Continue;
         };
+        // Set before any early return: a request held by the rate takes its
+        // gate slot later, on tick, and must still give it back.
+        self.gated = rule.concurrency.is_some();
         let m = &rt.metrics;
         let max_held = usize::try_from(config.max_held_per_worker).unwrap_or(usize::MAX);
         let can_hold = rule.dry_run
@@ -377,11 +387,13 @@ impl HttpContext for ThrottleHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let waited = self
-            .worker
-            .try_borrow_mut()
-            .ok()
-            .and_then(|mut w| w.waited.remove(&self.id));
+        // Only a request that was held has a recorded wait.
+        let waited = self.held_rule.and_then(|_| {
+            self.worker
+                .try_borrow_mut()
+                .ok()
+                .and_then(|mut w| w.waited.remove(&self.id))
+        });
         if let Some(ms) = waited {
             host::add_response_header("x-throttle-wait-ms", &ms.to_string());
         }
