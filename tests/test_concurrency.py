@@ -7,8 +7,12 @@ import socket
 import threading
 import time
 
+import pytest
+
 from harness.procs import fortio_load, http_get, summarize, wait_until
-from clients import burst
+from tests.support.clients import burst
+
+pytestmark = pytest.mark.integration
 
 N = 4
 

@@ -5,14 +5,18 @@ measured here side by side."""
 
 import threading
 
+import pytest
+
 from harness.procs import fortio_load, summarize
+
+pytestmark = pytest.mark.integration
 
 
 def rule(quota: bool) -> dict:
     """One shared 100/s for all tenants; with a per-tenant quota of 20/s or
     without. (A keyed rule without key_quota would give each tenant its own
     rate instead: no shared rate to be fair about.)"""
-    r = {"name": "tenants", "rate": "100/s", "max_queue_delay": "1s"}
+    r: dict[str, object] = {"name": "tenants", "rate": "100/s", "max_queue_delay": "1s"}
     if quota:
         r.update(key={"header": "x-tenant"}, key_quota="20/s")
     return {"rules": [r]}

@@ -16,13 +16,15 @@ from perf.meshlab.run import Case, fortio_load
 
 Topology = topologies.Topology
 
+pytestmark = pytest.mark.lab
+
 
 def _netns() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def test_lab_creates_only_its_own_namespaces_and_removes_them(lab_ok):
+def test_lab_creates_only_its_own_namespaces_and_removes_them():
     before = set(_netns())
     with Lab(nodes=("client", "app")) as lab:
         mine = set(_netns()) - before
@@ -34,17 +36,17 @@ def test_lab_creates_only_its_own_namespaces_and_removes_them(lab_ok):
         assert "10.254.7." not in host_addrs
         host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         assert "p-client" not in host_links and "br0" not in host_links
+        assert app.proc is not None
         pid = app.proc.pid
     assert set(_netns()) == before
     assert app.proc.poll() is not None, f"app (pid {pid}) still running after teardown"
 
 
-def test_lab_is_removed_when_the_body_fails(lab_ok):
+def test_lab_is_removed_when_the_body_fails():
     before = set(_netns())
-    with pytest.raises(RuntimeError, match="boom"):
-        with Lab(nodes=("client",)):
-            assert len(set(_netns()) - before) == 2
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), Lab(nodes=("client",)):
+        assert len(set(_netns()) - before) == 2
+        raise RuntimeError("boom")
     assert set(_netns()) == before
 
 
@@ -116,7 +118,7 @@ def test_throttle_below_offered_load_paces_to_its_rate(lab, certs, key, tmp_path
     dep = topologies.deploy(lab, topo, certs, case.qps, case.conns)
     try:
         s = summarize(fortio_load(lab, dep.url, case, 3, tmp_path / "load.json"))
-        thr = [p for p in dep.proxies if p.name in ("sidecar-inbound", "waypoint")][0]
+        thr = next(p for p in dep.proxies if p.name in ("sidecar-inbound", "waypoint"))
         stats = thr.stats(r"^wasmcustom\.throttle\.rule\.default\.")
     finally:
         dep.stop()

@@ -17,9 +17,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from harness.procs import http_get, wait_until
-from rawclients import Crowd, request_bytes
-from dynamic import with_plugin
+from tests.support.dynamic import with_plugin
+from tests.support.rawclients import Crowd, request_bytes
+
+pytestmark = pytest.mark.reliability
 
 
 def codes_of(answers) -> dict:
@@ -30,7 +34,7 @@ def codes_of(answers) -> dict:
 
 
 def rule(name: str, rate: str, delay: str = "10s", prefix: str | None = None) -> dict:
-    r = {"name": name, "rate": rate, "max_queue_delay": delay}
+    r: dict[str, object] = {"name": name, "rate": rate, "max_queue_delay": delay}
     if prefix:
         r["match"] = {"path_prefix": prefix}
     return r

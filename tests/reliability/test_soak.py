@@ -11,9 +11,12 @@ import time
 
 import pytest
 
-from conftest import env_int
 from harness.procs import fortio_load, summarize
-from rawclients import heap_allocated, raise_file_limit, rss_kib
+from harness.procstats import rss_kib
+from tests.support.env import env_int
+from tests.support.rawclients import heap_allocated, raise_file_limit
+
+pytestmark = pytest.mark.reliability
 
 RATE, OFFERED, CONNECTIONS, WINDOW_S = 200, 300, 400, 10.0
 

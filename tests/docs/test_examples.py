@@ -6,7 +6,6 @@ patches), Istio WasmPlugin `pluginConfig`, and JSON blocks in Markdown."""
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
