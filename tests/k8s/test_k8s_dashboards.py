@@ -209,9 +209,19 @@ def scraped(request, tools, wasm, upstream):
                 impatient.wait(timeout=60)
             finally:
                 stop(impatient)
-            time.sleep(3)  # a flush and two scrapes after the load
+            final = envoy.rule_stats("default")
+
+            def scraped_after_the_load() -> bool:
+                """Prometheus's latest samples hold the final counters, and the histogram
+                (published at each stats flush) counts every released request."""
+                now = time.time()
+                got = [prom.query(f'sum({m}{{throttle_rule="default"}})', now)["data"]["result"]
+                       for m in ("throttle_released", "throttle_wait_ms_count")]
+                return all(r and float(r[0]["value"][1]) == final["released"] for r in got)
+
+            wait_until(scraped_after_the_load, 20, "a scrape with the final counters and histogram")
             at = time.time()
-            yield prom, at, envoy.rule_stats("default")
+            yield prom, at, final
 
 
 def test_every_throttle_panel_returns_data(scraped):

@@ -122,8 +122,13 @@ def test_throttle_below_offered_load_paces_to_its_rate(lab, certs, key, tmp_path
         stats = thr.stats(r"^wasmcustom\.throttle\.rule\.default\.")
     finally:
         dep.stop()
+    print(f"\n{key}: {s['qps']:.2f}/s over {s['duration_s']:.2f} s, {s['requests']} requests, "
+          f"p50 {s['p50_ms']:.1f} ms, queued {stats['wasmcustom.throttle.rule.default.queued']}")
     assert s["errors"] == 0, s["codes"]
-    assert 40 <= s["qps"] <= 60, s  # the rate is 50/s; Fortio offers 100/s
+    # The rate is 50/s; Fortio offers 100/s. Measured 49.87-50.06/s in 6 runs (-0.3%..+0.1%): one
+    # request more or fewer over the ~3.2 s run is 0.6%; ±3% leaves five requests of margin.
+    assert abs(s["qps"] / 50 - 1) <= 0.03, f"{key}: {s['qps']:.2f}/s, the throttle's rate is 50/s (measured ±0.3%)"
     assert stats["wasmcustom.throttle.rule.default.queued"] > 0, stats
-    assert s["p50_ms"] > 50, s  # requests waited in the queue
+    # 10 connections each keep one place of the 50/s schedule: ~200 ms of wait (measured 197-200 ms).
+    assert 150 <= s["p50_ms"] <= 250, f"{key}: p50 {s['p50_ms']:.0f} ms, expected ~200 ms (10 places of 20 ms)"
     json.dumps(s)

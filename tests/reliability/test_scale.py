@@ -87,7 +87,11 @@ def held_connections(envoy_to, upstream, n: int, rate: int) -> dict:
     async def run():
         crowd = Crowd(envoy.port, n, request_bytes("/echo"), timeout=delay_s + 20)
         await crowd.connect()
-        await asyncio.sleep(1.0)
+        # Envoy has accepted them all (its HTTP connection manager counts them) before they are weighed.
+        t_connect = time.monotonic()
+        while envoy.stats(prefix="http.ingress.").get("downstream_cx_active", 0) < n:
+            assert time.monotonic() - t_connect < 30, envoy.stats(prefix="http.ingress.")
+            await asyncio.sleep(0.05)
         conns = rss_kib(pid), heap_allocated(envoy.admin_port)
         with Sampler(envoy) as sampler:
             t0 = time.monotonic()
