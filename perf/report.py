@@ -169,7 +169,7 @@ def _cpu_per_request(r: dict, meta: dict) -> float | None:
 
 
 def target_rows(by_label: dict, meta: dict | None = None) -> list[list[str]]:
-    """The issue's targets, for the labels of the standard set that are present."""
+    """The benchmark's targets (accuracy, pass-through, no failures), for the labels of the standard set present."""
     out = []
     for rate in (500, 200):
         for tool in ("ab", "fortio"):
