@@ -57,6 +57,7 @@ def _test_tiers_impl(rctx):
         rctx.read(Label("//tests:" + f))
     rctx.read(Label("//:pyproject.toml"))
     rctx.read(Label("//tests:conftest.py"))
+    rctx.read(Label("//tests:support/tiers.py"))
     expression = _pure_expression(rctx)
 
     venv = rctx.os.environ.get("THROTTLE_VENV") or str(ws) + "/.venv"

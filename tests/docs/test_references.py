@@ -7,6 +7,7 @@ and Bazel files, and in Python docstrings.
   entry of the folder the text lives in (`base/` in k8s/README.md): it exists, relative to
   the repository or to that folder. Build outputs (target/, build/, .venv, bazel-*, results
   folders) and `<placeholder>` parts are not checked past the placeholder.
+- a relative Markdown link: its target exists.
 - Rust: `a::b::Item` and `fn item` name an item defined in the repository's Rust code
   (paths into std, proxy_wasm, serde... are not checked); a bare `CamelCase` name is a word
   of some source file (Rust, Python, Go, YAML, JSON, shell, Bazel), so a renamed type
@@ -177,6 +178,19 @@ def test_the_texts_are_found():
     assert any(f.endswith(".yaml") for f in found) and any(f.endswith(".py") for f in found)
 
 
+def broken_links(path: Path) -> list[str]:
+    """Relative Markdown link targets that do not exist (from the file's folder)."""
+    if path.suffix != ".md":
+        return []
+    out = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if re.match(r"[a-z]+:|#", target):
+            continue
+        if not (path.parent / target.split("#")[0]).exists():
+            out.append(f"link {target}")
+    return out
+
+
 @pytest.mark.parametrize("path, code, prose", TEXTS, ids=[str(p.relative_to(ROOT)) for p, _, _ in TEXTS])
 def test_named_things_exist(path, code, prose):
     here = path.parent
@@ -184,6 +198,7 @@ def test_named_things_exist(path, code, prose):
     missing += [p for p in sorted(path_refs(prose, here)) if not path_exists(p, here)]
     missing += [f"Rust item {r}" for r in sorted(rust_refs(code) - rust_items())]
     missing += [f"`{w}` (no source file has this word)" for w in sorted(camel_refs(code) - code_words())]
+    missing += broken_links(path)
     assert not missing, f"{path.relative_to(ROOT)} names what does not exist: {missing}"
 
 

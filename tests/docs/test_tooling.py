@@ -8,7 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from tests.conftest import TIERS
+from tests.support.tiers import TIERS
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -130,6 +130,19 @@ def node_roles_in_manifests() -> set[str]:
     return set(re.findall(r"key: perf\.throttle\.dev/role, operator: In, values: \[(\w+)\]", text))
 
 
+def md_sections(text: str) -> list[str]:
+    """The text split at its headings (not at `#` comments inside fenced code)."""
+    sections, current, fenced = [], [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if line.startswith("#") and not fenced and current:
+            sections.append("\n".join(current))
+            current = []
+        current.append(line)
+    return [*sections, "\n".join(current)]
+
+
 def test_every_apply_of_an_overlay_says_to_label_the_nodes_first():
     """k8s/base schedules nothing until nodes carry perf.throttle.dev/role; each Markdown
     section that applies an overlay shows the labelling before it, with the manifests' roles."""
@@ -137,7 +150,7 @@ def test_every_apply_of_an_overlay_says_to_label_the_nodes_first():
     assert roles == {"server", "client"}, roles
     found = 0
     for md in markdown_files():
-        for section in re.split(r"^#+ ", md.read_text(), flags=re.M):
+        for section in md_sections(md.read_text()):
             apply = section.find("kubectl apply -k k8s/overlays/")
             if apply < 0:
                 continue
