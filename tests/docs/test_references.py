@@ -19,32 +19,21 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-SKIP_DIRS = {".git", ".venv", "target", "build", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache",
-             ".pytest_cache"}
-# Generated or recorded output: checked by their own tests, not as prose.
-SKIP_PREFIXES = ("perf/results", "perf/meshlab/results", "perf/meshlab/reports")
+from tests.support.repo import ROOT, SKIP_DIRS, files
+
 # Where builds and runs put things: named in the docs, absent from a clean clone.
 OUTPUT_PREFIXES = ("target/", "build/", ".venv", "bazel-", "perf/results", "perf/meshlab/results", "perf/mesh/results")
 EXTERNAL_CRATES = {"std", "core", "alloc", "proxy_wasm", "serde", "serde_json", "proptest", "crate", "self", "super"}
 CODE_EXT = (".rs", ".py", ".go", ".yaml", ".yml", ".json", ".sh", ".bzl", ".bazel", ".toml", ".mk")
 
 
-def repo_files(*suffixes: str, names: tuple[str, ...] = ()) -> Iterator[Path]:
-    for p in sorted(ROOT.rglob("*")):
-        rel = p.relative_to(ROOT)
-        if set(rel.parts) & SKIP_DIRS or rel.parts[0].startswith(("bazel-", ".venv")):
-            continue
-        if str(rel).startswith(SKIP_PREFIXES) or not p.is_file():
-            continue
-        if p.suffix in suffixes or p.name in names:
-            yield p
+def repo_files(*suffixes: str, names: tuple[str, ...] = ()) -> list[Path]:
+    return list(files(*suffixes, names=names))
 
 
 # ---------------------------------------------------------------- the texts and their code

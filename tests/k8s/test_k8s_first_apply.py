@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.k8s import KUSTOMIZATIONS, OVERLAYS, PLUGIN_KUSTOMIZATIONS, ROOT, TEST_IMAGE_URL, docs, run
+from tests.support.repo import files as repo_files
 from tools import wasm_image
 
 pytestmark = pytest.mark.k8s
@@ -21,9 +22,7 @@ PIN = wasm_image.read_image_env()["sha256"]
 
 
 def markdown_files() -> list[Path]:
-    skip = {".git", ".venv", "target", "build", "node_modules"}
-    return [p for p in ROOT.rglob("*.md") if not (set(p.relative_to(ROOT).parts) & skip)
-            and not p.relative_to(ROOT).parts[0].startswith(("bazel-", ".venv"))]
+    return list(repo_files(".md"))
 
 
 def test_the_shipped_image_env_names_no_image():
@@ -132,7 +131,9 @@ def node_roles_in_manifests() -> set[str]:
 
 def md_sections(text: str) -> list[str]:
     """The text split at its headings (not at `#` comments inside fenced code)."""
-    sections, current, fenced = [], [], False
+    sections: list[str] = []
+    current: list[str] = []
+    fenced = False
     for line in text.splitlines():
         if line.startswith("```"):
             fenced = not fenced
