@@ -4,7 +4,9 @@ import pytest
 
 from harness.procs import Envoy, free_port, render
 
-CASES = {
+pytestmark = pytest.mark.integration
+
+CASES: dict[str, tuple[dict | str, str]] = {
     "unknown field": ({"rules": [{"name": "default", "rate": "500/s", "colour": "red"}]},
                       "rules[0].colour: unknown field"),
     "negative burst": ({"rules": [{"name": "default", "rate": "500/s", "burst": -1}]},

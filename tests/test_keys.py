@@ -5,8 +5,13 @@ memory bounded and do not slow a well-behaved client of another rule."""
 import threading
 import time
 
-from harness.procs import fortio_load, rss_kb, summarize
-from clients import burst, pipelined
+import pytest
+
+from harness.procs import fortio_load, summarize
+from harness.procstats import rss_kib
+from tests.support.clients import burst, pipelined
+
+pytestmark = pytest.mark.integration
 
 KEYED = {"rules": [
     {"name": "users", "rate": "50/s", "max_queue_delay": "2s", "key": {"header": "x-user-id"},
@@ -69,7 +74,7 @@ def test_a_flood_of_distinct_keys_keeps_memory_bounded(envoy_with):
     envoy = envoy_with(plugin)
     # Warm up both rules (VMs, pools), then measure.
     pipelined(envoy.port, [b"GET /x HTTP/1.1\r\nhost: t\r\nx-key: warm-%d\r\n\r\n" % i for i in range(5000)])
-    before = rss_kb(envoy.proc.pid)
+    before = rss_kib(envoy.proc.pid)
     good = {}
 
     def well_behaved():
@@ -93,7 +98,7 @@ def test_a_flood_of_distinct_keys_keeps_memory_bounded(envoy_with):
         f.join(120)
     flood_s = time.monotonic() - t0
     t.join(60)
-    after = rss_kb(envoy.proc.pid)
+    after = rss_kib(envoy.proc.pid)
     g = good["s"]
     stats = envoy.rule_stats("flood")
     print(f"flood: {n} distinct keys in {flood_s:.1f} s, statuses {total}; Envoy RSS {before} -> {after} KiB "

@@ -1,8 +1,12 @@
 """Several rules, first match wins, each with its own settings; a request that
 matches none passes untouched."""
 
+import pytest
+
 from harness.procs import http_get
-from clients import burst
+from tests.support.clients import burst
+
+pytestmark = pytest.mark.integration
 
 RULES = {"rules": [
     {"name": "login", "rate": "1000/s", "match": {"path_exact": "/login", "methods": ["POST"]}},

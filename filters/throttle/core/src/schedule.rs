@@ -8,7 +8,7 @@
 //! * otherwise: store `tat + T` and hold the request until `release_at`.
 //!
 //! The stored TAT is shared by all workers of the process and updated with
-//! compare-and-swap ([`TatStore`]), so the rate holds for the whole process.
+//! compare-and-swap ([`SharedCell`]), so the rate holds for the whole process.
 
 use crate::NS_PER_S;
 

@@ -471,10 +471,13 @@ proptest! {
 
 // ---------------------------------------------------------------- per-key schedules
 
+/// One slot's stored value and its compare-and-swap token.
+type SlotValue = (Option<[u64; 2]>, u32);
+
 /// A key table of a few slots (cells shared by the handles `cell()` returns).
 #[derive(Clone, Default)]
 struct Table {
-    slots: Rc<RefCell<HashMap<u32, (Option<[u64; 2]>, u32)>>>,
+    slots: Rc<RefCell<HashMap<u32, SlotValue>>>,
 }
 
 struct Slot {

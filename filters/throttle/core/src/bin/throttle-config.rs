@@ -1,6 +1,6 @@
 //! `throttle-config`: the filter's own configuration parser on the command line.
 //!
-//!   throttle-config check [FILE]   validate a plugin configuration (JSON; stdin if no FILE)
+//!   throttle-config check \[FILE\]   validate a plugin configuration (JSON; stdin if no FILE)
 //!   throttle-config schema         print the JSON Schema (filters/throttle/config.schema.json)
 //!   throttle-config reference      print the README's configuration reference table
 

@@ -35,7 +35,7 @@ def burst(port: int, n: int, path: str = "/", timeout: float = 30.0) -> list[Rep
             r = c.getresponse()
             r.read()
             replies[i] = Reply(r.status, {k.lower(): v for k, v in r.getheaders()}, (time.monotonic() - t0) * 1000)
-        except Exception as e:  # noqa: BLE001 - reported in the reply
+        except Exception as e:
             replies[i] = Reply(0, {}, (time.monotonic() - t0) * 1000, repr(e))
         finally:
             c.close()

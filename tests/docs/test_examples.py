@@ -6,21 +6,16 @@ patches), Istio WasmPlugin `pluginConfig`, and JSON blocks in Markdown."""
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
-from harness.procs import ROOT
-
-SKIP_DIRS = {".git", ".venv", "target", "build", "node_modules", "__pycache__", "broken"}
+from tests.support.repo import ROOT, files
 
 
 def repo_files(*suffixes):
-    for p in ROOT.rglob("*"):
-        if p.suffix in suffixes and not (set(p.relative_to(ROOT).parts) & SKIP_DIRS) \
-                and not any(part.startswith(("bazel-", ".venv")) for part in p.relative_to(ROOT).parts):
-            yield p
+    # `broken/`: the k8s checks' deliberately invalid fixtures
+    return files(*suffixes, skip=("broken",))
 
 
 def plugin_configs_in(node, found):

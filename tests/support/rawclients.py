@@ -25,15 +25,6 @@ def raise_file_limit(want: int) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def rss_kib(pid: int) -> int:
-    """Resident set size of a process (VmRSS), KiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
-
-
 def heap_allocated(admin_port: int) -> int:
     """Bytes in use in Envoy's heap (tcmalloc `allocated`, admin /memory). Unlike
     RSS it goes down when memory is freed (the allocator keeps freed pages)."""
@@ -136,7 +127,7 @@ class Crowd:
             a.status, a.headers, a.body = await asyncio.wait_for(read_response(reader), self.timeout)
         except asyncio.CancelledError:
             a.error = "cancelled by the client"
-        except Exception as e:  # noqa: BLE001 - recorded per client
+        except Exception as e:
             a.error = repr(e)
         finally:
             a.done_at = time.monotonic()

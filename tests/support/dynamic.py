@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.procs import Envoy, load_config, render, wait_until
+from harness.procs import Envoy, render, wait_until
 
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
 

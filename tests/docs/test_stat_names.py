@@ -14,7 +14,9 @@ CORE = ROOT / "filters/throttle/core/src/stats.rs"
 
 def core_stats() -> list[str]:
     consts = dict(re.findall(r'pub const (\w+): &str = "(\w+)";', CORE.read_text()))
-    order = re.search(r"pub const ALL: &\[&str\] = &\[(.*?)\];", CORE.read_text(), re.S).group(1)
+    m = re.search(r"pub const ALL: &\[&str\] = &\[(.*?)\];", CORE.read_text(), re.S)
+    assert m, f"{CORE.relative_to(ROOT)}: no `pub const ALL`"
+    order = m.group(1)
     return [consts[name.strip()] for name in order.split(",") if name.strip()]
 
 
