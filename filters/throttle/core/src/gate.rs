@@ -57,20 +57,27 @@ pub fn enter<C: SharedCell>(cell: &mut C, limit: u32, can_wait: bool) -> Enter {
     Enter::Contention
 }
 
-/// Counts one ticket as finished (a request's response ended, or an
-/// abandoned ticket's turn came).
-pub fn leave<C: SharedCell>(cell: &mut C, count: u64) -> Result<(), StoreError> {
+/// Counts `count` tickets as finished (a request's response ended, or
+/// abandoned tickets' turn came). Returns the cell as it was before.
+pub fn leave<C: SharedCell>(cell: &mut C, count: u64) -> Result<[u64; 2], StoreError> {
     if count == 0 {
-        return Ok(());
+        return Ok([0, 0]);
     }
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (state, token) = cell.load()?;
         let [next, done] = state.unwrap_or([0, 0]);
         if cell.store([next, done.saturating_add(count)], token)? {
-            return Ok(());
+            return Ok([next, done]);
         }
     }
     Err(StoreError(u32::MAX))
+}
+
+/// Whether returning one slot to a gate that was at `before` (as [`leave`]
+/// returns it) lets a waiting ticket go.
+pub fn lets_a_waiter_go(before: [u64; 2], limit: u32) -> bool {
+    let [next, done] = before;
+    next > done.saturating_add(limit.into())
 }
 
 /// The bound below which tickets may go now: `done + limit`.
