@@ -583,59 +583,36 @@ mod tests {
 #[cfg(test)]
 mod keyed_tests {
     use super::*;
-    use crate::testing::MemCell as SingleCell;
+    use crate::store::{CellId, Store};
+    use crate::testing::{MemCell as SingleCell, MemCells, MemStore};
     use crate::NS_PER_MS;
-    use std::collections::HashMap;
+    use std::cell::RefCell;
 
     const MS: u64 = NS_PER_MS;
 
-    /// Cells by slot: (value, version).
-    type Cells = std::rc::Rc<std::cell::RefCell<HashMap<u32, ([u64; 2], u32)>>>;
-
-    /// A key table in memory: slot -> (value, version).
-    #[derive(Default)]
+    /// Rule 0's key table in the crate's in-memory store.
     struct Table {
-        cells: Cells,
+        cells: &'static RefCell<MemCells>,
     }
 
-    struct TableCell {
-        slot: u32,
-        cells: Cells,
-    }
-
-    impl SharedCell for TableCell {
-        type Token = u32;
-        fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-            Ok(self
-                .cells
-                .borrow()
-                .get(&self.slot)
-                .map_or((None, 0), |&(v, ver)| (Some(v), ver)))
-        }
-        fn store(&mut self, v: [u64; 2], token: u32) -> Result<bool, StoreError> {
-            let mut cells = self.cells.borrow_mut();
-            let ver = cells.get(&self.slot).map_or(0, |&(_, ver)| ver);
-            if ver != token {
-                return Ok(false);
+    impl Default for Table {
+        fn default() -> Self {
+            Table {
+                cells: Box::leak(Box::default()),
             }
-            cells.insert(self.slot, (v, ver + 1));
-            Ok(true)
         }
     }
 
     impl KeyTable for Table {
-        type Cell = TableCell;
-        fn cell(&mut self, slot: u32) -> TableCell {
-            TableCell {
-                slot,
-                cells: self.cells.clone(),
-            }
+        type Cell = crate::store::Cell<MemStore<'static>>;
+        fn cell(&mut self, slot: u32) -> Self::Cell {
+            MemStore(self.cells).cell(CellId::Slot(0, slot))
         }
     }
 
     impl Table {
         fn get(&self, slot: u32) -> Option<[u64; 2]> {
-            self.cells.borrow().get(&slot).map(|&(v, _)| v)
+            self.cells.borrow().get(CellId::Slot(0, slot))
         }
     }
 

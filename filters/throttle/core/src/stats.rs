@@ -117,7 +117,8 @@ impl Stat {
 
     /// The stat's entry in [`TABLE`].
     pub fn spec(self) -> &'static Spec {
-        &TABLE[self as usize]
+        const FIRST: &Spec = &TABLE[0];
+        TABLE.iter().find(|s| s.stat == self).unwrap_or(FIRST)
     }
 
     /// The stat's name (`admitted`, `wait_ms`, ...).

@@ -181,13 +181,16 @@ impl Worker {
                 continue;
             };
             let mut cell = store.cell(CellId::Gate(index));
-            let Ok(bound) = gate::go_bound(&mut cell, limit) else {
-                continue;
-            };
-            let abandoned = self.gate.turn_came(index, bound, &mut ready);
-            // If this fails, the abandoned tickets stay counted as in flight:
-            // the gate errs on the closed side.
-            let _ = gate::leave(&mut cell, abandoned);
+            // Abandoned tickets whose turn came count as done, which may let
+            // later tickets go: repeat until none is left below the bound.
+            while let Ok(bound) = gate::go_bound(&mut cell, limit) {
+                let abandoned = self.gate.turn_came(index, bound, &mut ready);
+                // If this fails, the abandoned tickets stay counted as in
+                // flight: the gate errs on the closed side.
+                if abandoned == 0 || gate::leave(&mut cell, abandoned).is_err() {
+                    break;
+                }
+            }
             for waiter in ready.drain(..) {
                 self.in_flight.insert(waiter.context_id, index);
                 plan.count(index, Stat::InFlight, 1);

@@ -1,4 +1,13 @@
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 //! The throttle filter: proxy-wasm glue around `throttle-core`. Modules
 //! import one way: `context` (the SDK's traits, wasm32 only) → `root` →
 //! `http` → `plugin`, `request`, `shared` → `host` (the ABI, all `unsafe`).

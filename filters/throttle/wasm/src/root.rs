@@ -92,6 +92,12 @@ impl<H: Host> Root<H> {
         true
     }
 
+    /// The worker's state (tests hold it to simulate a busy borrow).
+    #[cfg(test)]
+    pub fn worker(&self) -> Rc<RefCell<Worker>> {
+        Rc::clone(&self.worker)
+    }
+
     /// A new HTTP context of this root.
     pub fn create_stream(&self, id: u32) -> HttpStream<H> {
         HttpStream::new(self.host, id, self.plugin.clone(), Rc::clone(&self.worker))

@@ -195,7 +195,7 @@ mod tests {
             KeyBuf::new("p/", u32::MAX).unwrap().as_str(),
             "p/4294967295"
         );
-        assert!(KeyBuf::new(&"x".repeat(120), 12_345_678).is_none());
+        assert!(KeyBuf::new(&"x".repeat(121), 12_345_678).is_none());
     }
 
     #[test]

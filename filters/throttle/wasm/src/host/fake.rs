@@ -15,6 +15,8 @@ use super::{Host, Level};
 pub struct State {
     /// The monotonic clock.
     pub now: u64,
+    /// How often the clock was read.
+    pub clock_reads: usize,
     /// The effective context.
     pub current: u32,
     pub shared: HashMap<String, (Vec<u8>, u32)>,
@@ -73,7 +75,9 @@ impl Host for Fake {
     }
 
     fn monotonic_ns(&self) -> u64 {
-        self.state().now
+        let mut s = self.state();
+        s.clock_reads += 1;
+        s.now
     }
 
     fn random(&self, buf: &mut [u8]) -> bool {
