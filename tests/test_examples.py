@@ -87,3 +87,34 @@ def test_the_checker_refuses_a_bad_config(checker):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert r.stdout.strip() == 'rules[0].rate: expected "<n>/s", "<n>/m", "<n>/h" or a number per second, got "fast"'
+
+
+def rate_limit_examples() -> list[tuple[dict, list[tuple[int, str, str]]]]:
+    """The README's rate-limit header examples: (rule, [(status, policy, ratelimit)...])."""
+    text = (ROOT / "filters/throttle/README.md").read_text()
+    table = text[text.index("<!-- rate-limit-examples:start -->"):text.index("<!-- rate-limit-examples:end -->")]
+    groups: list[tuple[dict, list[tuple[int, str, str]]]] = []
+    for line in table.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or not cells[2].isdigit():
+            continue
+        rule, _request, status, policy, ratelimit = cells
+        if rule != "same":
+            groups.append((json.loads(rule), []))
+        groups[-1][1].append((int(status), policy, ratelimit))
+    return groups
+
+
+def test_the_readme_rate_limit_examples_are_what_envoy_sends(envoy_with):
+    from harness.procs import http_get
+
+    groups = rate_limit_examples()
+    assert len(groups) >= 3
+    for rule, expected in groups:
+        envoy = envoy_with({"rate_limit_headers": True, "rules": [rule]})
+        seen = []
+        for _ in expected:
+            status, headers, _ = http_get(envoy.url + "/")
+            h = {k.lower(): v for k, v in headers.items()}
+            seen.append((status, h.get("ratelimit-policy"), h.get("ratelimit")))
+        assert seen == expected, rule

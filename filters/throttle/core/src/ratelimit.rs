@@ -10,11 +10,17 @@
 //!
 //! * `q`/`w`: the rate exactly, in the unit the user wrote (`30/m` → `q=30;w=60`,
 //!   `0.5/s` → `q=1;w=2`).
-//! * `r`: how many more requests could be released within the next `w`
-//!   seconds without being held, as the schedule stands (never above `q`:
-//!   `burst` lets more through at once, but the sustained quota is `q`).
-//! * `t`: seconds (rounded up) until `r` is back to `q`, i.e. until the schedule
-//!   is idle again.
+//! * `r`: the quota left, as a token bucket sees it: `q` minus the requests
+//!   the schedule is still paying for (its lead over now, in intervals,
+//!   rounded up). An idle 500/s rule answers 499 after a request; a rule with
+//!   a backlog answers 0. Never above `q` (`burst` lets more through at once,
+//!   but the sustained quota is `q`).
+//! * `t`: seconds (rounded up) until the whole quota is back, i.e. until the
+//!   schedule is idle again.
+//!
+//! Both are computed when the response leaves, from the schedule as this
+//! request left it (other requests since then are not re-read: that would
+//! cost a shared-data read per response).
 //!
 //! With `"legacy"` the same three numbers go in `x-ratelimit-limit`,
 //! `x-ratelimit-remaining` and `x-ratelimit-reset` (no window: `30/m` and `1/2s`
@@ -45,32 +51,19 @@ pub const HEADER_NAMES: [&str; 5] = [
     "x-ratelimit-reset",
 ];
 
-/// Requests that could still be released within the next `window` without
-/// being held, for a schedule at `tat`, at `now`: at most the quota.
+/// The quota left at `now` for a schedule at `tat`: the quota minus the
+/// intervals the schedule is ahead of now (rounded up), at least 0.
 pub fn remaining(schedule: &Schedule, window: RateWindow, tat: u64, now: u64) -> u64 {
-    let w = window.window_s.saturating_mul(NS_PER_S);
-    // The k-th next request goes at max(now, tat - tau + (k-1)T); count those
-    // strictly before now + w.
-    let horizon = now.saturating_add(w).saturating_add(schedule.tau_ns);
-    let r = if horizon > tat && schedule.interval_ns > 0 {
-        (horizon - tat).div_ceil(schedule.interval_ns)
-    } else {
-        0
-    };
-    r.min(window.count)
+    let debt = tat
+        .saturating_sub(now)
+        .div_ceil(schedule.interval_ns.max(1));
+    window.count.saturating_sub(debt)
 }
 
-/// Seconds (rounded up) until the full quota is available again (0: it is
-/// now). `r` reaches `q` once the next request would go strictly within
-/// `tat - tau - T` of the window's start, that is when the schedule is idle.
-pub fn reset_s(schedule: &Schedule, window: RateWindow, tat: u64, now: u64) -> u64 {
-    if remaining(schedule, window, tat, now) >= window.count {
-        return 0;
-    }
-    let idle_at = tat
-        .saturating_sub(schedule.tau_ns)
-        .saturating_sub(schedule.interval_ns);
-    idle_at.saturating_sub(now) / NS_PER_S + 1
+/// Seconds (rounded up) until the whole quota is back: until the schedule is
+/// idle (`tat <= now`).
+pub fn reset_s(tat: u64, now: u64) -> u64 {
+    tat.saturating_sub(now).div_ceil(NS_PER_S)
 }
 
 /// The headers of one response.
@@ -112,16 +105,17 @@ mod tests {
 
     #[test]
     fn an_idle_rule_has_its_whole_quota_but_this_request() {
-        // 500/s, burst 0: after one request at 10 s, 499 more fit in the next
-        // second, and the 500th is back 2 ms later (rounded up: 1 s).
+        // 500/s, burst 0: after one request at 10 s, 499 are left; the last
+        // interval is paid off 2 ms later (rounded up: 1 s).
         let s = Schedule::new(2 * MS, 0, S);
         let q = w(500, 1);
         let now = 10 * S;
         let tat = now + 2 * MS;
         assert_eq!(remaining(&s, q, tat, now), 499);
-        assert_eq!(reset_s(&s, q, tat, now), 1);
+        assert_eq!(reset_s(tat, now), 1);
+        assert_eq!(remaining(&s, q, tat, now + MS), 499, "1 ms later: still one interval owed");
         assert_eq!(remaining(&s, q, tat, now + 2 * MS), 500);
-        assert_eq!(reset_s(&s, q, tat, now + 2 * MS), 0);
+        assert_eq!(reset_s(tat, now + 2 * MS), 0);
     }
 
     #[test]
@@ -130,45 +124,41 @@ mod tests {
         let s = Schedule::new(S, 5, 10 * S);
         let q = w(1, 1);
         let now = 100 * S;
-        // After the first request five more would go at once: reported as 1.
-        assert_eq!(remaining(&s, q, now + S, now), 1);
-        assert_eq!(reset_s(&s, q, now + S, now), 0);
-        // After the sixth, the seventh goes at now + 1 s: not within the next second.
+        assert_eq!(remaining(&s, q, now + S, now), 0);
         assert_eq!(remaining(&s, q, now + 6 * S, now), 0);
-        assert_eq!(reset_s(&s, q, now + 6 * S, now), 1);
+        assert_eq!(reset_s(now + 6 * S, now), 6);
+        assert_eq!(remaining(&s, q, now, now), 1, "idle: the whole quota");
     }
 
     #[test]
     fn a_backlog_leaves_nothing_and_says_when_it_is_gone() {
-        // 10/s, 2 s of backlog: nothing within the next second; the schedule
-        // is idle 1.9 s from now (rounded up: 2).
+        // 10/s, 2 s of backlog: nothing left, idle in 2 s.
         let s = Schedule::new(100 * MS, 0, 5 * S);
         let q = w(10, 1);
         let now = 50 * S;
         let tat = now + 2 * S;
         assert_eq!(remaining(&s, q, tat, now), 0);
-        assert_eq!(reset_s(&s, q, tat, now), 2);
-        // A held request's response leaving 0.5 s later: still none, 1.4 s to idle.
-        assert_eq!(remaining(&s, q, tat, now + 500 * MS), 0);
-        assert_eq!(reset_s(&s, q, tat, now + 500 * MS), 2);
+        assert_eq!(reset_s(tat, now), 2);
+        // A held request's response leaving 1.5 s later: 5 intervals owed.
         assert_eq!(remaining(&s, q, tat, now + 1500 * MS), 5);
-        assert_eq!(reset_s(&s, q, tat, now + 1500 * MS), 1);
+        assert_eq!(reset_s(tat, now + 1500 * MS), 1);
+        assert_eq!(remaining(&s, q, tat, now + 1950 * MS), 9);
     }
 
     #[test]
     fn fractional_rates_keep_their_window() {
-        // 0.5/s = 1 per 2 s.
+        // 0.5/s = 1 per 2 s: after one request none is left for 2 s.
         let s = Schedule::new(2 * S, 0, 0);
         let q = w(1, 2);
         let now = 7 * S;
-        assert_eq!(remaining(&s, q, now + 2 * S, now), 0);
-        assert_eq!(reset_s(&s, q, now + 2 * S, now), 1);
-        assert_eq!(remaining(&s, q, now + 2 * S, now + S), 1);
+        assert_eq!(remaining(&s, q, now + 2 * S, now + MS), 0);
+        assert_eq!(reset_s(now + 2 * S, now + MS), 2);
+        assert_eq!(remaining(&s, q, now + 2 * S, now + 2 * S), 1);
         assert_eq!(
-            headers(HeaderStyle::Ietf, "slow", q, 0, 1),
+            headers(HeaderStyle::Ietf, "slow", q, 0, 2),
             vec![
                 ("ratelimit-policy", "\"slow\";q=1;w=2".to_string()),
-                ("ratelimit", "\"slow\";r=0;t=1".to_string())
+                ("ratelimit", "\"slow\";r=0;t=2".to_string())
             ]
         );
     }

@@ -373,7 +373,7 @@ impl Stream {
         } else {
             ratelimit::remaining(s, w, seen.tat, now)
         };
-        let reset = ratelimit::reset_s(s, w, seen.tat, now);
+        let reset = ratelimit::reset_s(seen.tat, now);
         ratelimit::headers(config.rate_limit_headers, &rule.name, w, remaining, reset)
     }
 

@@ -247,8 +247,8 @@ fn rate_limit_headers_replace_the_upstreams_and_are_computed_when_the_response_l
         .or_default()
         .insert("ratelimit".into(), "\"upstream\";r=5".into());
     w.respond(10, true);
-    // As this request left the schedule (tat = 100 ms): 9 more fit in the
-    // next second; the full quota is back just after now (rounded up: 1 s).
+    // As this request left the schedule (tat = 100 ms): one interval owed, 9
+    // left; the whole quota is back in 100 ms (rounded up: 1 s).
     assert_eq!(
         response_headers(host, 10),
         vec![
@@ -283,7 +283,7 @@ fn legacy_names_when_asked() {
         vec![
             ("x-ratelimit-limit".to_string(), "30".to_string()),
             ("x-ratelimit-remaining".to_string(), "29".to_string()),
-            ("x-ratelimit-reset".to_string(), "1".to_string())
+            ("x-ratelimit-reset".to_string(), "2".to_string())
         ]
     );
 }
