@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::queue::{HeldQueue, Released};
+use crate::queue::{Held, HeldQueue};
 use crate::schedule::{SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
 /// Outcome of entering the gate.
@@ -200,7 +200,7 @@ impl GateWaiters {
     /// Waiters whose deadline passed at `now`: they are answered with a
     /// rejection, and their tickets are abandoned.
     pub fn expired(&mut self, now: u64, out: &mut Vec<Waiter>) {
-        let mut due: Vec<Released> = Vec::new();
+        let mut due: Vec<Held> = Vec::new();
         self.deadlines.pop_due(now, &mut due);
         for r in due {
             if let Some((rule, ticket)) = self.ticket_of.remove(&r.context_id) {

@@ -38,7 +38,7 @@ pub mod worker;
 pub mod testing;
 
 pub use config::{Config, ConfigError, Rule};
-pub use queue::{HeldQueue, Released};
+pub use queue::{Held, HeldQueue};
 pub use schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule, SharedCell};
 pub use stats::{Counts, Stat};
 pub use store::{CellId, Store};

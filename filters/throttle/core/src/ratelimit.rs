@@ -113,7 +113,11 @@ mod tests {
         let tat = now + 2 * MS;
         assert_eq!(remaining(&s, q, tat, now), 499);
         assert_eq!(reset_s(tat, now), 1);
-        assert_eq!(remaining(&s, q, tat, now + MS), 499, "1 ms later: still one interval owed");
+        assert_eq!(
+            remaining(&s, q, tat, now + MS),
+            499,
+            "1 ms later: still one interval owed"
+        );
         assert_eq!(remaining(&s, q, tat, now + 2 * MS), 500);
         assert_eq!(reset_s(tat, now + 2 * MS), 0);
     }

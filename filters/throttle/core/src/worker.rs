@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::config::Config;
 use crate::gate::{self, Enter, GateWaiters, Waiter};
-use crate::queue::{HeldQueue, Released};
+use crate::queue::{Held, HeldQueue};
 use crate::reply::{rejection, Reply};
 use crate::stats::{Counts, Stat};
 use crate::store::{CellId, Store};
@@ -140,7 +140,7 @@ impl Worker {
     }
 
     fn rate_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64, plan: &mut TickPlan) {
-        let mut due: Vec<Released> = Vec::new();
+        let mut due: Vec<Held> = Vec::new();
         self.queue.pop_due(now, &mut due);
         for r in due {
             let (id, index) = (r.context_id, r.rule);
