@@ -273,7 +273,7 @@ pub const PATH_PREFIX: Field = field(
     "path_prefix",
     Kind::Path,
     Default::Absent,
-    "The normalised request path starts with this (also normalised). Normalised: without query string, unreserved percent-escapes decoded, `%2F`, `%5C` and `\\` read as `/`, repeated slashes merged, `.` and `..` segments resolved; so `/%61dmin`, `//admin` and `/x/../admin` are `/admin`.",
+    "The normalised request path starts with this (also normalised). Normalised: without query string, unreserved percent-escapes decoded, `%2F`, `%5C` and `\\` read as `/`, repeated slashes merged, `.` and `..` segments resolved; so `/%61dmin`, `//admin` and `/x/../admin` are `/admin`. `\"/\"` matches every request (also `OPTIONS *` and CONNECT, which have no such path).",
 );
 pub const PATH_EXACT: Field = field(
     "path_exact",

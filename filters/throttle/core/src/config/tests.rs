@@ -35,7 +35,9 @@ fn the_contract_example_parses() {
             window_s: 1
         })
     );
-    assert_eq!(r.matcher.path_prefix.as_deref(), Some("/"));
+    // "/" is every request: no condition at all, and no header is read.
+    assert!(r.matcher.is_empty());
+    assert!(c.first_rule_takes_all());
     assert_eq!((r.concurrency, &r.key, r.dry_run), (None, &None, false));
 }
 

@@ -399,9 +399,12 @@ impl Validator {
         let before = self.errors.len();
         let mut m = Match::default();
         if let Some(v) = obj.get(spec::PATH_PREFIX.name) {
+            // "/" is every request: no condition, so the request's path is not
+            // even read (the fast path reads no header).
             m.path_prefix = self
                 .path_string(&join(path, "path_prefix"), v)
-                .map(|p| normalize_path(p.as_bytes()));
+                .map(|p| normalize_path(p.as_bytes()))
+                .filter(|p| p != "/");
         }
         if let Some(v) = obj.get(spec::PATH_EXACT.name) {
             m.path_exact = self
