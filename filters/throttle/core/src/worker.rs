@@ -31,8 +31,6 @@ pub struct Worker {
     pub waited: HashMap<u32, u64>,
     /// Held gRPC requests (a tick-time rejection answers them the gRPC way).
     pub grpc: HashSet<u32>,
-    /// Whether the root context's tick runs (kept by the glue).
-    pub ticking: bool,
 }
 
 /// What a tick does to one request.

@@ -6,10 +6,10 @@ use std::rc::Rc;
 
 use throttle_core::matcher::Facts;
 use throttle_core::stream::{Env, Stream, Verdict};
-use throttle_core::worker::Worker;
 
 use crate::host::{Host, Level};
-use crate::plugin::{ensure_ticking, Plugin};
+use crate::local::Local;
+use crate::plugin::Plugin;
 use crate::request::HostRequest;
 use crate::shared::{wake_all, SharedStore};
 
@@ -25,16 +25,16 @@ pub struct HttpStream<H: Host> {
     host: H,
     /// None when the root context has no valid configuration: pass through.
     plugin: Option<Rc<Plugin>>,
-    worker: Rc<RefCell<Worker>>,
+    local: Rc<RefCell<Local>>,
     stream: Stream,
 }
 
 impl<H: Host> HttpStream<H> {
-    pub fn new(host: H, id: u32, plugin: Option<Rc<Plugin>>, worker: Rc<RefCell<Worker>>) -> Self {
+    pub fn new(host: H, id: u32, plugin: Option<Rc<Plugin>>, local: Rc<RefCell<Local>>) -> Self {
         HttpStream {
             host,
             plugin,
-            worker,
+            local,
             stream: Stream::new(id),
         }
     }
@@ -67,23 +67,29 @@ impl<H: Host> HttpStream<H> {
         let host = self.host;
         let mut req = Facts::new(HostRequest::new(host));
         let clock = || host.monotonic_ns();
-        let worker = Rc::clone(&self.worker);
-        let decision = match worker.try_borrow_mut() {
-            Ok(mut w) => {
-                let d = self.stream.on_request(env, Some(&mut w), &mut req, clock);
+        let local = Rc::clone(&self.local);
+        let decision = match local.try_borrow_mut() {
+            Ok(mut l) => {
+                let d = self
+                    .stream
+                    .on_request(env, Some(&mut l.worker), &mut req, clock);
+                if let Some(rule) = d.rule {
+                    l.count(host, rule, &d.counts);
+                }
                 if d.verdict == Verdict::Hold {
-                    ensure_ticking(host, &mut w);
+                    l.tick_fast(host);
                 }
                 d
             }
             Err(_) => {
                 self.busy();
-                self.stream.on_request(env, None, &mut req, clock)
+                let d = self.stream.on_request(env, None, &mut req, clock);
+                if let Some(rule) = d.rule {
+                    plugin.apply(host, rule, &d.counts);
+                }
+                d
             }
         };
-        if let Some(rule) = decision.rule {
-            plugin.apply(host, rule, &decision.counts);
-        }
         match decision.verdict {
             Verdict::Continue => Flow::Continue,
             Verdict::Hold => Flow::Pause,
@@ -97,9 +103,9 @@ impl<H: Host> HttpStream<H> {
     /// Body and trailers of a held request wait (Envoy buffers them).
     pub fn on_request_body(&self) -> Flow {
         let held = self
-            .worker
+            .local
             .try_borrow()
-            .is_ok_and(|w| self.stream.is_held(Some(&w)));
+            .is_ok_and(|l| self.stream.is_held(Some(&l.worker)));
         if held {
             Flow::Pause
         } else {
@@ -113,22 +119,22 @@ impl<H: Host> HttpStream<H> {
         };
         let env = self.env(&plugin);
         let host = self.host;
-        let worker = Rc::clone(&self.worker);
-        let Ok(mut w) = worker.try_borrow_mut() else {
+        let local = Rc::clone(&self.local);
+        let Ok(mut l) = local.try_borrow_mut() else {
             self.busy();
             return Flow::Continue;
         };
         let out = self.stream.on_response_headers(
             env,
-            Some(&mut w),
+            Some(&mut l.worker),
             || host.monotonic_ns(),
             end_of_stream,
         );
+        l.count(host, rule, &out.counts);
         if out.tick {
-            ensure_ticking(host, &mut w);
+            l.tick_fast(host);
         }
-        drop(w);
-        plugin.apply(host, rule, &out.counts);
+        drop(l);
         for (name, value) in &out.headers {
             host.set_response_header(name, value);
         }
@@ -144,14 +150,14 @@ impl<H: Host> HttpStream<H> {
             return Flow::Continue;
         };
         let env = self.env(&plugin);
-        let out = match self.worker.try_borrow_mut() {
-            Ok(mut w) => self.stream.on_response_end(env, Some(&mut w)),
-            Err(_) => {
-                self.busy();
-                return Flow::Continue;
-            }
+        let local = Rc::clone(&self.local);
+        let Ok(mut l) = local.try_borrow_mut() else {
+            self.busy();
+            return Flow::Continue;
         };
-        plugin.apply(self.host, rule, &out.counts);
+        let out = self.stream.on_response_end(env, Some(&mut l.worker));
+        l.count(self.host, rule, &out.counts);
+        drop(l);
         if out.wake {
             wake_all(self.host);
         }
@@ -165,21 +171,17 @@ impl<H: Host> HttpStream<H> {
         };
         let env = self.env(&plugin);
         let host = self.host;
-        let worker = Rc::clone(&self.worker);
-        let out = match worker.try_borrow_mut() {
-            Ok(mut w) => {
-                let out = self.stream.on_done(env, Some(&mut w));
-                if out.tick {
-                    ensure_ticking(host, &mut w);
-                }
-                out
-            }
-            Err(_) => {
-                self.busy();
-                return;
-            }
+        let local = Rc::clone(&self.local);
+        let Ok(mut l) = local.try_borrow_mut() else {
+            self.busy();
+            return;
         };
-        plugin.apply(host, rule, &out.counts);
+        let out = self.stream.on_done(env, Some(&mut l.worker));
+        l.count(host, rule, &out.counts);
+        if out.tick {
+            l.tick_fast(host);
+        }
+        drop(l);
         if out.wake {
             wake_all(host);
         }

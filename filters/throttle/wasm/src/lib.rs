@@ -10,7 +10,8 @@
 )]
 //! The throttle filter: proxy-wasm glue around `throttle-core`. Modules
 //! import one way: `context` (the SDK's traits, wasm32 only) → `root` →
-//! `http` → `plugin`, `request`, `shared` → `host` (the ABI, all `unsafe`).
+//! `http` → `local`, `plugin`, `request`, `shared` → `host` (the ABI, all
+//! `unsafe`).
 //! Everything but `context` and `host::abi` also builds natively, where the
 //! glue is tested against a fake host.
 
@@ -18,6 +19,7 @@
 mod context;
 mod host;
 mod http;
+mod local;
 mod plugin;
 mod request;
 mod root;

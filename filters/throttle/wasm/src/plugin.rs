@@ -1,19 +1,12 @@
 //! What the root context hands to every HTTP context: the validated
-//! configuration with each rule's shared-data keys and metric ids; and the
-//! worker's tick.
+//! configuration with each rule's shared-data keys and metric ids.
 
 use throttle_core::keys::KeyHasher;
 use throttle_core::stats::{self, Counts, Stat};
-use throttle_core::worker::Worker;
 use throttle_core::{Config, NS_PER_MS};
 
 use crate::host::Host;
 use crate::shared::ensure_cell;
-
-/// Tick period while requests are held. Envoy fires a 1 ms tick about every
-/// 4 ms here; every request due by then is released at once, and the
-/// schedule lives in virtual time, so late ticks shift no later release.
-pub const TICK_MS: u32 = 1;
 
 /// A validated configuration with its per-rule runtime handles.
 pub struct Plugin {
@@ -99,13 +92,5 @@ impl Plugin {
         {
             host.record_metric(*id, waited_ns / NS_PER_MS);
         }
-    }
-}
-
-/// Starts the worker's tick if it is not running (from any of its contexts:
-/// the host applies the period to the effective context's root).
-pub fn ensure_ticking<H: Host>(host: H, w: &mut Worker) {
-    if !w.ticking {
-        w.ticking = host.set_tick_period_ms(TICK_MS);
     }
 }

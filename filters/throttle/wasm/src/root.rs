@@ -8,10 +8,11 @@ use std::rc::Rc;
 
 use throttle_core::config;
 use throttle_core::stream::Env;
-use throttle_core::worker::{TickAction, TickPlan, Worker};
+use throttle_core::worker::{TickAction, TickPlan};
 
 use crate::host::{Host, Level};
 use crate::http::HttpStream;
+use crate::local::Local;
 use crate::plugin::Plugin;
 use crate::shared::{add_wake_queue, shared_seed, SharedStore};
 
@@ -20,7 +21,7 @@ pub struct Root<H: Host> {
     host: H,
     id: u32,
     plugin: Option<Rc<Plugin>>,
-    worker: Rc<RefCell<Worker>>,
+    local: Rc<RefCell<Local>>,
     /// This VM's wake queue, once registered.
     queue: Option<u32>,
 }
@@ -31,7 +32,7 @@ impl<H: Host> Root<H> {
             host,
             id,
             plugin: None,
-            worker: Rc::default(),
+            local: Rc::default(),
             queue: None,
         }
     }
@@ -94,13 +95,21 @@ impl<H: Host> Root<H> {
 
     /// The worker's state (tests hold it to simulate a busy borrow).
     #[cfg(test)]
-    pub fn worker(&self) -> Rc<RefCell<Worker>> {
-        Rc::clone(&self.worker)
+    pub fn local(&self) -> Rc<RefCell<Local>> {
+        Rc::clone(&self.local)
+    }
+
+    /// Hands pending counters to the host now (tests; the tick does it).
+    #[cfg(test)]
+    pub fn flush(&self) {
+        if let (Some(plugin), Ok(mut l)) = (&self.plugin, self.local.try_borrow_mut()) {
+            l.flush(self.host, plugin);
+        }
     }
 
     /// A new HTTP context of this root.
     pub fn create_stream(&self, id: u32) -> HttpStream<H> {
-        HttpStream::new(self.host, id, self.plugin.clone(), Rc::clone(&self.worker))
+        HttpStream::new(self.host, id, self.plugin.clone(), Rc::clone(&self.local))
     }
 
     pub fn on_tick(&mut self) {
@@ -109,15 +118,15 @@ impl<H: Host> Root<H> {
             return;
         };
         let now = self.host.monotonic_ns();
-        let plan = match self.worker.try_borrow_mut() {
-            Ok(mut w) => w.plan_tick(&plugin.config, self.store(&plugin), now),
+        let plan = match self.local.try_borrow_mut() {
+            Ok(mut l) => l.worker.plan_tick(&plugin.config, self.store(&plugin), now),
             Err(_) => TickPlan::default(),
         };
         self.carry_out(&plugin, plan);
-        if let Ok(mut w) = self.worker.try_borrow_mut() {
-            if w.ticking && !w.needs_ticks() {
-                w.ticking = !self.host.set_tick_period_ms(0);
-            }
+        if let Ok(mut l) = self.local.try_borrow_mut() {
+            let had_traffic = l.dirty();
+            l.flush(self.host, &plugin);
+            l.after_tick(self.host, had_traffic);
         }
     }
 
@@ -129,8 +138,8 @@ impl<H: Host> Root<H> {
             return;
         };
         let now = self.host.monotonic_ns();
-        let plan = match self.worker.try_borrow_mut() {
-            Ok(mut w) => w.plan_gate(&plugin.config, self.store(&plugin), now),
+        let plan = match self.local.try_borrow_mut() {
+            Ok(mut l) => l.worker.plan_gate(&plugin.config, self.store(&plugin), now),
             Err(_) => TickPlan::default(),
         };
         self.carry_out(&plugin, plan);
@@ -153,8 +162,13 @@ impl<H: Host> Root<H> {
             hasher: &plugin.hasher,
             store: self.store(plugin),
         };
-        for (rule, counts) in &plan.counts {
-            plugin.apply(host, *rule, counts);
+        let count = |rule: usize, counts| {
+            if let Ok(mut l) = self.local.try_borrow_mut() {
+                l.count(host, rule, &counts);
+            }
+        };
+        for (rule, counts) in plan.counts {
+            count(rule, counts);
         }
         for action in plan.actions {
             match action {
@@ -163,16 +177,20 @@ impl<H: Host> Root<H> {
                     rule,
                     waited_ns,
                 } => {
-                    if let Ok(mut w) = self.worker.try_borrow_mut() {
-                        w.resuming(id, waited_ns);
+                    if let Ok(mut l) = self.local.try_borrow_mut() {
+                        l.worker.resuming(id, waited_ns);
                     }
                     let ok = host.resume_request(id).is_ok();
                     if !ok {
                         self.log(Level::Debug, &format!("request {id} was gone at its turn"));
                     }
-                    if let Ok(mut w) = self.worker.try_borrow_mut() {
-                        let counts = w.resumed(env.config, env.store, id, ok);
-                        plugin.apply(host, rule, &counts);
+                    let counts = self
+                        .local
+                        .try_borrow_mut()
+                        .ok()
+                        .map(|mut l| l.worker.resumed(env.config, env.store, id, ok));
+                    if let Some(c) = counts {
+                        count(rule, c);
                     }
                     if ok {
                         plugin.record_wait(host, rule, waited_ns);
@@ -180,8 +198,13 @@ impl<H: Host> Root<H> {
                 }
                 TickAction::Reply { id, rule, reply } => {
                     let ok = host.set_effective_context(id) && host.send_reply(&reply);
-                    if let Ok(mut w) = self.worker.try_borrow_mut() {
-                        plugin.apply(host, rule, &w.replied(id, ok));
+                    let counts = self
+                        .local
+                        .try_borrow_mut()
+                        .ok()
+                        .map(|mut l| l.worker.replied(id, ok));
+                    if let Some(c) = counts {
+                        count(rule, c);
                     }
                 }
             }

@@ -88,19 +88,28 @@ impl Worker {
     }
 }
 
-fn metric(host: Fake, rule: &str, stat: &str) -> i64 {
-    host.state().metric(&format!("throttle.rule.{rule}.{stat}"))
-}
+impl Worker {
+    /// A metric's value, after handing the pending counts to the host.
+    fn metric(&self, rule: &str, stat: &str) -> i64 {
+        self.root.flush();
+        self.host
+            .state()
+            .metric(&format!("throttle.rule.{rule}.{stat}"))
+    }
 
-/// Every counter and gauge of a rule that is not zero.
-fn stats(host: Fake, rule: &str) -> Vec<(String, i64)> {
-    let prefix = format!("throttle.rule.{rule}.");
-    host.state()
-        .metrics
-        .iter()
-        .filter(|(n, _, v)| n.starts_with(&prefix) && *v != 0)
-        .map(|(n, _, v)| (n.trim_start_matches(&prefix).to_string(), *v))
-        .collect()
+    /// Every counter and gauge of a rule that is not zero, after handing the
+    /// pending counts to the host.
+    fn stats(&self, rule: &str) -> Vec<(String, i64)> {
+        self.root.flush();
+        let prefix = format!("throttle.rule.{rule}.");
+        self.host
+            .state()
+            .metrics
+            .iter()
+            .filter(|(n, _, v)| n.starts_with(&prefix) && *v != 0)
+            .map(|(n, _, v)| (n.trim_start_matches(&prefix).to_string(), *v))
+            .collect()
+    }
 }
 
 fn s(pairs: &[(&str, i64)]) -> Vec<(String, i64)> {
@@ -129,9 +138,25 @@ fn within_the_rate_continues_and_counts_once() {
     assert_eq!(w.request(10, &[]), Flow::Continue);
     assert_eq!(w.respond(10, true), Flow::Continue);
     w.done(10);
-    assert_eq!(stats(host, "r"), s(&[("admitted", 1)]));
-    assert_eq!(host.state().tick_ms, 0, "nothing held: no tick");
     assert!(response_headers(host, 10).is_empty());
+    // Counters are handed to Envoy by a slow tick, not per request.
+    let admitted = || host.state().metric("throttle.rule.r.admitted");
+    assert_eq!(admitted(), 0, "not yet");
+    assert_eq!(
+        host.state().tick_ms,
+        100,
+        "nothing held: a slow tick hands the counts over"
+    );
+    w.tick();
+    assert_eq!(admitted(), 1);
+    assert_eq!(
+        host.state().tick_ms,
+        100,
+        "traffic in the last period: keep the slow tick"
+    );
+    w.tick();
+    assert_eq!(host.state().tick_ms, 0, "a quiet period: no tick at all");
+    assert_eq!(w.stats("r"), s(&[("admitted", 1)]));
 }
 
 #[test]
@@ -143,7 +168,7 @@ fn held_then_released_at_its_turn_with_its_wait() {
     assert_eq!(w.request(11, &[]), Flow::Pause);
     assert_eq!(host.state().tick_ms, 1, "holding starts the tick");
     assert_eq!(
-        stats(host, "r"),
+        w.stats("r"),
         s(&[("admitted", 1), ("queued", 1), ("held", 1)])
     );
     // A body of a held request waits with it.
@@ -156,9 +181,13 @@ fn held_then_released_at_its_turn_with_its_wait() {
     w.at(104);
     w.tick();
     assert_eq!(host.state().resumed, vec![11]);
-    assert_eq!(host.state().tick_ms, 0, "nothing held: the tick stops");
     assert_eq!(
-        stats(host, "r"),
+        host.state().tick_ms,
+        100,
+        "nothing held: back to the slow tick"
+    );
+    assert_eq!(
+        w.stats("r"),
         s(&[("admitted", 1), ("queued", 1), ("released", 1)])
     );
     assert_eq!(
@@ -201,7 +230,7 @@ fn beyond_max_queue_delay_is_rejected_at_once_exactly() {
     assert!(response_headers(host, 13).is_empty());
     w.done(13);
     assert_eq!(
-        stats(host, "r"),
+        w.stats("r"),
         s(&[("admitted", 1), ("queued", 2), ("rejected", 1), ("held", 2)])
     );
 }
@@ -297,13 +326,17 @@ fn a_client_that_leaves_while_queued_is_cancelled_and_never_resumed() {
     w.request(11, &[]);
     w.done(11);
     assert_eq!(
-        stats(host, "r"),
+        w.stats("r"),
         s(&[("admitted", 1), ("queued", 1), ("cancelled", 1)])
     );
     w.at(200);
     w.tick();
     assert!(host.state().resumed.is_empty());
-    assert_eq!(host.state().tick_ms, 0);
+    assert_eq!(
+        host.state().tick_ms,
+        0,
+        "nothing held, nothing counted since"
+    );
 }
 
 #[test]
@@ -317,7 +350,7 @@ fn a_stream_gone_at_its_turn_is_counted_gone() {
     w.at(100);
     w.tick();
     assert_eq!(
-        stats(host, "r"),
+        w.stats("r"),
         s(&[("admitted", 1), ("queued", 1), ("gone", 1)])
     );
     assert!(
@@ -338,7 +371,7 @@ fn envoy_answering_a_held_request_counts_as_timed_out_not_cancelled() {
     w.respond(11, true);
     w.done(11);
     assert_eq!(
-        stats(host, "r"),
+        w.stats("r"),
         s(&[("admitted", 1), ("queued", 1), ("timed_out", 1)])
     );
     w.at(100);
@@ -356,7 +389,7 @@ fn the_gate_lets_one_in_and_hands_the_slot_over_on_response_end() {
     assert_eq!(w.request(10, &[]), Flow::Continue);
     assert_eq!(w.request(11, &[]), Flow::Pause);
     assert_eq!(
-        stats(host, "c"),
+        w.stats("c"),
         s(&[
             ("admitted", 1),
             ("queued", 1),
@@ -366,7 +399,7 @@ fn the_gate_lets_one_in_and_hands_the_slot_over_on_response_end() {
     );
     // Headers without end: the slot is still in use; the body's end returns it.
     w.respond(10, false);
-    assert_eq!(metric(host, "c", "in_flight"), 1);
+    assert_eq!(w.metric("c", "in_flight"), 1);
     w.response_end(10);
     // The returned slot wakes the worker through its queue, at once.
     let queue = host.state().queues.len() as u32 - 1;
@@ -374,7 +407,7 @@ fn the_gate_lets_one_in_and_hands_the_slot_over_on_response_end() {
     w.root.on_queue_ready(queue);
     assert_eq!(host.state().resumed, vec![11]);
     assert_eq!(
-        stats(host, "c"),
+        w.stats("c"),
         s(&[
             ("admitted", 1),
             ("queued", 1),
@@ -384,10 +417,10 @@ fn the_gate_lets_one_in_and_hands_the_slot_over_on_response_end() {
     );
     // Trailers end the next one's response.
     w.with(11, |s| s.on_response_end()); // trailers
-    assert_eq!(metric(host, "c", "in_flight"), 0);
+    assert_eq!(w.metric("c", "in_flight"), 0);
     w.done(10);
     w.done(11);
-    assert_eq!(metric(host, "c", "in_flight"), 0, "returned once only");
+    assert_eq!(w.metric("c", "in_flight"), 0, "returned once only");
 }
 
 #[test]
@@ -396,9 +429,9 @@ fn a_slot_goes_back_when_the_stream_ends_without_a_response() {
     let mut w = Worker::new(host, 1, GATE);
     w.at(0);
     w.request(10, &[]);
-    assert_eq!(metric(host, "c", "in_flight"), 1);
+    assert_eq!(w.metric("c", "in_flight"), 1);
     w.done(10);
-    assert_eq!(metric(host, "c", "in_flight"), 0);
+    assert_eq!(w.metric("c", "in_flight"), 0);
     assert_eq!(w.request(11, &[]), Flow::Continue, "the slot is free again");
 }
 
@@ -411,12 +444,12 @@ fn a_waiter_that_leaves_abandons_its_ticket_until_its_turn() {
     w.request(11, &[]);
     w.request(12, &[]);
     w.done(11);
-    assert_eq!(metric(host, "c", "cancelled"), 1);
+    assert_eq!(w.metric("c", "cancelled"), 1);
     // 10's response ends: ticket 1 (gone) is counted done at its turn, 12 goes.
     w.respond(10, true);
     w.tick();
     assert_eq!(host.state().resumed, vec![12]);
-    assert_eq!(metric(host, "c", "in_flight"), 1);
+    assert_eq!(w.metric("c", "in_flight"), 1);
 }
 
 #[test]
@@ -432,7 +465,7 @@ fn a_waiter_past_max_queue_delay_is_rejected_on_tick() {
     let r = reply(host, 11).expect("rejected");
     assert_eq!((r.status, r.grpc_status), (429, Some(8)));
     assert_eq!(
-        stats(host, "c"),
+        w.stats("c"),
         s(&[
             ("admitted", 1),
             ("queued", 1),
@@ -459,7 +492,7 @@ fn rate_and_concurrency_together_take_the_slot_at_release() {
     w.tick();
     assert_eq!(host.state().resumed, vec![11]);
     assert_eq!(
-        stats(host, "rc"),
+        w.stats("rc"),
         s(&[
             ("admitted", 1),
             ("queued", 1),
@@ -474,9 +507,9 @@ fn rate_and_concurrency_together_take_the_slot_at_release() {
     host.state().gone.insert(12);
     w.at(300);
     w.tick();
-    assert_eq!(metric(host, "rc", "gone"), 1);
+    assert_eq!(w.metric("rc", "gone"), 1);
     assert_eq!(
-        metric(host, "rc", "in_flight"),
+        w.metric("rc", "in_flight"),
         0,
         "the gone stream's slot went back"
     );
@@ -495,7 +528,7 @@ fn dry_run_decides_counts_and_stays_invisible_by_default() {
     // 1 admitted, 1 would queue (100 ms), 2 would be rejected (200, 300 ms > 150 ms):
     // the counters add up to the requests.
     assert_eq!(
-        stats(host, "d"),
+        w.stats("d"),
         s(&[("admitted", 1), ("would_queue", 1), ("would_reject", 2)])
     );
     for id in 10..14 {
@@ -544,12 +577,12 @@ fn dry_run_at_the_gate_goes_at_once_but_keeps_in_flight_true() {
     assert_eq!(w.request(10, &[]), Flow::Continue);
     assert_eq!(w.request(11, &[]), Flow::Continue);
     assert_eq!(
-        stats(host, "c"),
+        w.stats("c"),
         s(&[("admitted", 1), ("would_queue", 1), ("in_flight", 2)])
     );
     w.respond(10, true);
     w.respond(11, true);
-    assert_eq!(metric(host, "c", "in_flight"), 0);
+    assert_eq!(w.metric("c", "in_flight"), 0);
 }
 
 #[test]
@@ -560,7 +593,7 @@ fn a_busy_worker_state_never_strands_a_request() {
     w.request(10, &[]);
     // Something holds the worker state (cannot happen in one thread): a
     // request that would be held is rejected instead of paused unrecorded.
-    let worker = w.root.worker();
+    let worker = w.root.local();
     let guard = worker.borrow_mut();
     assert_eq!(w.request(11, &[]), Flow::Pause);
     drop(guard);
@@ -570,16 +603,16 @@ fn a_busy_worker_state_never_strands_a_request() {
         .logs
         .iter()
         .any(|(_, m)| m.contains("worker state busy")));
-    assert_eq!(stats(host, "r"), s(&[("admitted", 1), ("rejected", 1)]));
+    assert_eq!(w.stats("r"), s(&[("admitted", 1), ("rejected", 1)]));
 
     // A gate cannot record a slot without the worker state: rejected, counted as contention.
     let host = Fake::new();
     let mut w = Worker::new(host, 1, GATE);
-    let worker = w.root.worker();
+    let worker = w.root.local();
     let guard = worker.borrow_mut();
     assert_eq!(w.request(10, &[]), Flow::Pause);
     drop(guard);
-    assert_eq!(stats(host, "c"), s(&[("rejected", 1), ("contention", 1)]));
+    assert_eq!(w.stats("c"), s(&[("rejected", 1), ("contention", 1)]));
 }
 
 #[test]
@@ -590,7 +623,7 @@ fn broken_shared_data_fails_closed() {
     host.state().shared_broken = true;
     assert_eq!(w.request(10, &[]), Flow::Pause);
     assert_eq!(reply(host, 10).map(|r| r.status), Some(429));
-    assert_eq!(stats(host, "r"), s(&[("rejected", 1), ("contention", 1)]));
+    assert_eq!(w.stats("r"), s(&[("rejected", 1), ("contention", 1)]));
 }
 
 #[test]
@@ -626,7 +659,7 @@ fn requests_matching_no_rule_pass_untouched_and_read_no_clock() {
         Flow::Pause,
         "same rule, second request"
     );
-    assert_eq!(stats(host, "admin"), s(&[("admitted", 1), ("rejected", 1)]));
+    assert_eq!(w.stats("admin"), s(&[("admitted", 1), ("rejected", 1)]));
 }
 
 #[test]
