@@ -23,6 +23,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "throttle.wasm"
 VENV_BIN = ROOT / ".venv" / "bin"
+# The longest the throttle keeps counter changes before handing them to Envoy:
+# its flush tick (100 ms) plus two ticks of Envoy's ~4 ms timer resolution, rounded up.
+FLUSH_S = 0.12
 
 
 def go_bin(name: str) -> str:
@@ -238,8 +241,18 @@ class Envoy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def stats(self, prefix: str = "wasmcustom.throttle.") -> dict[str, int]:
-        """Counters and gauges whose name starts with `prefix` (histograms skipped)."""
+    def stats(self, prefix: str = "wasmcustom.throttle.", settle: bool = True) -> dict[str, int]:
+        """Counters and gauges whose name starts with `prefix` (histograms skipped).
+
+        The throttle hands its counters to Envoy at most FLUSH_S after they
+        change (batched per worker, filters/throttle/wasm/src/local.rs): with
+        `settle`, the read waits out that bound, so it includes every request
+        finished before the call."""
+        if settle:
+            time.sleep(FLUSH_S)
+        return self._read_stats(prefix)
+
+    def _read_stats(self, prefix: str) -> dict[str, int]:
         _, _, body = http_get(f"http://127.0.0.1:{self.admin_port}/stats?filter=^{re.escape(prefix)}")
         out: dict[str, int] = {}
         for line in body.decode().splitlines():
@@ -248,10 +261,10 @@ class Envoy:
                 out[name[len(prefix):]] = int(value)
         return out
 
-    def rule_stats(self, rule: str = "default") -> dict[str, int]:
-        """The throttle's counters and gauge of one rule: admitted, queued, ..."""
+    def rule_stats(self, rule: str = "default", settle: bool = True) -> dict[str, int]:
+        """The throttle's counters and gauges of one rule: admitted, queued, ..."""
         p = f"rule.{rule}."
-        return {k[len(p):]: v for k, v in self.stats().items() if k.startswith(p)}
+        return {k[len(p):]: v for k, v in self.stats(settle=settle).items() if k.startswith(p)}
 
     def prometheus(self) -> str:
         return http_get(f"http://127.0.0.1:{self.admin_port}/stats/prometheus")[2].decode()

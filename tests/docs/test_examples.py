@@ -82,3 +82,4 @@ def test_the_checker_refuses_a_bad_config(checker):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert r.stdout.strip() == 'rules[0].rate: expected "<n>/s", "<n>/m", "<n>/h" or a number per second, got "fast"'
+

@@ -76,3 +76,71 @@ def pipelined(port: int, requests: list[bytes], batch: int = 200, timeout: float
                 f.read(length)
                 counts[status] = counts.get(status, 0) + 1
     return counts
+
+
+@dataclass
+class H2Reply:
+    status: int = 0
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    trailers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+    error: str | None = None
+
+    def all(self, name: str) -> list[str]:
+        """Every value of a header or trailer (to see duplicates)."""
+        return [v for k, v in self.headers + self.trailers if k == name]
+
+
+def h2c_requests(port: int, requests: list[list[tuple[str, str]]], body: bytes = b"",
+                 timeout: float = 10.0) -> list[H2Reply]:
+    """Concurrent streams on one h2c connection (prior knowledge), each with
+    these headers and body; returns each answer's header and trailer lists."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    replies: dict[int, H2Reply] = {}
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        for headers in requests:
+            sid = conn.get_next_available_stream_id()
+            replies[sid] = H2Reply()
+            conn.send_headers(sid, headers, end_stream=not body)
+            if body:
+                conn.send_data(sid, body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        open_streams = set(replies)
+        deadline = time.monotonic() + timeout
+        while open_streams and time.monotonic() < deadline:
+            data = sock.recv(65536)
+            if not data:
+                break
+            for ev in conn.receive_data(data):
+                r = replies.get(getattr(ev, "stream_id", -1))
+                if r is None:
+                    continue
+                if isinstance(ev, h2.events.ResponseReceived):
+                    r.headers = [(str(k), str(v)) for k, v in ev.headers]
+                    r.status = int(dict(r.headers)[":status"])
+                elif isinstance(ev, h2.events.TrailersReceived):
+                    r.trailers = [(str(k), str(v)) for k, v in ev.headers]
+                elif isinstance(ev, h2.events.DataReceived):
+                    r.body += ev.data
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    if isinstance(ev, h2.events.StreamReset):
+                        r.error = f"reset {ev.error_code!r}"
+                    open_streams.discard(ev.stream_id)
+            if pending := conn.data_to_send():
+                sock.sendall(pending)
+    return [replies[s] for s in sorted(replies)]
+
+
+def grpc_headers(port: int, path: str = "/pkg.Service/Method") -> list[tuple[str, str]]:
+    """Request headers of a unary gRPC call."""
+    return [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"),
+            ("content-type", "application/grpc"), ("te", "trailers")]
+
+
+GRPC_EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"
