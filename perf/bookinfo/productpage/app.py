@@ -10,7 +10,8 @@ perf/bookinfo/README.md for what is and is not reproduced. One page calls `detai
 Routes: /productpage (HTML), /api/v1/products, /api/v1/products/<id>,
 /api/v1/products/<id>/reviews, /api/v1/products/<id>/ratings, and
 /api/v1/products/<id>/page (JSON: product, details and reviews: the whole fan-out, the lab's load
-target), /health, /internal/requests (request counters for the lab's hop check).
+target), /health, /internal/requests (request counters for the lab's hop check), /internal/reset (drops
+the pooled connections: the lab calls it when it changes the traffic capture).
 Downstream addresses: DETAILS_HOSTNAME/DETAILS_SERVICE_PORT, REVIEWS_HOSTNAME/REVIEWS_SERVICE_PORT,
 RATINGS_HOSTNAME/RATINGS_SERVICE_PORT (default <name>:9080).
 """
@@ -53,6 +54,10 @@ class Downstreams:
         self.urls = {name: _service(name) for name in ("details", "reviews", "ratings")}
         self.http = urllib3.PoolManager(maxsize=pool_size, retries=urllib3.Retry(total=1, read=0, redirect=0),
                                         timeout=urllib3.Timeout(connect=2.0, read=timeout_s))
+
+    def reset(self) -> None:
+        """Closes every pooled connection (the lab does this when a node's traffic capture changed)."""
+        self.http.clear()
 
     def get(self, service: str, path: str) -> tuple[int, dict | None]:
         """(status, JSON body) of GET <service><path>; (0, None) when the service cannot be reached."""
@@ -113,6 +118,9 @@ class ProductPage:
             return _json(start_response, 200, {"status": "Product page is healthy"})
         if path == "/internal/requests":
             return _json(start_response, 200, self.counters.snapshot())
+        if path == "/internal/reset":
+            self.down.reset()
+            return _json(start_response, 200, {"reset": True})
         self.counters.count(environ)
         if environ.get("REQUEST_METHOD") != "GET":
             return _json(start_response, 405, {"error": "method not allowed"})

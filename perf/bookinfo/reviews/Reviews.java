@@ -1,22 +1,24 @@
 // reviews: book reviews as JSON, each with the star rating fetched from the ratings service, on the
 // JDK's own HTTP server (com.sun.net.httpserver), port 9080. Written for this project in the shape of
 // Bookinfo's reviews service (v2: calls ratings, black stars); see perf/bookinfo/README.md.
+// Calls to ratings go over a small pool of kept-alive HTTP/1.1 connections (class Pool).
 //
-//   java -cp build/bookinfo/reviews Reviews [port]    GET /reviews/<id>, GET /health, GET /internal/requests
+//   java -cp build/bookinfo/reviews Reviews [port]    GET /reviews/<id>, GET /health, GET /internal/{requests,reset}
 //   RATINGS_HOSTNAME / RATINGS_SERVICE_PORT   where ratings is (default ratings:9080)
 //   ENABLE_RATINGS (default true), STAR_COLOR (default black), REVIEWS_THREADS (default 32)
 import com.sun.net.httpserver.HttpExchange;
 import com.sun.net.httpserver.HttpServer;
 
+import java.io.BufferedInputStream;
+import java.io.ByteArrayOutputStream;
+import java.io.EOFException;
 import java.io.IOException;
+import java.io.InputStream;
 import java.io.OutputStream;
 import java.net.InetSocketAddress;
-import java.net.URI;
-import java.net.http.HttpClient;
-import java.net.http.HttpRequest;
-import java.net.http.HttpResponse;
+import java.net.Socket;
 import java.nio.charset.StandardCharsets;
-import java.time.Duration;
+import java.util.ArrayDeque;
 import java.util.concurrent.Executors;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.regex.Matcher;
@@ -31,20 +33,24 @@ public final class Reviews {
     private static final String TEXT1 = "An extremely entertaining play by Shakespeare. The slapstick humour is refreshing!";
     private static final String TEXT2 = "Absolutely fun and entertaining. The play lacks thematic depth when compared to other plays by Shakespeare.";
 
-    private final HttpClient client;
-    private final String ratingsBase;
+    private final Pool pool;
+    private final String ratingsPath;
     private final boolean ratingsEnabled;
     private final String color;
 
     private Reviews() {
         String host = env("RATINGS_HOSTNAME", "ratings");
         String port = env("RATINGS_SERVICE_PORT", "9080");
-        ratingsBase = "http://" + host + ":" + port + "/ratings/";
+        pool = new Pool(host, Integer.parseInt(port));
+        ratingsPath = "/ratings/";
         ratingsEnabled = Boolean.parseBoolean(env("ENABLE_RATINGS", "true"));
         color = env("STAR_COLOR", "black");
-        // One pooled HTTP/1.1 client for all calls to ratings (kept-alive connections are reused).
-        client = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
-                .connectTimeout(Duration.ofSeconds(2)).build();
+    }
+
+    /** A GET on ratings, over a pooled keep-alive connection of {@link Pool}, in the calling thread.
+     * Returns the body, or null on a non-200 status. */
+    private String fetchRatings(String id) throws IOException {
+        return pool.get(ratingsPath + id);
     }
 
     private static String env(String name, String dflt) {
@@ -70,13 +76,11 @@ public final class Reviews {
         String error = null;
         if (ratingsEnabled) {
             try {
-                HttpRequest req = HttpRequest.newBuilder(URI.create(ratingsBase + id))
-                        .timeout(Duration.ofSeconds(10)).GET().build();
-                HttpResponse<String> r = client.send(req, HttpResponse.BodyHandlers.ofString());
-                if (r.statusCode() != 200) {
+                String body = fetchRatings(id);
+                if (body == null) {
                     error = "Ratings service is currently unavailable";
                 } else {
-                    Matcher m = STARS.matcher(r.body());
+                    Matcher m = STARS.matcher(body);
                     while (m.find()) {
                         if (m.group(1).equals("Reviewer1")) {
                             s1 = Integer.parseInt(m.group(2));
@@ -85,7 +89,7 @@ public final class Reviews {
                         }
                     }
                 }
-            } catch (IOException | InterruptedException e) {
+            } catch (IOException e) {
                 error = "Ratings service is currently unavailable";
             }
         }
@@ -117,6 +121,13 @@ public final class Reviews {
         String path = ex.getRequestURI().getPath();
         if (path.equals("/health")) {
             send(ex, 200, "{\"status\":\"Reviews is healthy\"}");
+            return;
+        }
+        if (path.equals("/internal/reset")) {
+            // The lab's switch between topologies: no connection made before the node's traffic
+            // capture changed may be reused.
+            pool.reset();
+            send(ex, 200, "{\"reset\":true}");
             return;
         }
         if (path.equals("/internal/requests")) {
@@ -155,5 +166,133 @@ public final class Reviews {
         server.setExecutor(Executors.newFixedThreadPool(threads));
         Runtime.getRuntime().addShutdownHook(new Thread(() -> server.stop(0)));
         server.start();
+    }
+
+    /** A small HTTP/1.1 client with a pool of kept-alive connections to one address: a call takes an
+     * idle connection (or opens one), sends a GET, reads the response (Content-Length or chunked),
+     * and gives the connection back unless the server said `Connection: close`. A call on a pooled
+     * connection that the server closed meanwhile is retried once on a new connection. */
+    static final class Pool {
+        private final String host;
+        private final int port;
+        private final ArrayDeque<Conn> idle = new ArrayDeque<>();
+
+        Pool(String host, int port) {
+            this.host = host;
+            this.port = port;
+        }
+
+        private static final class Conn {
+            final Socket socket;
+            final BufferedInputStream in;
+            final OutputStream out;
+
+            Conn(Socket s) throws IOException {
+                socket = s;
+                in = new BufferedInputStream(s.getInputStream(), 8192);
+                out = s.getOutputStream();
+            }
+        }
+
+        synchronized void reset() {
+            for (Conn c : idle) {
+                try {
+                    c.socket.close();
+                } catch (IOException ignored) {
+                    // closing anyway
+                }
+            }
+            idle.clear();
+        }
+
+        private synchronized Conn take() {
+            return idle.pollFirst();
+        }
+
+        private synchronized void give(Conn c) {
+            idle.addFirst(c);
+        }
+
+        private Conn open() throws IOException {
+            Socket s = new Socket();
+            s.setTcpNoDelay(true);
+            s.connect(new InetSocketAddress(host, port), 2000);
+            s.setSoTimeout(10000);
+            return new Conn(s);
+        }
+
+        String get(String path) throws IOException {
+            Conn c = take();
+            if (c != null) {
+                try {
+                    return exchange(c, path);
+                } catch (IOException stale) {
+                    c.socket.close();
+                }
+            }
+            return exchange(open(), path);
+        }
+
+        private String exchange(Conn c, String path) throws IOException {
+            String req = "GET " + path + " HTTP/1.1\r\nHost: " + host + ":" + port
+                    + "\r\nAccept: application/json\r\n\r\n";
+            c.out.write(req.getBytes(StandardCharsets.US_ASCII));
+            c.out.flush();
+            String status = line(c.in);
+            int code = Integer.parseInt(status.split(" ")[1]);
+            long length = -1;
+            boolean chunked = false;
+            boolean close = status.startsWith("HTTP/1.0");
+            for (String h = line(c.in); !h.isEmpty(); h = line(c.in)) {
+                String k = h.substring(0, Math.max(0, h.indexOf(':'))).trim().toLowerCase();
+                String v = h.substring(h.indexOf(':') + 1).trim().toLowerCase();
+                if (k.equals("content-length")) {
+                    length = Long.parseLong(v);
+                } else if (k.equals("transfer-encoding") && v.contains("chunked")) {
+                    chunked = true;
+                } else if (k.equals("connection")) {
+                    close = v.contains("close");
+                }
+            }
+            ByteArrayOutputStream body = new ByteArrayOutputStream(256);
+            if (chunked) {
+                for (long n = Long.parseLong(line(c.in).split(";")[0].trim(), 16); n > 0;
+                     n = Long.parseLong(line(c.in).split(";")[0].trim(), 16)) {
+                    body.write(c.in.readNBytes((int) n));
+                    line(c.in);
+                }
+                while (!line(c.in).isEmpty()) {
+                    // trailers
+                }
+            } else if (length >= 0) {
+                byte[] b = c.in.readNBytes((int) length);
+                if (b.length < length) {
+                    throw new EOFException("short body");
+                }
+                body.write(b);
+            } else {
+                body.write(c.in.readAllBytes());
+                close = true;
+            }
+            if (close) {
+                c.socket.close();
+            } else {
+                give(c);
+            }
+            return code == 200 ? body.toString(StandardCharsets.UTF_8) : null;
+        }
+
+        private static String line(InputStream in) throws IOException {
+            StringBuilder b = new StringBuilder(64);
+            for (int ch = in.read(); ch != '\n'; ch = in.read()) {
+                if (ch < 0) {
+                    throw new EOFException("connection closed");
+                }
+                if (ch != '\r') {
+                    b.append((char) ch);
+                }
+            }
+            return b.toString();
+        }
     }
 }
