@@ -51,16 +51,18 @@ def _tool(name: str, hint: str) -> str:
     return path
 
 
-def commands(addrs: dict[str, str], port: int = PORT, bind: str = "0.0.0.0",
-             productpage_threads: int = 32) -> dict[str, Command]:
+def commands(addrs: dict[str, str], port: int = PORT, bind: str = "0.0.0.0", productpage_threads: int = 32,
+             ports: dict[str, int] | None = None) -> dict[str, Command]:
     """The four services, each listening on `bind`:`port`, calling the others at `addrs[name]`:`port`
-    (downstream addresses from environment variables, as Bookinfo's services take them)."""
+    (downstream addresses from environment variables, as Bookinfo's services take them). `ports`
+    gives each service a port of its own instead (tests on one loopback address)."""
+    port_of = {n: (ports or {}).get(n, port) for n in SERVICES}
 
     def down(*names: str) -> dict[str, str]:
         env = {}
         for n in names:
             env[f"{n.upper()}_HOSTNAME"] = addrs[n]
-            env[f"{n.upper()}_SERVICE_PORT"] = str(port)
+            env[f"{n.upper()}_SERVICE_PORT"] = str(port_of[n])
         return env
 
     gunicorn = ROOT / ".venv" / "bin" / "gunicorn"
@@ -69,17 +71,17 @@ def commands(addrs: dict[str, str], port: int = PORT, bind: str = "0.0.0.0",
     return {
         "productpage": Command(
             [str(gunicorn), "--worker-class", "gthread", "--workers", "1", "--threads", str(productpage_threads),
-             "--keep-alive", "60", "--backlog", "2048", "--bind", f"{bind}:{port}", "--chdir", str(ROOT),
+             "--keep-alive", "60", "--backlog", "2048", "--bind", f"{bind}:{port_of['productpage']}", "--chdir", str(ROOT),
              "--log-level", "warning", "perf.bookinfo.productpage.app:application"],
             {**down("details", "reviews", "ratings"), "PRODUCTPAGE_POOL": str(productpage_threads)}),
         "details": Command([_tool("ruby", "apt-get install ruby ruby-webrick"), str(HERE / "details" / "details.rb"),
-                            str(port)], {"DETAILS_TCP_NODELAY": "1"}),
+                            str(port_of["details"])], {"DETAILS_TCP_NODELAY": "1"}),
         # sun.net.httpserver.nodelay: without it the JDK server writes headers and body in two
         # segments with Nagle on, and a keep-alive client waits ~40 ms for the delayed ACK.
         "reviews": Command([_tool("java", "install a JDK 17"), "-Dsun.net.httpserver.nodelay=true", "-Xss512k",
                             "-XX:+UseSerialGC",
-                            "-cp", str(REVIEWS_CLASSES), "Reviews", str(port)],
+                            "-cp", str(REVIEWS_CLASSES), "Reviews", str(port_of["reviews"])],
                            {**down("ratings"), "ENABLE_RATINGS": "true", "STAR_COLOR": "black",
                             "HOSTNAME": "reviews"}),
-        "ratings": Command([_tool("node", "install Node.js 20"), str(HERE / "ratings" / "ratings.js"), str(port)], {}),
+        "ratings": Command([_tool("node", "install Node.js 20"), str(HERE / "ratings" / "ratings.js"), str(port_of["ratings"])], {}),
     }

@@ -260,7 +260,9 @@ def _header(meta: dict) -> list[str]:
           "the Envoy node proxy (measured by hand). Ambient RSS is therefore also given with every node proxy "
           f"counted at {study_data.ZTUNNEL_RSS_MB:.0f} MB (an estimate)",
           f"- mode {meta['mode']}: {meta['duration_s']} s per measured run after {meta['warmup_s']} s of unrecorded "
-          f"warm-up; the services and proxies are restarted for every run; whole run took {meta['elapsed_s']} s",
+          f"warm-up at the case's load; the proxies are restarted for every run; the services run for the whole lab "
+          "(after 10 s of full-speed load without a mesh at start, 3 s in CI, so the JVM's JIT is warm) and drop "
+          f"their pooled connections whenever the topology changes; whole run took {meta['elapsed_s']} s",
           "- throttle: the wasm filter of envoy/demo.yaml, one rule, rate below (0.5x, burst 0) or above (2x, burst = "
           "connections, since Fortio's connections fire in step) the offered load, max_queue_delay 1s; in the "
           "loaded service's sidecar inbound HCM, or in the HCM of the loaded service's waypoint",
@@ -275,9 +277,12 @@ def _header(meta: dict) -> list[str]:
         md += ["## Saturation point and scale", ""]
         if sc.get("saturation"):
             md += [f"productpage (whole fan-out) at full speed (`-qps 0`), {sc['conns']} connections, "
-                   f"{sc['saturation'][0]['duration_s']} s per topology:", "",
-                   "| topology | qps | p50 (ms) | p99 (ms) | errors |", "|---|---|---|---|---|"]
-            md += [f"| {s['label']} | {s['qps']:.1f} | {s['p50']:.2f} | {s['p99']:.2f} | {s['errors']} |"
+                   f"{sc['saturation'][0]['duration_s']} s per topology and pass, passes interleaved; other work on "
+                   "the machine only lowers a pass, so a topology's capacity is its best pass:", "",
+                   "| topology | capacity (qps, best pass) | p50 (ms) | p99 (ms) | errors | every pass: qps (load average) |",
+                   "|---|---|---|---|---|---|"]
+            md += [f"| {s['label']} | {s['qps']:.1f} | {s['p50']:.2f} | {s['p99']:.2f} | {s['errors']} | "
+                   + ", ".join(f"{p['qps']:.1f} ({p['load_1m']})" for p in s.get("passes", [])) + " |"
                    for s in sc["saturation"]]
             md += [""]
         md += [f"Scale factor **x{sc['factor']:g}** ({sc['how']}): the study's 1000 RPS / 100 connections becomes "
