@@ -39,10 +39,10 @@ def check_available() -> None:
     """Raises LabUnavailable with a clear reason when the lab cannot run here."""
     if shutil.which("ip") is None:
         raise LabUnavailable("`ip` (iproute2) not found: install iproute2")
-    if shutil.which("iptables") is None:
-        raise LabUnavailable("`iptables` not found: install iptables (traffic capture, as Istio does)")
     if os.geteuid() != 0:
         raise LabUnavailable("network namespaces need root (run as root or skip the mesh lab)")
+    if shutil.which("iptables") is None:
+        raise LabUnavailable("`iptables` not found: install iptables (traffic capture, as Istio does)")
     probe = f"tml-{os.getpid()}-probe"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode != 0:
