@@ -343,9 +343,10 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
 
 
 def _inline(text: str) -> str:
-    """Escaped text with Markdown's **bold**, `code` and [links](url) as HTML."""
+    """Escaped text with Markdown's **bold**, *italics*, `code` and [links](url) as HTML."""
     t = html.escape(text)
     t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
+    t = re.sub(r"(?<![*\w])\*([^*\s][^*]*?)\*(?![*\w])", r"<i>\1</i>", t)
     t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
     return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', t)
 
