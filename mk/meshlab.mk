@@ -17,3 +17,7 @@ mesh-test: setup setup-meshlab build ## Mesh-lab tests only (configs validate, t
 	$(PY) -m pytest tests/meshlab -v
 
 CI_EXTRA += perf-mesh-short
+
+# tests/meshlab runs inside `make integration` (pytest tests): install the lab's tools first, so
+# that on a fresh machine the app and lab tests run instead of skipping.
+integration: setup-meshlab
