@@ -1,18 +1,19 @@
 # Mesh comparison on one machine (perf/meshlab/README.md): no mesh vs sidecar vs ambient (+ waypoint),
-# with and without the throttle, in network namespaces the lab creates and removes itself.
-# Needs root and `ip netns`; without them the runs print "SKIPPED: <reason>" and succeed.
+# with and without the throttle, on a Bookinfo-shaped application (perf/bookinfo), in network
+# namespaces the lab creates and removes itself. Needs root, `ip netns` and iptables; without them
+# the runs print "SKIPPED: <reason>" and succeed.
 .PHONY: setup-meshlab perf-mesh perf-mesh-short mesh-test
 
-setup-meshlab: ## Mesh lab prerequisites: iproute2, openssl (apt, if root), matplotlib
+setup-meshlab: ## Mesh lab prerequisites: iproute2, iptables, openssl, ruby+webrick, node, JDK (apt, if root); gunicorn, urllib3, matplotlib; compiles reviews
 	@bash tools/setup-meshlab.sh
 
-perf-mesh: setup setup-meshlab build ## Full mesh comparison (root): 4 load cases x 8 topologies, report in perf/meshlab/results/
+perf-mesh: setup setup-meshlab build ## Full mesh comparison (root): saturation, details + scaled productpage cases x 8 topologies x 3 runs
 	$(PY) -m perf.meshlab.run
 
-perf-mesh-short: setup setup-meshlab build ## Short mesh comparison for CI (root; 100 RPS, 5 topologies, sanity checks)
+perf-mesh-short: setup setup-meshlab build ## Short mesh comparison for CI (root; productpage through 6 topologies, per-hop and pacing checks)
 	$(PY) -m perf.meshlab.run --short --check
 
-mesh-test: setup setup-meshlab build ## Tests marked lab: the mesh lab itself (root + ip netns, else skipped with the reason)
+mesh-test: setup setup-meshlab build ## Tests marked lab: the mesh lab and its Bookinfo-shaped app (root + ip netns, else skipped with the reason)
 	$(PYTEST) -m lab -v
 
 CI_EXTRA += mesh-test perf-mesh-short

@@ -1,10 +1,11 @@
 """Envoy configuration templates for the mesh lab, one function per proxy role.
 
 Roles (Istio names in brackets):
-- sidecar_outbound   client-side sidecar: HTTP in, mTLS (HTTP/1.1) out   [outbound listener, 15001]
-- sidecar_inbound    server-side sidecar: mTLS in, optional throttle, app  [virtualInbound, 15006]
-- node_outbound      ambient node proxy, client node: TCP in, HBONE out   [ztunnel outbound capture]
-- node_inbound       ambient node proxy, app node: HBONE in (15008), TCP to the app  [ztunnel inbound]
+- sidecar            a workload's sidecar: captured HTTP in on 15001, mTLS (HTTP/1.1) out to the
+                     callee's sidecar [virtualOutbound]; mTLS in on 15006, optional throttle, app
+                     [virtualInbound]
+- node_proxy         ambient node proxy: captured TCP in on 15001, HBONE out [ztunnel outbound];
+                     HBONE in on 15008, TCP to the app [ztunnel inbound]
 - waypoint           HBONE in (15008) -> internal listener with HCM (+ throttle) -> HBONE out
                      [Istio waypoint: connect_terminate -> main_internal -> connect_originate]
 
@@ -54,16 +55,17 @@ def _tls_certificate(ident: dict) -> dict:
                                   "private_key": {"filename": ident["key"]}}]}
 
 
-def _validation(ident: dict, peer_san: str | None) -> dict:
+def _validation(ident: dict, peer_san: str | list[str] | None) -> dict:
     vc: dict = {"trusted_ca": {"filename": ident["ca"]}}
     if peer_san:
-        vc["match_typed_subject_alt_names"] = [{"san_type": "URI", "matcher": {"exact": peer_san}}]
+        sans = [peer_san] if isinstance(peer_san, str) else peer_san
+        vc["match_typed_subject_alt_names"] = [{"san_type": "URI", "matcher": {"exact": s}} for s in sans]
     else:  # any workload of the trust domain
         vc["match_typed_subject_alt_names"] = [{"san_type": "URI", "matcher": {"prefix": "spiffe://cluster.local/"}}]
     return vc
 
 
-def downstream_tls(ident: dict, alpn: list[str], peer_san: str | None = None) -> dict:
+def downstream_tls(ident: dict, alpn: list[str], peer_san: str | list[str] | None = None) -> dict:
     ctx = _tls_certificate(ident)
     ctx["validation_context"] = _validation(ident, peer_san)
     ctx["alpn_protocols"] = alpn
@@ -150,56 +152,86 @@ def _listener(name: str, host: str, port: int, filters: list[dict], transport_so
     return {"name": name, "address": _addr(host, port), "filter_chains": [chain]}
 
 
-# --- sidecar ------------------------------------------------------------------------------
+# --- sidecar (one Envoy per workload: outbound on 15001, inbound on 15006) ---------------------
 
-def sidecar_outbound(admin: Path, certs: dict, listen_port: int, app_addr: str, inbound_port: int) -> dict:
+SIDECAR_INBOUND_PORT = 15006
+INBOUND_STAT = "inbound_0.0.0.0_9080"
+OUTBOUND_STAT = "outbound_0.0.0.0_9080"
+
+
+def outbound_cluster_name(service: str) -> str:
+    return f"outbound|9080||{service}.default.svc.cluster.local"
+
+
+def sidecar(admin: Path, certs: dict, me: str, addr: str, calls: dict[str, str], callers: tuple[str, ...],
+            throttle: dict | None = None, out_port: int = 15001, app_port: int = 9080) -> dict:
+    """A workload's sidecar, Istio's listeners in small:
+    - outbound (if the workload calls anyone): HCM on 127.0.0.1:`out_port`, where the node's iptables
+      REDIRECT sends the workload's connections; routes by Host (the service's address, as the app
+      dials it) to `outbound|9080||<service>...` = mTLS (ALPN istio-http/1.1) to that workload's
+      sidecar inbound port. `calls` = {service: its address};
+    - inbound (if anyone calls it, `callers`): `virtualInbound` HCM on `addr`:15006, mutual TLS
+      accepting only the callers' SPIFFE identities, the throttle if given, then the app on
+      127.0.0.1:`app_port`."""
     cfg = _base(admin)
-    cluster = "outbound|8080||app.default.svc.cluster.local"
-    cfg["static_resources"]["listeners"].append(
-        _listener("outbound", "127.0.0.1", listen_port, [_hcm("outbound_app_8080", cluster, [])]))
-    cfg["static_resources"]["clusters"].append(
-        _cluster(cluster, app_addr, inbound_port,
-                 upstream_tls(certs["client"], ["istio-http/1.1", "istio"], certs["app"]["san"],
-                              "outbound_.8080_._.app.default.svc.cluster.local")))
-    return cfg
-
-
-def sidecar_inbound(admin: Path, certs: dict, addr: str, port: int, app_port: int,
-                    throttle: dict | None = None) -> dict:
-    cfg = _base(admin)
-    filters = [throttle_http_filter(throttle)] if throttle else []
-    cfg["static_resources"]["listeners"].append(
-        _listener("virtualInbound", addr, port, [_hcm("inbound_0.0.0.0_8080", "inbound|8080||", filters)],
-                  downstream_tls(certs["app"], ["istio-http/1.1", "istio"], certs["client"]["san"])))
-    cfg["static_resources"]["clusters"].append(_cluster("inbound|8080||", "127.0.0.1", app_port))
+    ls, cs = cfg["static_resources"]["listeners"], cfg["static_resources"]["clusters"]
+    if calls:
+        vhosts = [{"name": f"{svc}.default.svc.cluster.local:9080",
+                   "domains": [f"{a}:{app_port}", a, f"{svc}:{app_port}", svc],
+                   "routes": [{"match": {"prefix": "/"}, "route": {"cluster": outbound_cluster_name(svc),
+                                                                   "timeout": "15s"}}]}
+                  for svc, a in calls.items()]
+        hcm = _hcm(OUTBOUND_STAT, "", [])
+        hcm["typed_config"]["route_config"] = {"name": "9080", "virtual_hosts": vhosts}
+        ls.append(_listener("virtualOutbound", "127.0.0.1", out_port, [hcm]))
+        for svc, a in calls.items():
+            cs.append(_cluster(outbound_cluster_name(svc), a, SIDECAR_INBOUND_PORT,
+                               upstream_tls(certs[me], ["istio-http/1.1", "istio"], certs[svc]["san"],
+                                            f"outbound_.9080_._.{svc}.default.svc.cluster.local")))
+    if callers:
+        filters = [throttle_http_filter(throttle)] if throttle else []
+        tls = downstream_tls(certs[me], ["istio-http/1.1", "istio"], [certs[c]["san"] for c in callers])
+        ls.append(_listener("virtualInbound", addr, SIDECAR_INBOUND_PORT,
+                            [_hcm(INBOUND_STAT, "inbound|9080||", filters)], tls))
+        cs.append(_cluster("inbound|9080||", "127.0.0.1", app_port))
     return cfg
 
 
 # --- ambient: node proxies (Envoy speaking HBONE, standing in for ztunnel) -----------------
 
-def node_outbound(admin: Path, certs: dict, listen_port: int, hbone_addr: str, hbone_san: str,
-                  authority: str) -> dict:
-    """Client node: every TCP connection of the client becomes a CONNECT stream to `hbone_addr`:15008
-    (the destination's node proxy, or a waypoint), pooled over HTTP/2 connections, as ztunnel does."""
+ORIGINAL_DST = {"name": "envoy.filters.listener.original_dst", "typed_config": {
+    "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"}}
+
+
+def node_proxy(admin: Path, certs: dict, me: str, addr: str, routes: dict[str, tuple[str, str, str]],
+               inbound: bool, out_port: int = 15001, app_port: int = 9080) -> dict:
+    """A node's proxy in ambient mode (ztunnel's two halves):
+    - outbound capture on 127.0.0.1:`out_port`: the iptables REDIRECT sends the workload's connections
+      here; `original_dst` recovers where each was going, and a filter chain per destination turns it
+      into one HTTP/2 CONNECT stream (HBONE, mTLS on 15008) to that workload's node proxy, or to its
+      waypoint. `routes` = {service: (service address, HBONE peer address, HBONE peer SAN)};
+    - inbound (`inbound`): terminates HBONE on `addr`:15008 and connects each tunnel to the app on
+      127.0.0.1:`app_port`."""
     cfg = _base(admin)
-    cfg["static_resources"]["listeners"].append(
-        _listener("outbound_capture", "127.0.0.1", listen_port, [_tcp_tunnel("outbound_hbone", "hbone_out", authority)]))
-    cfg["static_resources"]["clusters"].append(
-        _cluster("hbone_out", hbone_addr, HBONE_PORT, upstream_tls(certs["client"], ["h2"], hbone_san, "hbone"), h2=True))
+    ls, cs = cfg["static_resources"]["listeners"], cfg["static_resources"]["clusters"]
+    if routes:
+        chains = []
+        for svc, (svc_addr, peer_addr, peer_san) in routes.items():
+            chains.append({"filter_chain_match": {"prefix_ranges": [{"address_prefix": svc_addr, "prefix_len": 32}],
+                                                  "destination_port": app_port},
+                           "filters": [_tcp_tunnel(f"outbound_{svc}", f"hbone_{svc}", f"{svc_addr}:{app_port}")]})
+            cs.append(_cluster(f"hbone_{svc}", peer_addr, HBONE_PORT,
+                               upstream_tls(certs[me], ["h2"], peer_san, "hbone"), h2=True))
+        ls.append({"name": "outbound_capture", "address": _addr("127.0.0.1", out_port),
+                   "listener_filters": [copy.deepcopy(ORIGINAL_DST)], "filter_chains": chains})
+    if inbound:
+        ls.append(_listener("inbound_hbone", addr, HBONE_PORT, [_connect_terminate_hcm("inbound_hbone", "inbound_app")],
+                            downstream_tls(certs[me], ["h2"])))
+        cs.append(_cluster("inbound_app", "127.0.0.1", app_port))
     return cfg
 
 
-def node_inbound(admin: Path, certs: dict, addr: str, app_port: int) -> dict:
-    """App node: terminates HBONE on :15008 and connects each tunnel to the app over plain TCP."""
-    cfg = _base(admin)
-    cfg["static_resources"]["listeners"].append(
-        _listener("inbound_hbone", addr, HBONE_PORT, [_connect_terminate_hcm("inbound_hbone", "inbound_app")],
-                  downstream_tls(certs["app"], ["h2"])))
-    cfg["static_resources"]["clusters"].append(_cluster("inbound_app", "127.0.0.1", app_port))
-    return cfg
-
-
-def waypoint(admin: Path, certs: dict, addr: str, dest_node_addr: str, authority: str,
+def waypoint(admin: Path, certs: dict, addr: str, dest_node_addr: str, dest_san: str, authority: str,
              throttle: dict | None = None) -> dict:
     """Waypoint: HBONE in -> internal listener `main_internal` running the HTTP filters (the
     throttle) -> internal listener `connect_originate` -> HBONE to the destination node proxy."""
@@ -219,5 +251,5 @@ def waypoint(admin: Path, certs: dict, addr: str, dest_node_addr: str, authority
     cs.append(_internal_cluster("main_internal", "main_internal"))
     cs.append(_internal_cluster("connect_originate", "connect_originate"))
     cs.append(_cluster("hbone_dest", dest_node_addr, HBONE_PORT,
-                       upstream_tls(certs["waypoint"], ["h2"], certs["app"]["san"], "hbone"), h2=True))
+                       upstream_tls(certs["waypoint"], ["h2"], dest_san, "hbone"), h2=True))
     return cfg

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import http.client
+import json
 import os
 import shutil
 import socket
@@ -19,11 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import procstats
 from harness.procs import stop, wait_until
 
 SUBNET = "10.254.7"  # /24, only inside the lab's namespaces
-NODE_ADDRS = {"client": f"{SUBNET}.1", "app": f"{SUBNET}.2", "waypoint": f"{SUBNET}.3"}
+# One node per workload, as with one pod per node and anti-affinity; the waypoint has its own node.
+NODE_ADDRS = {"client": f"{SUBNET}.1", "productpage": f"{SUBNET}.2", "details": f"{SUBNET}.3",
+              "reviews": f"{SUBNET}.4", "ratings": f"{SUBNET}.5", "waypoint": f"{SUBNET}.6"}
+ALL_NODES = tuple(NODE_ADDRS)
+CAPTURE_PORT = 9080   # the services' port: outbound connections to it are captured
+OUTBOUND_PORT = 15001  # where a node's proxy takes captured outbound connections
 
 
 class LabUnavailable(RuntimeError):
@@ -36,6 +41,8 @@ def check_available() -> None:
         raise LabUnavailable("`ip` (iproute2) not found: install iproute2")
     if os.geteuid() != 0:
         raise LabUnavailable("network namespaces need root (run as root or skip the mesh lab)")
+    if shutil.which("iptables") is None:
+        raise LabUnavailable("`iptables` not found: install iptables (traffic capture, as Istio does)")
     probe = f"tml-{os.getpid()}-probe"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode != 0:
@@ -66,6 +73,24 @@ class Node:
         return subprocess.run(["ip", "netns", "exec", self.ns, *cmd], capture_output=True, text=True, errors="replace",
                               timeout=timeout)
 
+    def capture(self, to_port: int = OUTBOUND_PORT) -> None:
+        """Redirects this node's outbound TCP connections to any lab address on the services' port to
+        its local proxy on `to_port`, with an iptables REDIRECT in the node's own namespace (nat
+        OUTPUT), as Istio's sidecar and ambient in-pod capture do. The proxy's own connections go to
+        other ports (15006, 15008) or to 127.0.0.1, so they are not captured again."""
+        r = self.run(["iptables", "-w", "5", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", f"{SUBNET}.0/24",
+                      "--dport", str(CAPTURE_PORT), "-j", "REDIRECT", "--to-ports", str(to_port)], timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"iptables REDIRECT in {self.ns}: {r.stderr.strip()}")
+
+    def uncapture(self) -> None:
+        """Removes this node's capture rules (only the nat OUTPUT chain of the lab's own namespace)."""
+        self.run(["iptables", "-w", "5", "-t", "nat", "-F", "OUTPUT"], timeout=30)
+
+    def captured(self) -> bool:
+        r = self.run(["iptables", "-w", "5", "-t", "nat", "-S", "OUTPUT"], timeout=30)
+        return "REDIRECT" in r.stdout
+
     def can_connect(self, host: str, port: int) -> bool:
         r = self.run(["python3", "-c", f"import socket; socket.create_connection(({host!r}, {port}), timeout=0.5)"],
                      timeout=10)
@@ -76,7 +101,9 @@ class Lab:
     """Nodes joined by a bridge in a switch namespace. Use as a context manager;
     teardown also runs at interpreter exit if the `with` block is skipped."""
 
-    def __init__(self, nodes: tuple[str, ...] = ("client", "app", "waypoint")):
+    def __init__(self, nodes: tuple[str, ...] = ALL_NODES):
+        # The application the tests run in the lab (set by whoever starts it).
+        self.app: BookinfoApp | None = None
         self.prefix = f"tml-{os.getpid()}-"
         self.node_names = nodes
         self.nodes: dict[str, Node] = {}
@@ -139,17 +166,22 @@ class Lab:
         return [line.split()[0] for line in out.splitlines() if line.startswith(self.prefix)]
 
 
-# --- processes: per-process CPU and memory (harness/procstats.py) -------------------------
+# --- processes: per-process CPU and memory from /proc -------------------------------------
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process (all its threads)."""
-    return procstats.cpu_seconds(pid)
+    """utime + stime of one process (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def rss_mb(pid: int) -> float:
-    """Resident set size of one process, MiB."""
-    return procstats.rss_kib(pid) / 1024
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 # --- Envoy admin over a Unix socket (reachable from the host whatever the namespace) -----
@@ -195,7 +227,14 @@ class NodeEnvoy:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> NodeEnvoy:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> NodeEnvoy:
+        """Starts the process without waiting (several proxies start side by side, then wait_ready)."""
         self.proc = self.node.popen(self.cmd, self.log_path)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> NodeEnvoy:
         try:
             wait_until(self._ready, timeout, f"envoy {self.name} ready")
         except TimeoutError:
@@ -236,23 +275,81 @@ class NodeEnvoy:
         return self.proc.pid
 
 
-class AppServer:
-    """The app: `fortio server` on the app node, all addresses, port 8080."""
+class BookinfoApp:
+    """The Bookinfo-shaped application (perf/bookinfo): each service on its own node, port 9080,
+    calling the others at their node addresses. Long-running, as a deployment is: between
+    topologies `reset_pools` makes the callers drop their pooled connections, so that none made
+    before the capture changed is reused."""
 
-    PORT = 8080
+    PORT = CAPTURE_PORT
 
-    def __init__(self, node: Node, fortio: str):
-        self.node = node
-        self.cmd = [fortio, "server", "-http-port", f"0.0.0.0:{self.PORT}", "-grpc-port", "disabled",
-                    "-redirect-port", "disabled", "-tcp-port", "disabled", "-udp-port", "disabled",
-                    "-loglevel", "warning"]
-        self.proc: subprocess.Popen | None = None
+    def __init__(self, lab: Lab):
+        from perf.bookinfo import services
 
-    def start(self) -> AppServer:
-        self.proc = self.node.popen(self.cmd, self.node.lab.dir / "app.log")
-        deadline = time.monotonic() + 15
-        while not self.node.can_connect(self.node.addr, self.PORT):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("fortio server did not start: " + (self.node.lab.dir / "app.log").read_text())
-            time.sleep(0.1)
+        self.lab = lab
+        addrs = {name: lab[name].addr for name in services.SERVICES}
+        self.commands = services.commands(addrs, port=self.PORT)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, timeout: float = 60.0) -> BookinfoApp:
+        for name, cmd in self.commands.items():
+            node = self.lab[name]
+            env = {**os.environ, **cmd.env}
+            log = self.lab.dir / f"{name}.log"
+            with open(log, "wb") as f:
+                proc = subprocess.Popen(["ip", "netns", "exec", node.ns, *cmd.argv], stdout=f,
+                                        stderr=subprocess.STDOUT, env=env)
+            self.lab.procs.append(proc)
+            self.procs[name] = proc
+        deadline = time.monotonic() + timeout
+        for name, proc in self.procs.items():
+            while self.get(name, "/health", timeout=1.0) is None:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not start:\n" + (self.lab.dir / f"{name}.log").read_text(
+                        errors="replace")[-3000:])
+                time.sleep(0.1)
         return self
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            stop(proc, timeout=5)
+            if proc in self.lab.procs:
+                self.lab.procs.remove(proc)
+        self.procs.clear()
+
+    def get(self, name: str, path: str, timeout: float = 5.0) -> dict | None:
+        """GET http://127.0.0.1:9080<path> inside the service's own node (never captured: loopback);
+        the JSON body, or None when it does not answer 200."""
+        code = ("import json, sys, urllib.request\n"
+                "try:\n"
+                f"    r = urllib.request.urlopen('http://127.0.0.1:{self.PORT}' + sys.argv[1], timeout={timeout})\n"
+                "    print(r.read().decode())\n"
+                "except Exception as e:\n"
+                "    sys.exit(1)\n")
+        r = self.lab[name].run(["python3", "-c", code, path], timeout=timeout + 10)
+        if r.returncode != 0:
+            return None
+        return json.loads(r.stdout)
+
+    def reset_pools(self) -> None:
+        from perf.bookinfo.services import CALLS
+
+        for name in self.procs:
+            if CALLS[name] and self.get(name, "/internal/reset") is None:
+                raise RuntimeError(f"{name}: /internal/reset did not answer")
+
+    def check_running(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n" + (self.lab.dir / f"{name}.log").read_text(
+                    errors="replace")[-3000:])
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Each service's own request counters: {service: {requests, from_loopback}}."""
+        out = {}
+        for name in self.procs:
+            c = self.get(name, "/internal/requests")
+            if c is None:
+                raise RuntimeError(f"{name}: /internal/requests did not answer")
+            out[name] = c
+        return out

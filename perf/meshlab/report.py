@@ -1,13 +1,16 @@
-"""Markdown + HTML report of a mesh-lab run: the study's tables (harness/study.py), resource
-tables, and matplotlib charts (PNG files, embedded in the HTML)."""
+"""Markdown + HTML report of a mesh-lab run: the study's tables (harness/study.py) and the study's
+published figures beside the lab's (study_data.py), ratios to no mesh, spread, resources, per-hop
+checks, and matplotlib charts (PNG files, embedded in the HTML)."""
 
 from __future__ import annotations
 
 import base64
 import html
 import io
+import re
 import statistics
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -15,10 +18,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from harness.study import table
+from perf.meshlab import study_data, topologies
 
-APP_LABEL = ("fortio server, details-sized payload (like Istio's two-pod benchmarks): "
-             "GET /echo?size=180, a 180-byte body")
+APP_LABEL = ("Bookinfo-shaped application written here (perf/bookinfo): productpage (Python, gunicorn gthread) "
+             "-> details (Ruby WEBrick) and reviews (Java, JDK HttpServer) -> ratings (Node.js); port 9080, "
+             "one node each")
 BASELINE = "no mesh"
+AMB = " (Envoy as HBONE node proxy, not ztunnel)"
+METRICS = study_data.METRICS
+
+
+def ztunnel_rss_estimate(rss: dict[str, float]) -> float:
+    """Proxy RSS with every Envoy node proxy counted at ztunnel's hand-measured RSS instead."""
+    return sum(study_data.ZTUNNEL_RSS_MB if name.startswith("node-") else mb for name, mb in rss.items())
 
 
 def _as_summary(r: dict) -> dict:
@@ -27,34 +39,103 @@ def _as_summary(r: dict) -> dict:
 
 
 def _median_rows(rows: list[dict]) -> list[dict]:
-    """One row per label: the median of every figure over the runs (errors: the sum)."""
+    """One row per label: the median of every figure over the runs (errors: the sum), and the spread."""
     out = []
     for label in dict.fromkeys(r["label"] for r in rows):
         rs = [r for r in rows if r["label"] == label]
         m = dict(rs[0])
-        for k in ("avg", "p50", "p75", "p90", "p99", "p99.9", "achieved_qps", "proxy_cpu_s", "proxy_rss_mb"):
-            m[k] = statistics.median(r[k] for r in rs)
+        for k in ("avg", "p50", "p75", "p90", "p99", "p99.9", "achieved_qps", "proxy_cpu_s", "proxy_rss_mb",
+                  "proxy_rss_mb_ztunnel_est"):
+            m[k] = statistics.median(r.get(k, 0.0) for r in rs)
+            m[f"{k}_min"], m[f"{k}_max"] = min(r.get(k, 0.0) for r in rs), max(r.get(k, 0.0) for r in rs)
         m["errors"] = sum(r["errors"] for r in rs)
         m["runs"] = len(rs)
+        m["hops_ok_runs"] = sum(1 for r in rs if r.get("hops_ok"))
         out.append(m)
     return out
 
 
+def _spread(med: list[dict]) -> str:
+    head = ["configuration", "runs", "avg min-max (ms)", "p50 min-max", "p90 min-max", "p99 min-max", "qps min-max"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in med:
+        lines.append("| " + " | ".join([m["label"], str(m["runs"]), *(
+            f"{m[k + '_min']:.3f}-{m[k + '_max']:.3f}" for k in ("avg", "p50", "p90", "p99")),
+            f"{m['achieved_qps_min']:.1f}-{m['achieved_qps_max']:.1f}"]) + " |")
+    return "\n".join(lines)
+
+
 def _resources(rows: list[dict]) -> str:
     head = ["configuration", "offered qps", "achieved qps", "errors (status: count)", "proxies",
-            "proxy CPU (s)", "proxy CPU per 1k req (ms)", "proxy RSS (MB)", "throttle admitted/queued/rejected"]
+            "proxy CPU (s)", "proxy CPU per 1k req (ms)", "proxy RSS (MB)",
+            "proxy RSS, node proxies as ztunnel (MB, est.)", "throttle admitted/queued/rejected"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         n = max(1, r["requests"])
         codes = ", ".join(f"{k}: {v}" for k, v in sorted(r["codes"].items(), key=lambda kv: str(kv[0])))
         t = r.get("throttle_stats") or {}
         thr = f"{t.get('admitted', 0)}/{t.get('queued', 0)}/{t.get('rejected', 0)}" if t else ""
+        has = bool(r["proxies"])
         lines.append("| " + " | ".join([
             r["label"], str(r["offered_qps"]), f"{r['achieved_qps']:.1f}", f"{r['errors']} ({codes})",
             " + ".join(r["proxies"]) or "none", f"{r['proxy_cpu_s']:.2f}",
-            f"{1000 * 1000 * r['proxy_cpu_s'] / n:.1f}" if r["proxies"] else "",
-            f"{r['proxy_rss_mb']:.1f}" if r["proxies"] else "", thr]) + " |")
+            f"{1000 * 1000 * r['proxy_cpu_s'] / n:.1f}" if has else "",
+            f"{r['proxy_rss_mb']:.1f}" if has else "",
+            f"{r.get('proxy_rss_mb_ztunnel_est', 0.0):.1f}" if has and r["topology"] in ("ambient", "waypoint") else "",
+            thr]) + " |")
     return "\n".join(lines)
+
+
+def _hops(rows: list[dict]) -> str:
+    head = ["configuration", "run", "requests", "hops checked", "result"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        hops = " ".join(f"{s}->{d}" for s, d in topologies.edges(r["target"]))
+        res = "every hop seen" if r.get("hops_ok") else "MISSING: " + "; ".join(r.get("hop_problems", [])).replace("|", "/")
+        lines.append(f"| {r['label']} | {r['run']} | {r['requests']} | {hops} | {res} |")
+    return "\n".join(lines)
+
+
+def _by_topology(med: list[dict], key: str, throttle: str = "") -> dict | None:
+    return next((m for m in med if m["topology"] == key and m["throttle"] == throttle), None)
+
+
+def _ratio(a: dict | None, b: dict | None, k: str) -> str:
+    if not a or not b or not b.get(k):
+        return "n/a"
+    return f"{a[k] / b[k]:.2f}"
+
+
+def _beside_study(case: dict, med: list[dict]) -> list[str]:
+    """The study's table for this case beside the lab's medians, and the ratios to no mesh."""
+    st = study_data.study_for(case)
+    if st is None:
+        return []
+    s_nm, s_amb = study_data.median_row(st["no mesh"]), study_data.median_row(st["ambient"])
+    nm, amb, sc = _by_topology(med, "nomesh"), _by_topology(med, "ambient"), _by_topology(med, "sidecar")
+    nruns = len(st["no mesh"])
+    scale = case.get("scale") or "the study's own load"
+    head = ["", *(f"{k} (ms)" for k in METRICS)]
+    lines = [f"Beside the study ([{st['table']}]({study_data.URL}); "
+             f"{'median of its ' + str(nruns) + ' runs' if nruns > 1 else 'its one run'}). Lab: median of "
+             f"{nm['runs'] if nm else 0} runs; load: {scale}. The study ran ztunnel on 32-core nodes, one service per "
+             "node pair; the lab runs Envoy node proxies and everything else on one 2-core machine:", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def line(label: str, r: dict | None) -> None:
+        if r:
+            lines.append("| " + " | ".join([label, *(f"{r[k]:.3f}" for k in METRICS)]) + " |")
+
+    line("study: no mesh", s_nm)
+    line("study: ambient (ztunnel)", s_amb)
+    line("lab: no mesh", nm)
+    line("lab: ambient L4" + AMB, amb)
+    line("lab: sidecar", sc)
+    lines.append("| " + " | ".join(["**ratio** study ambient / no mesh", *(f"{s_amb[k] / s_nm[k]:.2f}"
+                                                                          for k in METRICS)]) + " |")
+    lines.append("| " + " | ".join(["**ratio** lab ambient / no mesh", *(_ratio(amb, nm, k) for k in METRICS)]) + " |")
+    lines.append("| " + " | ".join(["**ratio** lab sidecar / no mesh", *(_ratio(sc, nm, k) for k in METRICS)]) + " |")
+    return [*lines, ""]
 
 
 def _throttle_cost(med: list[dict]) -> list[str]:
@@ -62,15 +143,29 @@ def _throttle_cost(med: list[dict]) -> list[str]:
     for r in med:
         if r["throttle"] != "above":
             continue
-        base = next((b for b in med if b["topology"] == r["topology"] and not b["throttle"]), None)
+        base = _by_topology(med, r["topology"])
         if base is None:
             continue
         out += [table([(base["label"], _as_summary(base)), (r["label"], _as_summary(r))], baseline=base["label"]), ""]
     return out
 
 
+def _added_latency(cases: list[tuple[dict, list[dict]]]) -> str:
+    """Per case and topology: the throttle above the offered load (admits everything) minus the same
+    topology without it, in ms (medians)."""
+    head = ["case", "throttle in", *(f"+{k} (ms)" for k in METRICS), "proxy CPU + (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case, med in cases:
+        for key, where in (("sidecar", f"{case['target']} sidecar inbound"), ("waypoint", f"{case['target']}'s waypoint")):
+            a, b = _by_topology(med, key, "above"), _by_topology(med, key)
+            if a and b:
+                lines.append("| " + " | ".join([case["name"], where, *(f"{a[k] - b[k]:+.3f}" for k in METRICS),
+                                                f"{a['proxy_cpu_s'] - b['proxy_cpu_s']:+.2f}"]) + " |")
+    return "\n".join(lines)
+
+
 def _chart(case: str, med: list[dict]) -> bytes:
-    labels = [r["label"].replace(" (Envoy as HBONE node proxy, not ztunnel)", "*") for r in med]
+    labels = [r["label"].replace(AMB, "*") for r in med]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 0.55 * len(labels) + 1.8),
                                    gridspec_kw={"width_ratios": [3, 1.3]}, sharey=True)
     ys = range(len(labels))
@@ -80,7 +175,7 @@ def _chart(case: str, med: list[dict]) -> bytes:
     ax1.set_yticks(list(ys), labels, fontsize=8)
     ax1.invert_yaxis()
     ax1.set_xscale("log")
-    ax1.set_xlabel("latency (ms, log scale)")
+    ax1.set_xlabel("latency (ms, log scale, median of the runs)")
     ax1.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
     ax1.grid(axis="x", alpha=0.3)
     ax2.barh(list(ys), [r["proxy_cpu_s"] for r in med], color="#55a868")
@@ -88,6 +183,50 @@ def _chart(case: str, med: list[dict]) -> bytes:
     ax2.grid(axis="x", alpha=0.3)
     fig.suptitle(f"{case}  (* = Envoy as HBONE node proxy, not ztunnel)", fontsize=10)
     fig.tight_layout()
+    return _png(fig)
+
+
+def _ratio_chart(cases: list[tuple[dict, list[dict]]]) -> bytes | None:
+    """p50 and p90 ratios to no mesh: the study's ambient, the lab's ambient and sidecar, per case."""
+    groups = []
+    for case, med in cases:
+        st = study_data.study_for(case)
+        nm = _by_topology(med, "nomesh")
+        if not nm:
+            continue
+        vals = {}
+        if st:
+            s_nm, s_amb = study_data.median_row(st["no mesh"]), study_data.median_row(st["ambient"])
+            vals["study ambient"] = (s_amb["p50"] / s_nm["p50"], s_amb["p90"] / s_nm["p90"])
+        for key, name in (("ambient", "lab ambient*"), ("sidecar", "lab sidecar")):
+            m = _by_topology(med, key)
+            if m:
+                vals[name] = (m["p50"] / nm["p50"], m["p90"] / nm["p90"])
+        groups.append((case["name"].replace(" connections", " conns"), vals))
+    if not groups:
+        return None
+    series = ["study ambient", "lab ambient*", "lab sidecar"]
+    colors = {"study ambient": "#8172b2", "lab ambient*": "#4c72b0", "lab sidecar": "#c44e52"}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.9 * len(groups) + 2), sharey=True)
+    for ax, (idx, pname) in zip(axes, ((0, "p50"), (1, "p90")), strict=False):
+        ys = range(len(groups))
+        h = 0.27
+        for i, sname in enumerate(series):
+            ax.barh([y + (i - 1) * h for y in ys], [g[1].get(sname, (0, 0))[idx] for g in groups], height=h,
+                    label=sname, color=colors[sname])
+        ax.axvline(1.0, color="#333", lw=0.8)
+        ax.set_yticks(list(ys), [g[0] for g in groups], fontsize=8)
+        ax.set_xlabel(f"{pname} / no-mesh {pname}")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].invert_yaxis()
+    axes[0].legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
+    fig.suptitle("Ratios to no mesh (* = Envoy as HBONE node proxy, not ztunnel; the lab on one 2-core machine)",
+                 fontsize=10)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
@@ -95,35 +234,85 @@ def _chart(case: str, med: list[dict]) -> bytes:
 
 
 def _slug(s: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in s.lower()).strip("-").replace("--", "-")
+    return "".join(c if c.isalnum() else "-" for c in s.lower()).strip("-").replace("--", "-")[:80]
+
+
+def _header(meta: dict) -> list[str]:
+    during = meta.get("loadavg_during") or {}
+    load = f"load average (1 min) at start {' '.join(meta['loadavg_at_start'])}"
+    if during:
+        load += f", during the runs {during['min_1m']:.2f}-{during['max_1m']:.2f}"
+    md = ["# Mesh comparison on one machine: a Bookinfo-shaped application", "",
+          f"- app: {APP_LABEL}; Fortio loads `details` alone (`/details/0`) or the whole fan-out through productpage "
+          "(`/api/v1/products/0/page`: details, then reviews -> ratings)",
+          "- nodes: one network namespace per workload (client, productpage, details, reviews, ratings) and one "
+          "for the waypoint, joined by veth to a bridge; Fortio on the client node",
+          f"- Envoy {meta['envoy']}, `--concurrency 2` per proxy; Fortio {meta['fortio']} with `-r "
+          f"{meta.get('fortio_resolution_s', '0.001')}` (10 µs histogram buckets); {meta['cpus']} CPUs, {load} "
+          "(other work shares this machine: numbers are noisy)",
+          "- capture: in every meshed topology an iptables REDIRECT (nat OUTPUT, in each calling node's own "
+          "namespace, the client's included) sends connections to the services' port 9080 to the node's proxy "
+          "on 15001, as Istio captures; the callee's side is dialled directly (sidecar inbound 15006, HBONE 15008)",
+          "- ambient rows: **Envoy as HBONE node proxy, not ztunnel** (ztunnel is not obtainable here). A hand "
+          "calibration on this machine (issue 15, not part of the project) put a real ztunnel's latency and CPU "
+          "within a few percent of this Envoy node proxy (p50 at 100 RPS / 10 connections: no mesh 0.456 ms, "
+          "ztunnel 1.264, Envoy node proxy 1.289), but **not its memory**: ztunnel about "
+          f"{study_data.ZTUNNEL_RSS_MB:.0f} MB per instance against about {study_data.ENVOY_NODE_RSS_MB:.0f} MB for "
+          "the Envoy node proxy (measured by hand). Ambient RSS is therefore also given with every node proxy "
+          f"counted at {study_data.ZTUNNEL_RSS_MB:.0f} MB (an estimate)",
+          f"- mode {meta['mode']}: {meta['duration_s']} s per measured run after {meta['warmup_s']} s of unrecorded "
+          f"warm-up at the case's load; the proxies are restarted for every run; the services run for the whole lab "
+          "(after 10 s of full-speed load without a mesh at start, 3 s in CI, so the JVM's JIT is warm) and drop "
+          f"their pooled connections whenever the topology changes; whole run took {meta['elapsed_s']} s",
+          "- throttle: the wasm filter of envoy/demo.yaml, one rule, rate below (0.5x, burst 0) or above (2x, burst = "
+          "connections, since Fortio's connections fire in step) the offered load, max_queue_delay 1s; in the "
+          "loaded service's sidecar inbound HCM, or in the HCM of the loaded service's waypoint",
+          "- rows with the throttle *below* the offered load are paced by design: their latency is mostly the "
+          "wait in the throttle's queue, and their achieved qps is the throttle rate",
+          "- proxy CPU: utime+stime (10 ms resolution) of every proxy of the topology during the measured run; RSS: "
+          "sum at its end",
+          f"- the study: [{study_data.URL}]({study_data.URL}); its figures are copied into perf/meshlab/study_data.py",
+          ""]
+    sc = meta.get("scale")
+    if sc:
+        md += ["## Saturation point and scale", ""]
+        if sc.get("saturation"):
+            md += [f"productpage (whole fan-out) at full speed (`-qps 0`), {sc['conns']} connections, "
+                   f"{sc['saturation'][0]['duration_s']} s per topology and pass, passes interleaved; other work on "
+                   "the machine only lowers a pass, so a topology's capacity is its best pass:", "",
+                   "| topology | capacity (qps, best pass) | p50 (ms) | p99 (ms) | errors | every pass: qps (load average) |",
+                   "|---|---|---|---|---|---|"]
+            md += [f"| {s['label']} | {s['qps']:.1f} | {s['p50']:.2f} | {s['p99']:.2f} | {s['errors']} | "
+                   + ", ".join(f"{p['qps']:.1f} ({p['load_1m']})" for p in s.get("passes", [])) + " |"
+                   for s in sc["saturation"]]
+            md += [""]
+        md += [f"Scale factor **x{sc['factor']:g}** ({sc['how']}): the study's 1000 RPS / 100 connections becomes "
+               f"{round(1000 * sc['factor'])} RPS / {max(1, round(100 * sc['factor']))} connections, and 4000 / 400 "
+               f"becomes {round(4000 * sc['factor'])} / {max(1, round(400 * sc['factor']))}. Rate and connections "
+               "scale by the same factor, so each connection carries the study's 10 RPS.", ""]
+    return md
 
 
 def write(out: Path, meta: dict, rows: list[dict]) -> None:
-    md = ["# Mesh comparison on one machine", "",
-          f"- app: {APP_LABEL}",
-          "- nodes: network namespaces joined by veth to a bridge (client, app, waypoint); Fortio load from the client node",
-          f"- Envoy {meta['envoy']}, `--concurrency 2` per proxy; Fortio {meta['fortio']}; {meta['cpus']} CPUs, "
-          f"load average at start {' '.join(meta['loadavg_at_start'])} (other work shares this machine: numbers are noisy)",
-          "- ambient rows: **Envoy as HBONE node proxy, not ztunnel** (ztunnel is not obtainable here)",
-          f"- mode {meta['mode']}: {meta['duration_s']} s per measured run after {meta['warmup_s']} s of unrecorded "
-          f"warm-up, proxies restarted for every run; whole run took {meta['elapsed_s']} s",
-          "- throttle: the wasm filter of envoy/demo.yaml, one rule, rate below (0.5x, burst 0) or above (2x, burst = "
-          "connections, since Fortio's connections fire in step) the offered load, max_queue_delay 1s; placed in the server sidecar's inbound HCM, or in the waypoint's HCM",
-          "- rows with the throttle *below* the offered load are paced by design: their latency is mostly the "
-          "wait in the throttle's queue, and their achieved qps is the throttle rate",
-          "- proxy CPU: utime+stime (10 ms resolution) of every proxy of the topology during the measured run; RSS: sum at its end", ""]
+    md = _header(meta)
     charts: list[tuple[str, bytes]] = []
+    per_case: list[tuple[dict, list[dict]]] = []
     for case in dict.fromkeys(r["case"] for r in rows):
         cr = [r for r in rows if r["case"] == case]
+        first = cr[0]
+        cinfo = {"name": case, "target": first["target"], "keepalive": first["keepalive"],
+                 "scale": first.get("scale", "")}
         runs = sorted({r["run"] for r in cr})
         med = _median_rows(cr)
+        per_case.append((cinfo, med))
         md += [f"## {case}", ""]
+        if cinfo["scale"]:
+            md += [f"Scale: **{cinfo['scale']}** (this machine saturates far below the study's load).", ""]
+        md += _beside_study(cinfo, med)
         if len(runs) > 1:
-            md += [f"Median of {len(runs)} runs (errors: sum over the runs):", "",
-                   table([(r["label"], _as_summary(r)) for r in med], baseline=BASELINE), ""]
-            for run in runs:
-                rr = [r for r in cr if r["run"] == run]
-                md += [f"Run {run}:", "", table([(r["label"], _as_summary(r)) for r in rr], baseline=BASELINE), ""]
+            md += [f"All configurations, median of {len(runs)} runs (errors: sum over the runs):", "",
+                   table([(r["label"], _as_summary(r)) for r in med], baseline=BASELINE), "",
+                   "Spread over the runs:", "", _spread(med), ""]
         else:
             md += [table([(r["label"], _as_summary(r)) for r in cr], baseline=BASELINE), ""]
         cost = _throttle_cost(med)
@@ -131,15 +320,36 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
             md += ["Cost of the throttle where it admits everything (rate above the offered load), against the "
                    "same topology without it" + (" (medians)" if len(runs) > 1 else "") + ":", "", *cost]
         md += ["Resources" + (f" (run {runs[-1]})" if len(runs) > 1 else "") + ":", "",
-               _resources([r for r in cr if r["run"] == runs[-1]]), ""]
+               _resources([r for r in cr if r["run"] == runs[-1]]), "",
+               "Every hop, checked on the proxies' counters and the services' own request counts "
+               "(perf/meshlab/hops.py)" + (f" (run {runs[-1]})" if len(runs) > 1 else "") + ":", "",
+               _hops([r for r in cr if r["run"] == runs[-1]]), ""]
         png = _chart(case, med)
         name = f"chart-{_slug(case)}.png"
         (out / name).write_bytes(png)
         charts.append((case, png))
         md += [f"![{case}]({name})", ""]
+    if any(m["throttle"] == "above" for _, med in per_case for m in med):
+        md += ["## The throttle's added latency per topology", "",
+               "The throttle set above the offered load (it admits everything) minus the same topology without it; "
+               "medians, ms (negative = within noise):", "", _added_latency(per_case), ""]
+    rpng = _ratio_chart(per_case)
+    if rpng:
+        md += ["## Ratios to no mesh", "", "![Ratios to no mesh](chart-ratios.png)", ""]
+        (out / "chart-ratios.png").write_bytes(rpng)
+        charts.append(("Ratios to no mesh", rpng))
     text = "\n".join(md)
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(_html(text, charts))
+
+
+def _inline(text: str) -> str:
+    """Escaped text with Markdown's **bold**, *italics*, `code` and [links](url) as HTML."""
+    t = html.escape(text)
+    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
+    t = re.sub(r"(?<![*\w])\*([^*\s][^*]*?)\*(?![*\w])", r"<i>\1</i>", t)
+    t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', t)
 
 
 def _html(md: str, charts: list[tuple[str, bytes]]) -> str:
@@ -148,7 +358,7 @@ def _html(md: str, charts: list[tuple[str, bytes]]) -> str:
     body, in_table, in_list = [], False, False
     for line in md.splitlines():
         if line.startswith("|"):
-            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            cells = [_inline(c.strip()) for c in line.strip("|").split("|")]
             if set(line) <= set("|-"):
                 continue
             if not in_table:
@@ -164,7 +374,7 @@ def _html(md: str, charts: list[tuple[str, bytes]]) -> str:
             if not in_list:
                 body.append("<ul>")
                 in_list = True
-            body.append(f"<li>{html.escape(line[2:]).replace('**', '')}</li>")
+            body.append(f"<li>{_inline(line[2:])}</li>")
             continue
         if in_list:
             body.append("</ul>")
@@ -177,7 +387,7 @@ def _html(md: str, charts: list[tuple[str, bytes]]) -> str:
             case = line[2:line.index("]")]
             body.append(f'<img alt="{html.escape(case)}" src="data:image/png;base64,{imgs[case]}">')
         elif line:
-            body.append(f"<p>{html.escape(line)}</p>")
+            body.append(f"<p>{_inline(line)}</p>")
     if in_table:
         body.append("</table>")
     style = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"

@@ -1,7 +1,8 @@
-"""Runs the mesh comparison: every topology x every load case, Fortio from the client node.
+"""Runs the mesh comparison on the Bookinfo-shaped application: every topology x every load case,
+Fortio from the client node, the study's cases.
 
-    python -m perf.meshlab.run            # full: 4 cases, 8 topologies, 3 runs for the 100 RPS cases
-    python -m perf.meshlab.run --short    # CI: 100 RPS / 10 connections, 5 topologies, 3 s runs
+    python -m perf.meshlab.run            # full: saturation search, 4 cases x 8 topologies x 3 runs
+    python -m perf.meshlab.run --short    # CI: productpage through 6 topologies, hop checks
 
 Writes results.csv (fixed columns), results.json, report.md and report.html to --out.
 """
@@ -11,43 +12,70 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from harness.procs import WASM, envoy_bin, go_bin, summarize
-from perf.meshlab import report, topologies
+from perf.bookinfo.services import PATHS
+from perf.meshlab import hops, report, topologies
 from perf.meshlab.certs import make_certs
-from perf.meshlab.lab import AppServer, Lab, LabUnavailable, check_available, cpu_seconds, rss_mb
+from perf.meshlab.lab import ALL_NODES, BookinfoApp, Lab, LabUnavailable, check_available, cpu_seconds, rss_mb
 
-CSV_COLUMNS = ("label", "tool", "conns", "offered_qps", "achieved_qps", "errors", "p50", "p75", "p90", "p99",
-               "p99.9", "proxy_rss_mb", "proxy_cpu_s")
+CSV_COLUMNS = ("case", "run", "label", "tool", "conns", "offered_qps", "achieved_qps", "errors", "avg", "p50",
+               "p75", "p90", "p99", "p99.9", "proxy_rss_mb", "proxy_rss_mb_ztunnel_est", "proxy_cpu_s", "hops_ok")
+FORTIO_RESOLUTION = "0.00001"  # histogram buckets of 10 µs: the 1 ms default distorts sub-ms percentiles
+STUDY_SHAPES = ((1000, 100), (4000, 400))  # productpage: the study's RPS / connections
+SATURATION_CONNS = 16
+SATURATION_HEADROOM = 0.8  # the larger scaled shape is at most this share of the lowest saturation
+SATURATION_PASSES = 3
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
+    target: str       # the service Fortio loads: details or productpage
     qps: int
     conns: int
     keepalive: bool
-    runs: int  # repetitions in the full run (the study did three for the 100 RPS case)
+    runs: int
+    scale: str = ""   # "" = the study's own load; else e.g. "x0.02 of the study's 1000 RPS / 100 connections"
 
 
-CASES = (Case("100 RPS / 10 connections", 100, 10, True, 3),
-         Case("100 RPS / 10 connections, Connection: close", 100, 10, False, 3),
-         Case("1000 RPS / 100 connections", 1000, 100, True, 1),
-         Case("4000 RPS / 400 connections", 4000, 400, True, 1))
-SHORT_CASES = (Case("100 RPS / 10 connections", 100, 10, True, 1),)
+DETAILS_CASES = (Case("details, 100 RPS / 10 connections", "details", 100, 10, True, 3),
+                 Case("details, 100 RPS / 10 connections, Connection: close", "details", 100, 10, False, 3))
 
 
-def fortio_load(lab: Lab, url: str, case: Case, duration_s: float, out: Path) -> dict:
-    cmd = [go_bin("fortio"), "load", "-c", str(case.conns), "-qps", str(case.qps), "-t", f"{duration_s}s",
-           "-json", str(out), "-loglevel", "error", "-timeout", "30s", "-allow-initial-errors"]
-    if not case.keepalive:
+def productpage_cases(factor: float, runs: int = 3) -> tuple[Case, ...]:
+    out = []
+    for qps, conns in STUDY_SHAPES:
+        q, c = max(1, round(qps * factor)), max(1, round(conns * factor))
+        out.append(Case(f"productpage, {q} RPS / {c} connections (study's {qps}/{conns} x {factor:g})", "productpage",
+                        q, c, True, runs, scale=f"x{factor:g} of the study's {qps} RPS / {conns} connections"))
+    return tuple(out)
+
+
+def scale_factor(saturation_qps: float) -> float:
+    """The largest factor, in steps of 0.01 (so that 100 x factor connections is whole), that keeps the
+    study's larger shape (4000 RPS) at or below SATURATION_HEADROOM of the saturation point."""
+    top = STUDY_SHAPES[-1][0]
+    return max(0.01, math.floor(100 * SATURATION_HEADROOM * saturation_qps / top) / 100)
+
+
+SHORT_CASES = (Case("productpage, 20 RPS / 2 connections (CI)", "productpage", 20, 2, True, 1,
+                    scale="x0.02 of the study's 1000 RPS / 100 connections"),)
+
+
+def fortio_load(lab: Lab, url: str, qps: int, conns: int, keepalive: bool, duration_s: float, out: Path) -> dict:
+    cmd = [go_bin("fortio"), "load", "-c", str(conns), "-qps", str(qps), "-t", f"{duration_s}s",
+           "-r", FORTIO_RESOLUTION, "-json", str(out), "-loglevel", "error", "-timeout", "30s",
+           "-allow-initial-errors"]
+    if not keepalive:
         cmd.append("-keepalive=false")
     r = lab["client"].run([*cmd, url], timeout=duration_s + 90)
     if r.returncode != 0:
@@ -64,53 +92,115 @@ def throttle_stats(dep: topologies.Deployed) -> dict[str, int]:
     return out
 
 
-def measure(lab: Lab, certs: dict, topo: topologies.Topology, case: Case, duration_s: float, warmup_s: float,
-            run: int) -> dict:
-    dep = topologies.deploy(lab, topo, certs, case.qps, case.conns)
+def snapshot(app: BookinfoApp, dep: topologies.Deployed) -> dict:
+    return {"apps": app.counters(), "proxies": {p.name: p.stats(hops.STATS_REGEX) for p in dep.proxies}}
+
+
+def measure(lab: Lab, app: BookinfoApp, certs: dict, topo: topologies.Topology, case: Case, duration_s: float,
+            warmup_s: float, run: int) -> dict:
+    app.check_running()
+    dep = topologies.deploy(lab, topo, case.target, certs, case.qps, case.conns)
     try:
+        app.reset_pools()  # no pooled connection of the previous topology is reused
         if warmup_s:
-            fortio_load(lab, dep.url, case, warmup_s, lab.dir / "warmup.json")
-        pids = [p.pid for p in dep.proxies]
+            fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, warmup_s, lab.dir / "warmup.json")
+        pids = {p.name: p.pid for p in dep.proxies}
         thr0 = throttle_stats(dep)
-        cpu0 = sum(cpu_seconds(p) for p in pids)
-        result = fortio_load(lab, dep.url, case, duration_s, lab.dir / "load.json")
-        cpu = sum(cpu_seconds(p) for p in pids) - cpu0
-        rss = sum(rss_mb(p) for p in pids)
+        before = snapshot(app, dep)
+        cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
+        result = fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, duration_s,
+                             lab.dir / "load.json")
+        cpu = {n: cpu_seconds(p) - cpu0[n] for n, p in pids.items()}
+        rss = {n: rss_mb(p) for n, p in pids.items()}
+        after = snapshot(app, dep)
         # Counters during the measured run only (warm-up excluded); the gauge `held` as seen at its end.
         throttle = {k: v - (0 if k == "held" else thr0.get(k, 0)) for k, v in throttle_stats(dep).items()}
     finally:
         dep.stop()
     s = summarize(result)
+    hop_problems = hops.check(topo.key, case.target, before, after, s["requests"])
     return {
-        "case": case.name, "run": run, "topology": topo.key, "throttle": topo.throttle,
-        "rate": topo.rate(case.qps), "burst": topo.burst(case.conns), "label": topo.label(case.qps, case.conns), "tool": "fortio",
+        "case": case.name, "target": case.target, "scale": case.scale, "run": run, "topology": topo.key,
+        "throttle": topo.throttle, "rate": topo.rate(case.qps), "burst": topo.burst(case.conns),
+        "label": topo.label(case.qps, case.conns, case.target), "tool": "fortio",
         "conns": case.conns, "offered_qps": case.qps, "keepalive": case.keepalive, "duration_s": duration_s,
         "achieved_qps": s["qps"], "errors": s["errors"], "codes": s["codes"], "requests": s["requests"],
         "avg": s["avg_ms"], "p50": s["p50_ms"], "p75": s["p75_ms"], "p90": s["p90_ms"], "p99": s["p99_ms"],
         "p99.9": s["p99.9_ms"], "max": s["max_ms"], "sockets": s["sockets"],
-        "proxies": [p.name for p in dep.proxies], "proxy_rss_mb": rss, "proxy_cpu_s": cpu,
-        "throttle_stats": throttle,
+        "proxies": list(pids), "proxy_rss": rss, "proxy_cpu": cpu,
+        "proxy_rss_mb": sum(rss.values()), "proxy_rss_mb_ztunnel_est": report.ztunnel_rss_estimate(rss),
+        "proxy_cpu_s": sum(cpu.values()), "throttle_stats": throttle,
+        "hops": hops.deltas(before, after), "hop_problems": hop_problems, "hops_ok": not hop_problems,
     }
 
 
+def saturation(lab: Lab, app: BookinfoApp, certs: dict, duration_s: float, warmup_s: float,
+               passes: int = SATURATION_PASSES) -> list[dict]:
+    """Fortio at full speed (-qps 0, SATURATION_CONNS connections) against productpage, per unthrottled
+    topology, `passes` times interleaved. Other work on the machine only ever lowers a pass, so a
+    topology's capacity is its best pass."""
+    samples: dict[str, list[dict]] = {}
+    for p in range(1, passes + 1):
+        for topo in topologies.ALL:
+            if topo.throttle:
+                continue
+            dep = topologies.deploy(lab, topo, "productpage", certs, 1, SATURATION_CONNS)
+            try:
+                app.reset_pools()
+                fortio_load(lab, dep.url, 0, SATURATION_CONNS, True, warmup_s, lab.dir / "warmup.json")
+                s = summarize(fortio_load(lab, dep.url, 0, SATURATION_CONNS, True, duration_s,
+                                          lab.dir / "sat.json"))
+            finally:
+                dep.stop()
+            load = Path("/proc/loadavg").read_text().split()[0]
+            samples.setdefault(topo.key, []).append({"pass": p, "qps": s["qps"], "p50": s["p50_ms"],
+                                                     "p99": s["p99_ms"], "errors": s["errors"], "load_1m": load})
+            print(f"saturation pass {p} | {topo.base_label}: {s['qps']:.1f} qps at {SATURATION_CONNS} connections, "
+                  f"p50 {s['p50_ms']:.2f} ms, errors {s['errors']}, load {load}", flush=True)
+    out = []
+    for topo in topologies.ALL:
+        if topo.throttle:
+            continue
+        best = max(samples[topo.key], key=lambda x: x["qps"])
+        out.append({"topology": topo.key, "label": topo.base_label, "conns": SATURATION_CONNS,
+                    "qps": best["qps"], "p50": best["p50"], "p99": best["p99"], "errors": best["errors"],
+                    "duration_s": duration_s, "passes": samples[topo.key]})
+    return out
+
+
+def warm_up_app(lab: Lab, app: BookinfoApp, seconds: float) -> None:
+    """Unrecorded full-speed load on the whole fan-out without a mesh, once at start: the JVM's JIT
+    (reviews) and the other runtimes' first-request costs are then paid before any measured run."""
+    url = f"http://{lab['productpage'].addr}:{BookinfoApp.PORT}{PATHS['productpage']}"
+    fortio_load(lab, url, 0, 4, True, seconds, lab.dir / "app-warmup.json")
+
+
 def environment() -> dict:
-    envoy_v = subprocess.run([envoy_bin(), "--version"], capture_output=True, text=True).stdout.strip()
-    fortio_v = subprocess.run([go_bin("fortio"), "version"], capture_output=True, text=True).stdout.strip()
+    def version(cmd: list[str]) -> str:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        return (r.stdout + r.stderr).strip().splitlines()[0] if (r.stdout + r.stderr).strip() else "?"
+
+    envoy_v = version([envoy_bin(), "--version"])
     load = Path("/proc/loadavg").read_text().split()[:3]
-    return {"envoy": envoy_v.split("version:")[-1].strip(), "fortio": fortio_v, "cpus": len(
-        [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("processor")]),
-        "loadavg_at_start": load, "kernel": subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout.strip()}
+    return {"envoy": envoy_v.split("version:")[-1].strip(), "fortio": version([go_bin("fortio"), "version"]),
+            "cpus": len([ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("processor")]),
+            "loadavg_at_start": load, "kernel": version(["uname", "-r"]),
+            "runtimes": {"ruby": version(["ruby", "-v"]), "node": version(["node", "--version"]),
+                         "java": version(["java", "-version"]),
+                         "python": version([str(Path(sys.executable)), "--version"])}}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--short", action="store_true", help="CI version: one case, five topologies, short runs")
+    ap.add_argument("--short", action="store_true", help="CI version: productpage, six topologies, short runs")
     ap.add_argument("--duration", type=float, help="seconds per measured run (full: 8, short: 3)")
-    ap.add_argument("--warmup", type=float, help="seconds of unrecorded load before each run (full: 1, short: 0.5)")
-    ap.add_argument("--runs", type=int, help="override the repetitions of every case")
+    ap.add_argument("--warmup", type=float, help="seconds of unrecorded load before each run (full: 2, short: 1)")
+    ap.add_argument("--runs", type=int, help="override the repetitions of every case (full: 3)")
+    ap.add_argument("--scale", type=float, help="productpage scale factor instead of the saturation search")
+    ap.add_argument("--only", choices=("details", "productpage"), help="only the cases of this target")
     ap.add_argument("--check", action="store_true",
-                    help="fail unless every unthrottled run served >= 90%% of the offered load without errors, "
-                         "and every run throttled below the load achieved its rate within 20%%")
+                    help="fail unless every hop of every run happened, every unthrottled run served >= 90%% of "
+                         "the offered load without errors, and every run throttled below the load was paced")
     ap.add_argument("--out", type=Path, help="output directory (default perf/meshlab/results/<UTC time>)")
     args = ap.parse_args(argv)
 
@@ -122,10 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     if not WASM.exists():
         print(f"perf-mesh: {WASM} missing: run `make build`", file=sys.stderr)
         return 2
-    cases = SHORT_CASES if args.short else CASES
     topos = topologies.SHORT if args.short else topologies.ALL
     duration = args.duration or (3.0 if args.short else 8.0)
-    warmup = args.warmup if args.warmup is not None else (0.5 if args.short else 1.0)
+    warmup = args.warmup if args.warmup is not None else (1.0 if args.short else 2.0)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or Path(__file__).resolve().parent / "results" / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -134,23 +223,48 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.monotonic()
     meta = {"started_utc": stamp, "mode": "short" if args.short else "full", "duration_s": duration,
-            "warmup_s": warmup, "app": report.APP_LABEL, **environment()}
+            "warmup_s": warmup, "app": report.APP_LABEL, "fortio_resolution_s": FORTIO_RESOLUTION, **environment()}
     rows: list[dict] = []
+    loads: list[list[str]] = []
     with Lab() as lab:
-        certs = make_certs(lab.dir / "certs", ("client", "app", "waypoint"))
-        AppServer(lab["app"], go_bin("fortio")).start()
+        certs = make_certs(lab.dir / "certs", ALL_NODES)
+        app = BookinfoApp(lab).start()
+        warm_up_app(lab, app, 3.0 if args.short else 10.0)
+        cases: tuple[Case, ...]
+        if args.short:
+            cases = SHORT_CASES
+        else:
+            cases = () if args.only == "productpage" else DETAILS_CASES
+            if args.only != "details":
+                if args.scale:
+                    factor = args.scale
+                    meta["scale"] = {"factor": factor, "how": "given with --scale"}
+                else:
+                    sat = saturation(lab, app, certs, duration_s=5.0, warmup_s=warmup)
+                    factor = scale_factor(min(s["qps"] for s in sat))
+                    meta["scale"] = {"factor": factor, "saturation": sat, "conns": SATURATION_CONNS,
+                                     "headroom": SATURATION_HEADROOM,
+                                     "how": f"the largest factor (steps of 0.01) keeping 4000 x factor <= "
+                                            f"{SATURATION_HEADROOM} x the lowest topology's capacity (its best of "
+                                            f"{SATURATION_PASSES} passes)"}
+                cases = cases + productpage_cases(factor)
+        meta["cases"] = [asdict(c) for c in cases]
         max_runs = max(args.runs or c.runs for c in cases)
         for run in range(1, max_runs + 1):
             for case in cases:
                 if run > (args.runs or case.runs):
                     continue
                 for topo in topos:
-                    row = measure(lab, certs, topo, case, duration, warmup, run)
+                    row = measure(lab, app, certs, topo, case, duration, warmup, run)
                     rows.append(row)
+                    loads.append(Path("/proc/loadavg").read_text().split()[:3])
                     print(f"[{time.monotonic() - t0:6.1f}s] run {run} | {case.name} | {row['label']}: "
                           f"{row['achieved_qps']:.1f} qps, p50 {row['p50']:.3f} ms, p99 {row['p99']:.3f} ms, "
-                          f"errors {row['errors']}, proxy cpu {row['proxy_cpu_s']:.2f} s", flush=True)
+                          f"errors {row['errors']}, proxy cpu {row['proxy_cpu_s']:.2f} s, hops "
+                          f"{'ok' if row['hops_ok'] else 'MISSING: ' + '; '.join(row['hop_problems'])}", flush=True)
     meta["elapsed_s"] = round(time.monotonic() - t0, 1)
+    meta["loadavg_during"] = {"min_1m": min(float(x[0]) for x in loads), "max_1m": max(float(x[0]) for x in loads),
+                              "at_end": loads[-1]} if loads else {}
 
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -174,11 +288,19 @@ def check(rows: list[dict]) -> list[str]:
     problems = []
     for r in rows:
         what = f"{r['case']} | {r['label']} (run {r['run']})"
+        problems += [f"{what}: {p}" for p in r.get("hop_problems", [])]
+        if r["errors"]:
+            problems.append(f"{what}: errors {r['codes']}")
         if not r["throttle"]:
-            if r["errors"] or r["achieved_qps"] < 0.9 * r["offered_qps"]:
-                problems.append(f"{what}: {r['achieved_qps']:.1f} of {r['offered_qps']} qps, errors {r['codes']}")
-        elif r["throttle"] == "below" and abs(r["achieved_qps"] - r["rate"]) > 0.2 * r["rate"]:
-            problems.append(f"{what}: {r['achieved_qps']:.1f} qps with the throttle at {r['rate']}/s")
+            if r["achieved_qps"] < 0.9 * r["offered_qps"]:
+                problems.append(f"{what}: {r['achieved_qps']:.1f} of {r['offered_qps']} qps")
+        elif r["throttle"] == "below":
+            # Tolerance 20%: short CI runs at low rates see Fortio's start and the schedule's first
+            # request; the report gives the precise figure.
+            if abs(r["achieved_qps"] - r["rate"]) > 0.2 * r["rate"]:
+                problems.append(f"{what}: {r['achieved_qps']:.1f} qps with the throttle at {r['rate']}/s")
+            if not (r.get("throttle_stats") or {}).get("queued"):
+                problems.append(f"{what}: the throttle held no request (queued = 0) below the offered load")
     return problems
 
 

@@ -1,4 +1,5 @@
-"""Fixtures of the mesh-lab tests: per-session certificates, and a lab.
+"""Fixtures of the mesh-lab tests: per-session certificates, a lab (root + `ip netns` +
+iptables), and the Bookinfo-shaped services (ruby, java, node and gunicorn).
 
 Tests marked `lab` need root and `ip netns`; where those are missing they are
 skipped with the reason (an environment the lab cannot run in, as `make
@@ -6,13 +7,13 @@ perf-mesh` prints SKIPPED), never deselected: selection is by marker only."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
 
-from harness.procs import go_bin
 from perf.meshlab.certs import make_certs
-from perf.meshlab.lab import AppServer, Lab, LabUnavailable, check_available
+from perf.meshlab.lab import ALL_NODES, BookinfoApp, Lab, LabUnavailable, check_available
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -25,14 +26,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
-    return make_certs(tmp_path_factory.mktemp("meshlab-certs"), ("client", "app", "waypoint"))
+    return make_certs(tmp_path_factory.mktemp("meshlab-certs"), ALL_NODES)
+
+
+@pytest.fixture(scope="session")
+def runtimes_ok() -> None:
+    missing = [t for t in ("ruby", "java", "javac", "node") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"the Bookinfo-shaped services need {', '.join(missing)}: run `make setup-meshlab`")
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
+def lab(runtimes_ok: None) -> Iterator[Lab]:
+    """A lab with every node and the application running (as in a measured run)."""
+    from perf.bookinfo.services import build_reviews
+
+    build_reviews()
     with Lab() as lab:
-        AppServer(lab["app"], go_bin("fortio")).start()
+        lab.app = BookinfoApp(lab).start()
         yield lab
     assert lab.leftover_namespaces() == []
-
-

@@ -1,5 +1,6 @@
-"""Every Envoy config the mesh lab renders passes `envoy --mode validate` (with the built .wasm
-and this session's certificates), and has the pieces each topology promises."""
+"""Every Envoy config the mesh lab renders passes `envoy --mode validate` (with the built .wasm and
+this session's certificates), and has the pieces each topology promises; the run's pure parts
+(scale factor, cases, checks, the study's figures) behave."""
 
 from __future__ import annotations
 
@@ -9,18 +10,21 @@ import pytest
 import yaml
 
 from harness.procs import envoy_bin
-from perf.meshlab import topologies
+from perf.meshlab import configs, run, study_data, topologies
 from perf.meshlab.lab import NODE_ADDRS
 
-CASES = [(t, qps, conns) for t in topologies.ALL if t.key != "nomesh" for qps, conns in ((100, 10), (4000, 400))]
+Topology = topologies.Topology
+CASES = [(t, target, qps, conns) for t in topologies.ALL if t.key != "nomesh"
+         for target in ("details", "productpage") for qps, conns in ((100, 10), (80, 8))]
 
 
 def _ids(c):
-    return f"{c[0].key}-{c[0].throttle or 'none'}-{c[1]}"
+    return f"{c[0].key}-{c[0].throttle or 'none'}-{c[1]}-{c[2]}"
 
 
-def _rendered(topo, certs, tmp_path, qps=100, conns=10):
-    return topologies.render(topo, tmp_path, certs, NODE_ADDRS, qps, conns)
+def _rendered(topo, certs, tmp_path, target="productpage", qps=100, conns=10):
+    return {name: (node, cfg) for node, name, cfg in
+            topologies.render(topo, target, tmp_path, certs, NODE_ADDRS, qps, conns)}
 
 
 def _walk(node):
@@ -38,11 +42,20 @@ def _throttle_plugins(cfg):
             if n.get("name") == "throttle" and "typed_config" in n]
 
 
+def _listener(cfg, name):
+    return next(lst for lst in cfg["static_resources"]["listeners"] if lst["name"] == name)
+
+
+def _sans(listener):
+    tls = listener["filter_chains"][0]["transport_socket"]["typed_config"]
+    return [m["matcher"] for m in tls["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]]
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_config_validates(case, certs, wasm, tmp_path):
-    topo, qps, conns = case
-    for node, name, cfg in _rendered(topo, certs, tmp_path, qps, conns):
+    topo, target, qps, conns = case
+    for name, (node, cfg) in _rendered(topo, certs, tmp_path, target, qps, conns).items():
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         r = subprocess.run([envoy_bin(), "--mode", "validate", "-c", str(path), "--disable-hot-restart",
@@ -51,42 +64,88 @@ def test_config_validates(case, certs, wasm, tmp_path):
         assert "OK" in r.stdout + r.stderr
 
 
-def test_sidecar_throttle_sits_in_the_server_sidecar_inbound(certs, tmp_path):
-    proxies = {name: cfg for _, name, cfg in _rendered(topologies.Topology("sidecar", "below"), certs, tmp_path)}
-    assert set(proxies) == {"sidecar-inbound", "sidecar-outbound"}
-    assert _throttle_plugins(proxies["sidecar-outbound"]) == []
-    (plugin,) = _throttle_plugins(proxies["sidecar-inbound"])
+def test_sidecars_sit_on_every_workload_of_the_fan_out(certs, tmp_path):
+    proxies = _rendered(Topology("sidecar", ""), certs, tmp_path)
+    assert {name: node for name, (node, _) in proxies.items()} == {
+        f"sidecar-{n}": n for n in ("client", "productpage", "details", "reviews", "ratings")}
+    # Outbound where a workload calls someone, inbound where someone calls it.
+    outbound = {n for n, (_, c) in proxies.items() if any(x["name"] == "virtualOutbound"
+                                                          for x in c["static_resources"]["listeners"])}
+    inbound = {n for n, (_, c) in proxies.items() if any(x["name"] == "virtualInbound"
+                                                         for x in c["static_resources"]["listeners"])}
+    assert outbound == {"sidecar-client", "sidecar-productpage", "sidecar-reviews"}
+    assert inbound == {"sidecar-productpage", "sidecar-details", "sidecar-reviews", "sidecar-ratings"}
+    pp = proxies["sidecar-productpage"][1]
+    clusters = {c["name"]: c for c in pp["static_resources"]["clusters"]}
+    assert set(clusters) == {configs.outbound_cluster_name("details"), configs.outbound_cluster_name("reviews"),
+                             "inbound|9080||"}
+    to_details = clusters[configs.outbound_cluster_name("details")]
+    ep = to_details["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    assert ep == {"address": NODE_ADDRS["details"], "port_value": configs.SIDECAR_INBOUND_PORT}
+    vhosts = _listener(pp, "virtualOutbound")["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+        "virtual_hosts"]
+    assert f"{NODE_ADDRS['details']}:9080" in next(v for v in vhosts if v["name"].startswith("details"))["domains"]
+    # Each inbound accepts only its callers' identities.
+    assert _sans(_listener(proxies["sidecar-details"][1], "virtualInbound")) == [
+        {"exact": "spiffe://cluster.local/ns/default/sa/productpage"}]
+    assert _sans(_listener(proxies["sidecar-ratings"][1], "virtualInbound")) == [
+        {"exact": "spiffe://cluster.local/ns/default/sa/reviews"}]
+
+
+@pytest.mark.parametrize("target", ["details", "productpage"])
+def test_sidecar_throttle_sits_in_the_target_sidecar_inbound_only(certs, tmp_path, target):
+    proxies = _rendered(Topology("sidecar", "below"), certs, tmp_path, target)
+    with_throttle = {n for n, (_, c) in proxies.items() if _throttle_plugins(c)}
+    assert with_throttle == {f"sidecar-{target}"}
+    (plugin,) = _throttle_plugins(proxies[f"sidecar-{target}"][1])
     assert '"rate": "50/s"' in plugin and '"burst": 0' in plugin
-    inbound = proxies["sidecar-inbound"]["static_resources"]["listeners"][0]
-    tls = inbound["filter_chains"][0]["transport_socket"]["typed_config"]
-    assert tls["require_client_certificate"] is True
-    sans = tls["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]
-    assert sans == [{"san_type": "URI", "matcher": {"exact": "spiffe://cluster.local/ns/default/sa/client"}}]
+    assert _throttle_plugins(_listener(proxies[f"sidecar-{target}"][1], "virtualInbound"))
 
 
-def test_throttle_above_offered_load_gets_a_burst_per_connection(certs, tmp_path):
-    proxies = {name: cfg for _, name, cfg in
-               _rendered(topologies.Topology("waypoint", "above"), certs, tmp_path, qps=1000, conns=100)}
-    (plugin,) = _throttle_plugins(proxies["waypoint"])
-    assert '"rate": "2000/s"' in plugin and '"burst": 100' in plugin
-    assert _throttle_plugins(proxies["node-app"]) == _throttle_plugins(proxies["node-client"]) == []
+def test_a_details_case_deploys_only_what_it_crosses(certs, tmp_path):
+    assert set(_rendered(Topology("sidecar", ""), certs, tmp_path, "details")) == {"sidecar-client", "sidecar-details"}
+    assert set(_rendered(Topology("waypoint", ""), certs, tmp_path, "details")) == {"node-client", "node-details",
+                                                                                     "waypoint"}
 
 
-def test_ambient_l4_has_no_http_filters_and_speaks_hbone(certs, tmp_path):
-    proxies = {name: cfg for _, name, cfg in _rendered(topologies.Topology("ambient", ""), certs, tmp_path)}
-    client = proxies["node-client"]["static_resources"]
-    tunnel = client["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    assert tunnel["tunneling_config"]["hostname"] == f"{NODE_ADDRS['app']}:8080"
-    (cluster,) = client["clusters"]
+def test_ambient_node_proxies_capture_by_original_destination_and_speak_hbone(certs, tmp_path):
+    proxies = _rendered(Topology("ambient", ""), certs, tmp_path)
+    assert set(proxies) == {f"node-{n}" for n in ("client", "productpage", "details", "reviews", "ratings")}
+    pp = proxies["node-productpage"][1]
+    cap = _listener(pp, "outbound_capture")
+    assert cap["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 15001}
+    assert [f["name"] for f in cap["listener_filters"]] == ["envoy.filters.listener.original_dst"]
+    chains = {c["filter_chain_match"]["prefix_ranges"][0]["address_prefix"]: c for c in cap["filter_chains"]}
+    assert set(chains) == {NODE_ADDRS["details"], NODE_ADDRS["reviews"]}
+    tunnel = chains[NODE_ADDRS["details"]]["filters"][0]["typed_config"]
+    assert tunnel["tunneling_config"]["hostname"] == f"{NODE_ADDRS['details']}:9080"
+    cluster = next(c for c in pp["static_resources"]["clusters"] if c["name"] == "hbone_details")
     assert cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == \
-        {"socket_address": {"address": NODE_ADDRS["app"], "port_value": 15008}}
+        {"socket_address": {"address": NODE_ADDRS["details"], "port_value": 15008}}
     assert "http2_protocol_options" in str(cluster["typed_extension_protocol_options"])
     assert cluster["transport_socket"]["typed_config"]["common_tls_context"]["alpn_protocols"] == ["h2"]
-    inbound = proxies["node-app"]["static_resources"]["listeners"][0]
-    hcm = inbound["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm = _listener(pp, "inbound_hbone")["filter_chains"][0]["filters"][0]["typed_config"]
     assert hcm["codec_type"] == "HTTP2" and hcm["http2_protocol_options"]["allow_connect"] is True
     assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.router"]
-    assert all(_throttle_plugins(c) == [] for c in proxies.values())
+    assert all(_throttle_plugins(c) == [] for _, c in proxies.values())
+    # The client node only sends; the leaves only receive.
+    assert [x["name"] for x in proxies["node-client"][1]["static_resources"]["listeners"]] == ["outbound_capture"]
+    assert [x["name"] for x in proxies["node-ratings"][1]["static_resources"]["listeners"]] == ["inbound_hbone"]
+
+
+def test_waypoint_serves_the_target_only_and_holds_the_throttle(certs, tmp_path):
+    proxies = _rendered(Topology("waypoint", "above"), certs, tmp_path, "productpage", qps=80, conns=8)
+    (plugin,) = _throttle_plugins(proxies["waypoint"][1])
+    assert '"rate": "160/s"' in plugin and '"burst": 8' in plugin
+    assert [n for n, (_, c) in proxies.items() if _throttle_plugins(c)] == ["waypoint"]
+    client_cluster = next(c for c in proxies["node-client"][1]["static_resources"]["clusters"]
+                          if c["name"] == "hbone_productpage")
+    assert client_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"]["address"] == NODE_ADDRS["waypoint"]
+    # productpage's own calls (to details and reviews) go node to node, not through the waypoint.
+    pp_clusters = {c["name"]: c for c in proxies["node-productpage"][1]["static_resources"]["clusters"]}
+    assert pp_clusters["hbone_details"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"][
+        "address"]["socket_address"]["address"] == NODE_ADDRS["details"]
 
 
 def test_labels_say_the_node_proxies_are_not_ztunnel():
@@ -95,8 +154,36 @@ def test_labels_say_the_node_proxies_are_not_ztunnel():
             assert "(Envoy as HBONE node proxy, not ztunnel)" in t.label(100, 10)
 
 
+def test_scale_factor_keeps_the_study_shapes_below_saturation():
+    assert run.scale_factor(1000.0) == 0.2    # 4000 x 0.2 = 800 = 0.8 x 1000
+    assert run.scale_factor(140.0) == 0.02    # 0.028 rounded down to whole connections per 100
+    assert run.scale_factor(10.0) == 0.01     # never below one connection for the smaller shape
+    small, large = run.productpage_cases(0.02)
+    assert (small.qps, small.conns, large.qps, large.conns) == (20, 2, 80, 8)
+    assert small.scale == "x0.02 of the study's 1000 RPS / 100 connections"
+    assert "(study's 4000/400 x 0.02)" in large.name
+
+
+def test_study_figures_match_the_cases():
+    _details, _close = run.DETAILS_CASES
+    assert study_data.study_for({"target": "details", "keepalive": True}) is study_data.DETAILS_KEEPALIVE
+    assert study_data.study_for({"target": "details", "keepalive": False}) is study_data.DETAILS_CLOSE
+    _small, large = run.productpage_cases(0.03)
+    assert study_data.study_for({"target": "productpage", "keepalive": True, "scale": large.scale}) is \
+        study_data.PRODUCTPAGE[(4000, 400)]
+    nm = study_data.median_row(study_data.DETAILS_KEEPALIVE["no mesh"])
+    assert nm == {"avg": 0.76, "p50": 0.58, "p75": 0.70, "p90": 0.81, "p99": 1.56}
+    assert study_data.URL.startswith("https://cncf.io/blog/2024/08/23/ambient-mesh")
+
+
+def test_ztunnel_memory_estimate_replaces_only_node_proxies():
+    from perf.meshlab.report import ztunnel_rss_estimate
+
+    assert ztunnel_rss_estimate({"node-client": 66.0, "node-details": 70.0, "waypoint": 80.0}) == 17.0 + 17.0 + 80.0
+
+
 def test_without_root_the_run_skips_with_a_clear_message(monkeypatch, capsys, tmp_path):
-    from perf.meshlab import lab, run
+    from perf.meshlab import lab
 
     monkeypatch.setattr(lab.os, "geteuid", lambda: 1000)
     with pytest.raises(lab.LabUnavailable, match="need root"):
@@ -106,22 +193,26 @@ def test_without_root_the_run_skips_with_a_clear_message(monkeypatch, capsys, tm
     assert list(tmp_path.iterdir()) == []
 
 
-def test_without_iproute2_the_run_names_it(monkeypatch):
+@pytest.mark.parametrize("tool,says", [("ip", "iproute2"), ("iptables", "install iptables")])
+def test_without_a_tool_the_run_names_it(monkeypatch, tool, says):
     from perf.meshlab import lab
 
-    monkeypatch.setattr(lab.shutil, "which", lambda name: None)
-    with pytest.raises(lab.LabUnavailable, match="iproute2"):
+    real = lab.shutil.which
+    monkeypatch.setattr(lab.shutil, "which", lambda name: None if name == tool else real(name))
+    monkeypatch.setattr(lab.os, "geteuid", lambda: 0)  # the tools are checked for root, too
+    with pytest.raises(lab.LabUnavailable, match=says):
         lab.check_available()
 
 
-def test_check_flags_errors_and_unpaced_throttles():
-    from perf.meshlab.run import check
-
+def test_check_flags_errors_unpaced_throttles_and_missing_hops():
     ok = {"case": "c", "label": "x", "run": 1, "throttle": "", "errors": 0, "achieved_qps": 99.5,
-          "offered_qps": 100, "codes": {200: 995}, "rate": None}
-    assert check([ok]) == []
-    assert check([{**ok, "errors": 3, "codes": {200: 992, 503: 3}}])
-    assert check([{**ok, "achieved_qps": 80.0}])
-    paced = {**ok, "throttle": "below", "rate": 50, "achieved_qps": 50.1}
-    assert check([paced]) == []
-    assert check([{**paced, "achieved_qps": 99.0}])
+          "offered_qps": 100, "codes": {200: 995}, "rate": None, "hop_problems": []}
+    assert run.check([ok]) == []
+    assert run.check([{**ok, "errors": 3, "codes": {200: 992, 503: 3}}])
+    assert run.check([{**ok, "achieved_qps": 80.0}])
+    assert run.check([{**ok, "hop_problems": ["hop a -> b: missing"]}]) == ["c | x (run 1): hop a -> b: missing"]
+    paced = {**ok, "throttle": "below", "rate": 50, "achieved_qps": 50.1, "throttle_stats": {"queued": 40}}
+    assert run.check([paced]) == []
+    assert run.check([{**paced, "achieved_qps": 99.0}])
+    assert run.check([{**paced, "throttle_stats": {"queued": 0}}]) == [
+        "c | x (run 1): the throttle held no request (queued = 0) below the offered load"]

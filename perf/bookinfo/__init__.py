@@ -1,0 +1,1 @@
+"""A Bookinfo-shaped application written for this project (see README.md)."""

@@ -1,0 +1,1 @@
+"""productpage: the front service of the Bookinfo-shaped application."""
