@@ -17,6 +17,7 @@
     )
 )]
 
+pub mod cluster;
 pub mod config;
 pub mod gate;
 pub mod keys;

@@ -21,7 +21,10 @@ use crate::matcher::Match;
 use crate::schedule::Schedule;
 pub use crate::units::RateWindow;
 
-pub use validate::{parse, DEFAULT_KEY_SLOTS, DEFAULT_MAX_QUEUE_DELAY_NS};
+pub use validate::{
+    parse, DEFAULT_ENGINE_DOMAIN, DEFAULT_ENGINE_TIMEOUT_NS, DEFAULT_FALLBACK_AFTER_NS,
+    DEFAULT_KEY_SLOTS, DEFAULT_MAX_CLOCK_SKEW_NS, DEFAULT_MAX_QUEUE_DELAY_NS,
+};
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +35,43 @@ pub struct Config {
     pub max_held_per_worker: u32,
     /// Whether responses of rate rules carry the draft `x-ratelimit-*` headers.
     pub rate_limit_headers: bool,
+    /// The rate limit service of cluster-scope rules (required by them).
+    pub engine: Option<EngineConfig>,
+}
+
+/// The top-level `engine` block: how cluster-scope rules reach the service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Envoy cluster of the rate limit service's HTTP port.
+    pub cluster: String,
+    /// Bound of each call, ns.
+    pub timeout_ns: u64,
+    /// How long calls keep failing before rules fall back, ns.
+    pub fallback_after_ns: u64,
+    /// Rate limit domain of the service configuration.
+    pub domain: String,
+    /// Largest wall-clock difference between proxies and service replicas, ns.
+    pub max_clock_skew_ns: u64,
+}
+
+/// What a cluster rule does while the engine fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnEngineFailure {
+    /// Pace locally at rate / proxy count (last seen, else expected_replicas).
+    LocalShare,
+    /// Reject with the rule's status and `retry-after`.
+    Deny,
+    /// Pace locally at the full rate.
+    LocalFull,
+}
+
+/// A rule's `scope: "cluster"` settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterScope {
+    /// Proxies expected to share the rule (divisor of `local_share`).
+    pub expected_replicas: u32,
+    /// Fallback while the engine fails.
+    pub on_engine_failure: OnEngineFailure,
 }
 
 /// One validated rule. Rule-level overrides are already resolved.
@@ -59,6 +99,8 @@ pub struct Rule {
     pub reject_status: u16,
     /// Decide and count, but hold and reject nothing.
     pub dry_run: bool,
+    /// `scope: "cluster"`: one rate across all proxies (None: per process).
+    pub cluster: Option<ClusterScope>,
 }
 
 impl Config {
