@@ -6,12 +6,22 @@
 //! at most 10 calls per second per process whatever the traffic, and none
 //! while no rule has demand. At epoch `e` a rule with demand sends:
 //!
-//! * `members(e+2) += 1` and a look at `members(e+1)` (complete by now: it
-//!   was counted during epoch `e-1`), so `N` (proxies with demand) is known;
-//! * `slots(e+2) += min(demand, ceil(L/N))`: its fair share;
-//! * `slots(e+1) += demand - owned(e+1)`: leftovers, first come first served.
+//! * `members(e+2) += 1` and `demand(e+2) += a` (its arrivals per epoch): the
+//!   answer places its demand at `[D0, D1)` of epoch `e+2`'s demand total;
+//! * a look at `members(e+1)` and `demand(e+1)`: complete by now (they were
+//!   counted during `e-1`), they give `N` proxies with demand `A` in total;
+//! * `slots(e+2) += floor(L*D1/A) - floor(L*D0/A)`, with `[D0, D1)` from its
+//!   add to `demand(e)` and `A` from its look at `demand(e)` (both made
+//!   earlier): its share, in proportion to its demand. Every proxy computes
+//!   its share from the same `A`, so the shares add up to exactly `L`
+//!   whatever the order of the claims: no rounding goes against the last
+//!   claimer, and a request's chance does not depend on which proxy it reached;
+//! * `slots(e+1) += a + waiting - owned(e+1)`: leftovers, first come first
+//!   served (there are some only when a proxy did not claim its share: new,
+//!   idle, gone, or its call failed).
 //!
-//! `demand` = slots taken during the last epoch + requests waiting for grants.
+//! `a` = requests of the rule that arrived during the last epoch (whatever
+//! became of them); `waiting` = requests waiting for grants now.
 //! The limit is never reached, so each answer's counter `after` tells the
 //! positions this claim of `n` holds: `[after - n, min(after, L))` of the
 //! epoch, i.e. global slots `f*L + position`. Nothing is granted twice.
@@ -42,9 +52,9 @@ pub struct RuleSpec {
 /// What the glue reads for each rule before [`Caller::tick`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RuleFacts {
-    /// Requests admitted so far (grid slots taken, plus local admissions in
-    /// fallback): a monotonic, process-wide counter (the glue's metric).
-    pub taken_total: u64,
+    /// Requests of the rule that arrived so far, whatever became of them: a
+    /// monotonic, process-wide counter (the glue's metric).
+    pub arrived_total: u64,
     /// Requests waiting for grants now.
     pub waiting: u64,
 }
@@ -82,6 +92,8 @@ pub struct RuleStats {
     pub fallback_since: Option<u64>,
     /// Proxies with demand last seen by the engine (0: never seen).
     pub members: u64,
+    /// Their demand in slots per epoch, last seen (0: never seen).
+    pub demand: u64,
 }
 
 impl RuleStats {
@@ -99,6 +111,8 @@ enum Purpose {
     Leftover,
     MemberAdd,
     MemberLook,
+    DemandAdd,
+    DemandLook,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,10 +141,14 @@ struct RuleState {
     seen: Vec<(u64, u64)>,
     /// Slots granted per epoch (upcoming ones).
     granted: Vec<(u64, u64)>,
-    /// Last taken_total sample: (value, wall time).
-    taken_sample: Option<(u64, u64)>,
-    /// Slots taken per epoch, recently.
-    used_per_epoch: u64,
+    /// Where this process's demand sits in each epoch's demand total: (epoch, D0, D1).
+    demand_ranges: Vec<(u64, u64, u64)>,
+    /// Demand totals looked at, per epoch.
+    demand_totals: Vec<(u64, u64)>,
+    /// Last arrived_total sample: (value, wall time).
+    arrived_sample: Option<(u64, u64)>,
+    /// Requests arrived per epoch, recently.
+    arrived_per_epoch: u64,
     mode: Mode,
     stats: RuleStats,
 }
@@ -164,6 +182,12 @@ fn bump(list: &mut Vec<(u64, u64)>, epoch: u64, f: impl FnOnce(u64) -> u64) {
     }
 }
 
+fn lookup3(list: &[(u64, u64, u64)], epoch: u64) -> Option<(u64, u64)> {
+    list.iter()
+        .find(|(e, ..)| *e == epoch)
+        .map(|&(_, a, b)| (a, b))
+}
+
 fn lookup(list: &[(u64, u64)], epoch: u64) -> u64 {
     list.iter()
         .find(|(e, _)| *e == epoch)
@@ -185,8 +209,10 @@ impl Caller {
                     member_adds: Vec::new(),
                     seen: Vec::new(),
                     granted: Vec::new(),
-                    taken_sample: None,
-                    used_per_epoch: 0,
+                    demand_ranges: Vec::new(),
+                    demand_totals: Vec::new(),
+                    arrived_sample: None,
+                    arrived_per_epoch: 0,
                     mode: Mode::Grid,
                     stats: RuleStats::default(),
                 })
@@ -223,7 +249,7 @@ impl Caller {
             }
         }
         for (r, fact) in self.rules.iter_mut().zip(facts) {
-            sample_use(r, now, fact.taken_total);
+            sample_arrivals(r, now, fact.arrived_total);
         }
         updates.extend(self.fallback_if_due(now));
         let call = self.plan(now, facts);
@@ -247,23 +273,31 @@ impl Caller {
                 continue;
             }
             r.granted.retain(|(f, _)| *f > e);
+            r.demand_ranges.retain(|(f, ..)| *f >= e);
+            r.demand_totals.retain(|(f, _)| *f >= e);
             r.seen.retain(|(f, _)| *f + 2 > e);
             r.member_adds.retain(|f| *f + 2 > e);
-            let mut demand = r.used_per_epoch.saturating_add(fact.waiting);
-            if r.mode != Mode::Grid {
-                // In fallback every epoch probes the engine (a deny rule has
-                // no admitted requests to measure).
-                demand = demand.max(1);
+            let mut a = r.arrived_per_epoch;
+            if r.mode != Mode::Grid || fact.waiting > 0 {
+                // Waiting requests, or a fallback that must probe the engine
+                // every epoch, count as demand even before arrivals are measured.
+                a = a.max(1);
             }
-            if demand == 0 {
+            if a == 0 {
                 continue;
             }
             r.last_epoch = Some(e);
             let (next, ahead) = (e + 1, e + 2);
             let l = g.slots_per_epoch;
-            let n = r.stats.members.max(1);
-            let share = demand.min(l.div_ceil(n));
-            let leftover = demand.saturating_sub(lookup(&r.granted, next)).min(l);
+            let share = match (lookup3(&r.demand_ranges, e), lookup(&r.demand_totals, e)) {
+                (Some((d0, d1)), total) if total > 0 => {
+                    let total = total.max(d1);
+                    div_floor_u128(l, d1, total) - div_floor_u128(l, d0, total)
+                }
+                _ => 0,
+            };
+            let need = a.saturating_add(fact.waiting);
+            let leftover = need.saturating_sub(lookup(&r.granted, next)).min(l);
             let mut push = |purpose, epoch, hits| {
                 plan.push(Planned {
                     rule: i,
@@ -274,13 +308,17 @@ impl Caller {
             };
             if g.may_claim(next, now, skew, timeout) {
                 push(Purpose::MemberLook, next, 0);
+                push(Purpose::DemandLook, next, 0);
                 if leftover > 0 {
                     push(Purpose::Leftover, next, leftover);
                 }
             }
             if g.may_claim(ahead, now, skew, timeout) {
                 push(Purpose::MemberAdd, ahead, 1);
-                push(Purpose::Share, ahead, share);
+                push(Purpose::DemandAdd, ahead, a);
+                if share > 0 {
+                    push(Purpose::Share, ahead, share);
+                }
             }
         }
         if plan.is_empty() {
@@ -293,6 +331,7 @@ impl Caller {
                 let family = match p.purpose {
                     Purpose::Share | Purpose::Leftover => Family::Slots,
                     Purpose::MemberAdd | Purpose::MemberLook => Family::Members,
+                    Purpose::DemandAdd | Purpose::DemandLook => Family::Demand,
                 };
                 Some(Descriptor {
                     family,
@@ -394,7 +433,12 @@ impl Caller {
             let g = r.spec.grid;
             match p.purpose {
                 Purpose::MemberLook => r.stats.members = c.after.max(1),
+                Purpose::DemandLook => {
+                    r.stats.demand = c.after;
+                    bump(&mut r.demand_totals, p.epoch, |_| c.after);
+                }
                 Purpose::MemberAdd => r.member_adds.push(p.epoch),
+                Purpose::DemandAdd => r.demand_ranges.push((p.epoch, c.after - p.hits, c.after)),
                 Purpose::Share | Purpose::Leftover => {
                     bump(&mut r.seen, p.epoch, |v| v.max(c.after));
                     let before = c.after - p.hits;
@@ -485,25 +529,43 @@ fn rules_of(plan: &[Planned]) -> Vec<usize> {
     out
 }
 
-/// Updates the estimate of slots taken per epoch from the process counter.
-fn sample_use(r: &mut RuleState, now: u64, taken_total: u64) {
+/// Updates the estimate of arrivals per epoch from the process counter
+/// (measured over at least one epoch).
+fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     let e_ns = r.spec.grid.epoch_ns;
-    match r.taken_sample {
-        None => r.taken_sample = Some((taken_total, now)),
+    match r.arrived_sample {
+        None => r.arrived_sample = Some((arrived_total, now)),
         Some((prev, at)) => {
             let dt = now.saturating_sub(at);
             if dt >= e_ns {
-                let used = taken_total.saturating_sub(prev);
-                r.used_per_epoch = (u128::from(used) * u128::from(e_ns) / u128::from(dt)) as u64;
-                r.taken_sample = Some((taken_total, now));
+                let n = arrived_total.saturating_sub(prev);
+                r.arrived_per_epoch = div_ceil_u128(n, e_ns, dt);
+                r.arrived_sample = Some((arrived_total, now));
             }
         }
     }
 }
 
-/// The fair share per second: `ceil(L/N)` slots per epoch.
+/// `floor(a * b / c)` without overflow (c > 0), saturating at u64::MAX.
+fn div_floor_u128(a: u64, b: u64, c: u64) -> u64 {
+    let v = u128::from(a) * u128::from(b) / u128::from(c.max(1));
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// `ceil(a * b / c)` without overflow (c > 0), saturating at u64::MAX.
+fn div_ceil_u128(a: u64, b: u64, c: u64) -> u64 {
+    let v = (u128::from(a) * u128::from(b)).div_ceil(u128::from(c.max(1)));
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// The share per second this process can expect: `L * a / A` slots per
+/// epoch (`L / N` before the demand is known).
 fn grant_rate(r: &RuleState) -> u64 {
     let g = r.spec.grid;
-    let per_epoch = g.slots_per_epoch.div_ceil(r.stats.members.max(1));
-    (u128::from(per_epoch) * u128::from(NS_PER_S) / u128::from(g.epoch_ns.max(1))) as u64
+    let l = g.slots_per_epoch;
+    let per_epoch = match r.stats.demand {
+        0 => l.div_ceil(r.stats.members.max(1)),
+        total => l.min(div_ceil_u128(l, r.arrived_per_epoch.max(1), total)),
+    };
+    div_ceil_u128(per_epoch, NS_PER_S, g.epoch_ns)
 }

@@ -79,3 +79,6 @@ pub fn local_schedule(reach: &Reach, interval_ns: u64) -> Schedule {
     let burst = reach.slack_ns / reach.grid.interval_ns.max(1) - 1;
     Schedule::new(interval_ns, burst, reach.max_delay_ns)
 }
+
+#[cfg(test)]
+mod tests;

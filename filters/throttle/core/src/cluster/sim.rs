@@ -132,7 +132,9 @@ impl FakeEngine {
                 Some(Value::Number(n)) => n.as_u64().unwrap_or(1),
                 _ => 1,
             };
-            if domain != self.domain || !(key == "throttle_slots" || key == "throttle_members") {
+            if domain != self.domain
+                || !["throttle_slots", "throttle_members", "throttle_demand"].contains(&key)
+            {
                 statuses.push(json!({"code": "OK"}));
                 continue;
             }
@@ -142,17 +144,23 @@ impl FakeEngine {
                 .or_insert(0);
             *counter += hits;
             self.redis_commands += 2;
-            let mut s = json!({"code": "OK",
-                "currentLimit": {"requestsPerUnit": self.limit, "unit": "HOUR"},
-                "durationUntilReset": format!("{reset}s")});
-            if *counter > self.limit {
-                s["code"] = json!("OVER_LIMIT");
-            } else if *counter < self.limit {
-                s["limitRemaining"] = json!(self.limit - *counter);
+            let over = *counter > self.limit;
+            let mut s = serde_json::Map::new();
+            s.insert("code".into(), json!(if over { "OVER_LIMIT" } else { "OK" }));
+            s.insert(
+                "currentLimit".into(),
+                json!({"requestsPerUnit": self.limit, "unit": "HOUR"}),
+            );
+            // proto3 JSON leaves out zeros: no limitRemaining at or over the limit.
+            if *counter < self.limit {
+                s.insert("limitRemaining".into(), json!(self.limit - *counter));
             }
-            statuses.push(s);
+            s.insert("durationUntilReset".into(), json!(format!("{reset}s")));
+            statuses.push(Value::Object(s));
         }
-        let over = statuses.iter().any(|s| s["code"] == "OVER_LIMIT");
+        let over = statuses
+            .iter()
+            .any(|s| s.get("code").and_then(Value::as_str) == Some("OVER_LIMIT"));
         let body =
             json!({"overallCode": if over { "OVER_LIMIT" } else { "OK" }, "statuses": statuses});
         (if over { 429 } else { 200 }, body.to_string().into_bytes())
@@ -190,7 +198,7 @@ struct RuleShared {
     local_tat: MemCell,
     /// Requests waiting for grants: (arrival true time, deadline proxy time).
     waiters: VecDeque<(u64, u64)>,
-    taken: u64,
+    arrived: u64,
 }
 
 /// One simulated Envoy process: the calling VM and the shared data of its rules.
@@ -224,7 +232,7 @@ impl SimProxy {
                     waiting: MemCell::default(),
                     local_tat: MemCell::default(),
                     waiters: VecDeque::new(),
-                    taken: 0,
+                    arrived: 0,
                 })
                 .collect(),
             releases: Vec::new(),
@@ -247,6 +255,7 @@ impl SimProxy {
         let Some(r) = self.rules.get_mut(rule) else {
             return Fate::Rejected;
         };
+        r.arrived += 1;
         let waiting = r.waiting.v.map_or(0, |[n, _]| n);
         let decision = take(
             &mut r.cursor,
@@ -305,7 +314,6 @@ impl SimProxy {
                 return Some(Fate::Rejected);
             }
         };
-        r.taken += 1;
         self.releases.push(release);
         Some(fate)
     }
@@ -354,7 +362,7 @@ impl SimProxy {
             .rules
             .iter()
             .map(|r| RuleFacts {
-                taken_total: r.taken,
+                arrived_total: r.arrived,
                 waiting: r.waiting.v.map_or(0, |[n, _]| n),
             })
             .collect();

@@ -6,13 +6,15 @@
 
 use serde_json::{json, Value};
 
-/// The two counter families of engine/config/throttle.yaml.
+/// The three counter families of engine/config/throttle.yaml.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     /// `throttle_slots`: positions claimed on one epoch of one rule's grid.
     Slots,
     /// `throttle_members`: proxies with demand for one rule in one epoch.
     Members,
+    /// `throttle_demand`: their demand (arrivals per epoch) added up.
+    Demand,
 }
 
 impl Family {
@@ -21,6 +23,7 @@ impl Family {
         match self {
             Family::Slots => "throttle_slots",
             Family::Members => "throttle_members",
+            Family::Demand => "throttle_demand",
         }
     }
 }
