@@ -165,6 +165,10 @@ pub struct Caller {
     in_flight: Option<InFlight>,
     /// When the current run of failures began (None: the last call succeeded).
     failing_since: Option<u64>,
+    /// Where in each epoch this process calls, in thousandths of half an
+    /// epoch: proxies pick different phases so their calls spread over the
+    /// first half of the epoch instead of all coming at its start.
+    phase_permille: u64,
 }
 
 /// How long a call may stay unanswered before it is counted as lost (the
@@ -220,7 +224,15 @@ impl Caller {
             last_sent: None,
             in_flight: None,
             failing_since: None,
+            phase_permille: 0,
         }
+    }
+
+    /// Sets this process's call phase (0..1000: thousandths of half an epoch;
+    /// e.g. from a hash of the pod name, or random at start).
+    pub fn with_phase(mut self, permille: u64) -> Caller {
+        self.phase_permille = permille.min(999);
+        self
     }
 
     /// Counters of rule `i`.
@@ -270,6 +282,10 @@ impl Caller {
             let g = r.spec.grid;
             let e = g.epoch_of(now);
             if r.last_epoch.is_some_and(|last| last >= e) {
+                continue;
+            }
+            let offset = g.epoch_ns / 2 * self.phase_permille / 1000;
+            if now < g.epoch_start(e).saturating_add(offset) {
                 continue;
             }
             r.granted.retain(|(f, _)| *f > e);

@@ -227,10 +227,11 @@ impl Reach {
 /// First try of a request, or a retry of one waiting for grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attempt {
-    /// A new request; `waiting`: requests of this rule already waiting for grants in the process.
-    First { waiting: u64 },
-    /// A waiting request retried on tick (the glue rejects it at its deadline).
-    Retry,
+    /// A new request.
+    First,
+    /// A request waiting for grants, retried on tick; it has waited
+    /// `waited_ns` already, so it may be held only the rest of `max_queue_delay`.
+    Retry { waited_ns: u64 },
 }
 
 /// The decision for one request of a cluster rule.
@@ -240,7 +241,9 @@ pub enum Take {
     Now { slot: u64 },
     /// Hold `delay_ns` (until grid slot `slot`'s wall time).
     Hold { slot: u64, delay_ns: u64 },
-    /// No owned slot yet: wait for grants, at most `max_queue_delay`; retry on tick.
+    /// No owned slot for it yet: it now waits for grants (counted in the
+    /// waiting cell); retry on tick with `Attempt::Retry` until
+    /// `max_queue_delay`, then reject it and [`add_waiting`] -1.
     Wait,
     /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
     Reject {
@@ -261,15 +264,46 @@ fn retry_after(beyond_ns: u64) -> u64 {
 }
 
 /// Takes a slot for one request at wall time `now` (see the module docs).
-/// `can_hold`: the worker's queue has room.
-pub fn take<C: SharedCell, B: SharedBlob>(
+/// `can_hold`: the worker's queue has room. `waiting`: the rule's count of
+/// requests waiting for grants, read only off the fast path: a new request
+/// that would need a new range while others wait queues behind them, so
+/// waiting requests are served first. `take` keeps the count: +1 when it
+/// answers `Wait` to a first attempt, -1 when a retry ends in anything but
+/// `Wait`.
+pub fn take<C: SharedCell, W: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
+    waiting: &mut W,
     reach: &Reach,
     now: u64,
     can_hold: bool,
     attempt: Attempt,
 ) -> Take {
+    let decision = take_inner(cursor, blob, waiting, reach, now, can_hold, attempt);
+    let delta = match (attempt, decision) {
+        (Attempt::First, Take::Wait) => 1,
+        (Attempt::Retry { .. }, Take::Wait) | (Attempt::First, _) => 0,
+        (Attempt::Retry { .. }, _) => -1,
+    };
+    if delta != 0 && add_waiting(waiting, delta).is_err() {
+        return Take::Contention;
+    }
+    decision
+}
+
+fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
+    cursor: &mut C,
+    blob: &mut B,
+    waiting: &mut W,
+    reach: &Reach,
+    now: u64,
+    can_hold: bool,
+    attempt: Attempt,
+) -> Take {
+    let max_delay = match attempt {
+        Attempt::First => reach.max_delay_ns,
+        Attempt::Retry { waited_ns } => reach.max_delay_ns.saturating_sub(waited_ns),
+    };
     let min_slot = reach.min_slot(now);
     let mut grants: Option<Grants> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
@@ -293,16 +327,23 @@ pub fn take<C: SharedCell, B: SharedBlob>(
                 );
             }
             let g = grants.as_ref().map_or_else(Grants::default, Clone::clone);
+            let queued = match attempt {
+                Attempt::First => match waiting.load() {
+                    Ok((v, _)) => v.map_or(0, |[n, _]| n),
+                    Err(_) => return Take::Contention,
+                },
+                Attempt::Retry { .. } => 0,
+            };
             match g.first_from(next.max(min_slot)) {
-                Some(found) => found,
-                None => return no_slot(&g, reach, attempt),
+                Some(found) if queued == 0 => found,
+                _ => return no_slot(&g, max_delay, attempt, queued),
             }
         };
         let t = reach.grid.slot_time(slot);
         let delay_ns = t.saturating_sub(now);
-        if delay_ns > reach.max_delay_ns {
+        if delay_ns > max_delay {
             return Take::Reject {
-                retry_after_s: retry_after(delay_ns - reach.max_delay_ns),
+                retry_after_s: retry_after(delay_ns - max_delay),
                 queue_full: false,
             };
         }
@@ -322,24 +363,24 @@ pub fn take<C: SharedCell, B: SharedBlob>(
     Take::Contention
 }
 
-/// No owned slot within reach: the engine's state decides.
-fn no_slot(g: &Grants, reach: &Reach, attempt: Attempt) -> Take {
+/// No owned slot within reach (or others wait for one): the engine's state decides.
+fn no_slot(g: &Grants, max_delay: u64, attempt: Attempt, queued: u64) -> Take {
     match (g.mode, attempt) {
         (Mode::Local { interval_ns }, _) => Take::Local { interval_ns },
         (Mode::Deny, _) => Take::Deny,
-        (Mode::Grid, Attempt::Retry) => Take::Wait,
-        (Mode::Grid, Attempt::First { waiting }) => {
+        (Mode::Grid, Attempt::Retry { .. }) => Take::Wait,
+        (Mode::Grid, Attempt::First) => {
             // Served in time only if the grants expected within max_queue_delay
             // cover the requests already waiting and this one.
-            let expected = u128::from(g.grant_rate_per_s) * u128::from(reach.max_delay_ns)
-                / u128::from(NS_PER_S);
-            if g.grant_rate_per_s > 0 && u128::from(waiting) + 1 > expected {
+            let expected =
+                u128::from(g.grant_rate_per_s) * u128::from(max_delay) / u128::from(NS_PER_S);
+            if g.grant_rate_per_s > 0 && u128::from(queued) + 1 > expected {
                 let per_slot = NS_PER_S / g.grant_rate_per_s.max(1);
                 Take::Reject {
                     retry_after_s: retry_after(
                         per_slot
-                            .saturating_mul(waiting.saturating_add(1))
-                            .saturating_sub(reach.max_delay_ns),
+                            .saturating_mul(queued.saturating_add(1))
+                            .saturating_sub(max_delay),
                     ),
                     queue_full: false,
                 }
@@ -453,7 +494,7 @@ mod tests {
         (cursor, blob)
     }
 
-    const FIRST: Attempt = Attempt::First { waiting: 0 };
+    const FIRST: Attempt = Attempt::First;
 
     #[test]
     fn the_blob_round_trips_and_rejects_garbage() {
@@ -497,19 +538,43 @@ mod tests {
         let r = reach();
         let now = at(1000);
         assert_eq!(
-            take(&mut c, &mut b, &r, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
             Take::Now { slot: 1000 }
         );
         assert_eq!(c.v, Some([1001, 1003]), "the fast path moved the cursor");
         assert_eq!(
-            take(&mut c, &mut b, &r, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
             Take::Hold {
                 slot: 1001,
                 delay_ns: 2 * MS
             }
         );
         assert_eq!(
-            take(&mut c, &mut b, &r, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
             Take::Hold {
                 slot: 1002,
                 delay_ns: 4 * MS
@@ -517,7 +582,15 @@ mod tests {
         );
         // The next owned slot, 1010, is 20 ms away: beyond max_queue_delay (10 ms).
         assert_eq!(
-            take(&mut c, &mut b, &r, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -526,7 +599,15 @@ mod tests {
         assert_eq!(c.v, Some([1003, 1003]), "a rejection takes nothing");
         // 10 ms later it is within reach.
         assert_eq!(
-            take(&mut c, &mut b, &r, now + 10 * MS, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now + 10 * MS,
+                true,
+                FIRST
+            ),
             Take::Hold {
                 slot: 1010,
                 delay_ns: 10 * MS
@@ -542,26 +623,66 @@ mod tests {
                          // At slot 1005's time + 1 ms: 1004 (3 ms old) is out of reach, 1005 (1 ms old) is not.
         let now = at(1005) + MS;
         assert_eq!(
-            take(&mut c, &mut b, &r, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
             Take::Now { slot: 1005 }
         );
         // With burst 2 (slack 6 ms), 1003 would still do: (3 ms)->1004 is the oldest usable...
         let (mut c, mut b) = setup(&[(1000, 1010)]);
         let r3 = Reach::new(Grid::new(2 * MS), 2, 10 * MS);
         assert_eq!(
-            take(&mut c, &mut b, &r3, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r3,
+                now,
+                true,
+                FIRST
+            ),
             Take::Now { slot: 1003 }
         );
         assert_eq!(
-            take(&mut c, &mut b, &r3, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r3,
+                now,
+                true,
+                FIRST
+            ),
             Take::Now { slot: 1004 }
         );
         assert_eq!(
-            take(&mut c, &mut b, &r3, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r3,
+                now,
+                true,
+                FIRST
+            ),
             Take::Now { slot: 1005 }
         );
         assert_eq!(
-            take(&mut c, &mut b, &r3, now, true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r3,
+                now,
+                true,
+                FIRST
+            ),
             Take::Hold {
                 slot: 1006,
                 delay_ns: MS
@@ -574,11 +695,27 @@ mod tests {
         let (mut c, mut b) = setup(&[(1000, 1003)]);
         let r = reach();
         assert_eq!(
-            take(&mut c, &mut b, &r, at(1000), false, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                false,
+                FIRST
+            ),
             Take::Now { slot: 1000 }
         );
         assert_eq!(
-            take(&mut c, &mut b, &r, at(1000), false, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                false,
+                FIRST
+            ),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: true
@@ -591,35 +728,19 @@ mod tests {
     fn without_grants_a_request_waits_unless_the_grant_rate_cannot_serve_it() {
         let mut blob = MemBlob::default();
         let mut c = MemCell::default();
+        let mut waiting = MemCell::default();
         let r = reach(); // hold up to 10 ms
-                         // Nothing known yet: wait.
-        assert_eq!(
-            take(&mut c, &mut blob, &r, at(1000), true, FIRST),
-            Take::Wait
-        );
-        // A fair share of 250 slots/s: 2.5 slots per 10 ms. Two waiting: the third still fits...
+        let mut go = |blob: &mut MemBlob, c: &mut MemCell, now, attempt| {
+            take(c, blob, &mut waiting, &r, now, true, attempt)
+        };
+        // Nothing known yet: wait (and be counted).
+        assert_eq!(go(&mut blob, &mut c, at(1000), FIRST), Take::Wait);
+        // A share of 250 slots/s: 2.5 slots per 10 ms. With one waiting, a second still fits...
         publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[]).unwrap();
-        assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &r,
-                at(1000),
-                true,
-                Attempt::First { waiting: 1 }
-            ),
-            Take::Wait
-        );
+        assert_eq!(go(&mut blob, &mut c, at(1000), FIRST), Take::Wait);
         // ...but with 2 already waiting, a third cannot be served within 10 ms: rejected now.
         assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &r,
-                at(1000),
-                true,
-                Attempt::First { waiting: 2 }
-            ),
+            go(&mut blob, &mut c, at(1000), FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -627,9 +748,60 @@ mod tests {
         );
         // A retry is never rejected early: the glue rejects it at its deadline.
         assert_eq!(
-            take(&mut c, &mut blob, &r, at(1000), true, Attempt::Retry),
+            go(
+                &mut blob,
+                &mut c,
+                at(1000),
+                Attempt::Retry { waited_ns: MS }
+            ),
             Take::Wait
         );
+        // Grants arrive (slots 1002..1010): a new request queues behind the two
+        // waiting ones; their retries take the slots first, and leave the count.
+        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[(1002, 1010)]).unwrap();
+        assert_eq!(
+            go(&mut blob, &mut c, at(1000), FIRST),
+            Take::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        let retry = Attempt::Retry { waited_ns: 2 * MS };
+        assert_eq!(
+            go(&mut blob, &mut c, at(1000), retry),
+            Take::Hold {
+                slot: 1002,
+                delay_ns: 4 * MS
+            }
+        );
+        assert_eq!(
+            go(&mut blob, &mut c, at(1000), retry),
+            Take::Hold {
+                slot: 1003,
+                delay_ns: 6 * MS
+            }
+        );
+        drop(go);
+        assert_eq!(waiting.v, Some([0, 0]));
+        // A retry may be held only for what is left of max_queue_delay (10 - 7 ms).
+        let mut w = MemCell::default();
+        add_waiting(&mut w, 1).unwrap();
+        assert_eq!(
+            take(
+                &mut c,
+                &mut blob,
+                &mut w,
+                &r,
+                at(1000),
+                true,
+                Attempt::Retry { waited_ns: 7 * MS }
+            ),
+            Take::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        assert_eq!(w.v, Some([0, 0]));
     }
 
     #[test]
@@ -649,25 +821,68 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            take(&mut c, &mut b, &r, at(1000), true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                true,
+                FIRST
+            ),
             Take::Now { slot: 1000 }
         );
         assert_eq!(
-            take(&mut c, &mut b, &r, at(1000), true, FIRST),
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                true,
+                FIRST
+            ),
             Take::Local {
                 interval_ns: 6 * MS
             }
         );
         publish(&mut b, &mut c, &r, 0, Mode::Deny, 0, &[]).unwrap();
-        assert_eq!(take(&mut c, &mut b, &r, at(1000), true, FIRST), Take::Deny);
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                true,
+                FIRST
+            ),
+            Take::Deny
+        );
     }
 
     #[test]
     fn publish_prunes_what_is_taken_or_out_of_reach() {
         let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
         let r = reach();
-        take(&mut c, &mut b, &r, at(1000), true, FIRST);
-        take(&mut c, &mut b, &r, at(1000), true, FIRST);
+        take(
+            &mut c,
+            &mut b,
+            &mut MemCell::default(),
+            &r,
+            at(1000),
+            true,
+            FIRST,
+        );
+        take(
+            &mut c,
+            &mut b,
+            &mut MemCell::default(),
+            &r,
+            at(1000),
+            true,
+            FIRST,
+        );
         // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004.
         let usable = publish(&mut b, &mut c, &r, at(1005), Mode::Grid, 0, &[(1040, 1045)]).unwrap();
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();

@@ -24,11 +24,25 @@
 //! 3. On the call's answer: [`Caller::on_answer`] with `(status, body)`, or
 //!    `Failure::Transport` / `Failure::Timeout`; [`publish`] every update.
 //! 4. Per request, on any worker: [`take`] with the rule's [`Reach`] and
-//!    `Attempt::First { waiting }`; `Now`/`Hold` count as taken (metric);
-//!    `Wait`: [`add_waiting`] +1, keep it in the worker's queue and retry
-//!    with `Attempt::Retry` on tick until `max_queue_delay` (then reject,
-//!    [`add_waiting`] -1); `Local`: [`crate::admit`] on the fallback TAT with
-//!    [`local_schedule`] (count admitted ones as taken); `Deny`: reject.
+//!    `Attempt::First`. `Now`: continue; `Hold`: hold `delay_ns`; both count
+//!    as taken (metric). `Wait`: keep it in the worker's queue and retry on
+//!    tick with `Attempt::Retry { waited_ns }`; once it has waited
+//!    `max_queue_delay`, reject it and [`add_waiting`] -1 (also when its
+//!    client goes away). `Local`: [`crate::admit`] on the rule's fallback TAT
+//!    with [`local_schedule`]. `Deny`, `Reject`, `Contention`: reject. Every
+//!    request of the rule counts as arrived (the metric [`RuleFacts`] reads).
+//! 5. Metrics per rule from [`Caller::stats`]: calls, failures, slots granted,
+//!    time in fallback ([`RuleStats::fallback_total_ns`]); slots unused =
+//!    granted - taken - the usable count [`publish`] returns.
+//!
+//! Shared data per rule (proxy-wasm shared data, written with CAS):
+//!
+//! | key (suggested) | value | written by |
+//! |---|---|---|
+//! | `throttle.cluster.<rule>.grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
+//! | `throttle.cluster.<rule>.cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
+//! | `throttle.cluster.<rule>.waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
+//! | `throttle.cluster.<rule>.local` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
 
 pub mod caller;
 pub mod grants;

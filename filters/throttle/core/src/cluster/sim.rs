@@ -196,7 +196,7 @@ struct RuleShared {
     blob: MemBlob,
     waiting: MemCell,
     local_tat: MemCell,
-    /// Requests waiting for grants: (arrival true time, deadline proxy time).
+    /// Requests waiting for grants: (arrival true time, arrival proxy time).
     waiters: VecDeque<(u64, u64)>,
     arrived: u64,
 }
@@ -244,6 +244,12 @@ impl SimProxy {
         }
     }
 
+    /// Sets the calling VM's phase (see [`Caller::with_phase`]).
+    pub fn with_phase(mut self, permille: u64) -> SimProxy {
+        self.caller = self.caller.with_phase(permille);
+        self
+    }
+
     /// This host's wall clock at true time `t`.
     pub fn clock(&self, t: u64) -> u64 {
         t.saturating_add_signed(self.skew_ns)
@@ -256,22 +262,20 @@ impl SimProxy {
             return Fate::Rejected;
         };
         r.arrived += 1;
-        let waiting = r.waiting.v.map_or(0, |[n, _]| n);
         let decision = take(
             &mut r.cursor,
             &mut r.blob,
+            &mut r.waiting,
             &r.reach,
             now,
             true,
-            Attempt::First { waiting },
+            Attempt::First,
         );
         match self.settle(rule, t, now, decision) {
             Some(fate) => fate,
             None => {
                 if let Some(r) = self.rules.get_mut(rule) {
-                    let _ = add_waiting(&mut r.waiting, 1);
-                    r.waiters
-                        .push_back((t, now.saturating_add(r.reach.max_delay_ns)));
+                    r.waiters.push_back((t, now));
                 }
                 Fate::Waiting
             }
@@ -328,32 +332,29 @@ impl SimProxy {
                 .get_mut(rule)
                 .map(|r| r.waiters.drain(..).collect())
                 .unwrap_or_default();
-            for (arrived, deadline) in pending {
+            for (arrived, started) in pending {
                 let Some(r) = self.rules.get_mut(rule) else {
                     break;
                 };
+                let waited_ns = now.saturating_sub(started);
+                if waited_ns >= r.reach.max_delay_ns {
+                    // Its max_queue_delay is over: rejected (the glue answers 429 now).
+                    let _ = add_waiting(&mut r.waiting, -1);
+                    self.timed_out += 1;
+                    continue;
+                }
                 let d = take(
                     &mut r.cursor,
                     &mut r.blob,
+                    &mut r.waiting,
                     &r.reach,
                     now,
                     true,
-                    Attempt::Retry,
+                    Attempt::Retry { waited_ns },
                 );
-                let waited_out = matches!(d, Take::Wait) && now >= deadline;
-                match self.settle(rule, arrived, now, d) {
-                    None if !waited_out => {
-                        if let Some(r) = self.rules.get_mut(rule) {
-                            r.waiters.push_back((arrived, deadline));
-                        }
-                    }
-                    other => {
-                        if other.is_none() {
-                            self.timed_out += 1;
-                        }
-                        if let Some(r) = self.rules.get_mut(rule) {
-                            let _ = add_waiting(&mut r.waiting, -1);
-                        }
+                if self.settle(rule, arrived, now, d).is_none() {
+                    if let Some(r) = self.rules.get_mut(rule) {
+                        r.waiters.push_back((arrived, started));
                     }
                 }
             }

@@ -469,3 +469,19 @@ fn calls_are_at_most_ten_per_second_whatever_the_rules() {
     assert!(sent.len() <= 100, "{} calls in 10 s", sent.len());
     assert!(sent.len() >= 95, "{} calls in 10 s", sent.len());
 }
+
+#[test]
+fn a_phase_spreads_calls_over_the_first_half_of_the_epoch() {
+    let facts = [RuleFacts {
+        arrived_total: 0,
+        waiting: 1,
+    }];
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    )
+    .with_phase(500);
+    // Half of half an epoch (100 ms): not before 25 ms into the epoch.
+    assert_eq!(c.tick(T0 + 24 * MS, &facts).0, None);
+    assert!(c.tick(T0 + 25 * MS, &facts).0.is_some());
+}
