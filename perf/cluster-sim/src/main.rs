@@ -37,6 +37,7 @@ struct Args {
     fake_latency_us: u64,
     skew_ms: u64,
     out: Option<String>,
+    probe: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -52,6 +53,7 @@ fn args() -> Result<Args, String> {
         fake_latency_us: 1000,
         skew_ms: 0,
         out: None,
+        probe: false,
     };
     let mut it = std::env::args().skip(1);
     let mut fake = false;
@@ -71,6 +73,7 @@ fn args() -> Result<Args, String> {
             "--fake-latency-us" => a.fake_latency_us = num(v()?)?,
             "--skew-ms" => a.skew_ms = num(v()?)?,
             "--out" => a.out = Some(v()?),
+            "--probe" => a.probe = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -112,6 +115,54 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// `--probe`: the service's capacity alone. `--threads` clients, each
+/// sending one call after another (6 descriptors, as one rule's call does),
+/// for `--seconds`; prints calls per second and latency.
+fn probe(a: &Args, url: &str) {
+    let end = Instant::now() + Duration::from_secs(a.seconds);
+    let handles: Vec<_> = (0..a.threads)
+        .map(|t| {
+            let url = url.to_string();
+            std::thread::spawn(move || {
+                let mut conn = http::Conn::new(&url, Duration::from_secs(5));
+                let mut lat = Vec::new();
+                let mut errors = 0u64;
+                let mut k = 0u64;
+                while Instant::now() < end {
+                    k += 1;
+                    let f = wall() / (100 * MS);
+                    let d = |key: &str, e: u64, hits: u64| {
+                        json!({"entries": [{"key": key, "value": format!("probe:500000:200:{e}")}], "hitsAddend": hits.to_string()})
+                    };
+                    let body = json!({"domain": "envoy_throttle", "descriptors": [
+                        d("throttle_members", f + 1, 0), d("throttle_demand", f + 1, 0), d("throttle_slots", f + 1, 3),
+                        d("throttle_members", f + 2, 1), d("throttle_demand", f + 2, 7), d("throttle_slots", f + 2, 5 + (k + t as u64) % 3)]})
+                    .to_string();
+                    let t0 = Instant::now();
+                    match conn.post(body.as_bytes()) {
+                        Ok((200, _)) => lat.push(t0.elapsed().as_secs_f64() * 1000.0),
+                        _ => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for h in handles {
+        if let Ok((l, e)) = h.join() {
+            lat.extend(l);
+            errors += e;
+        }
+    }
+    lat.sort_by(|x, y| x.total_cmp(y));
+    let out = json!({"probe": true, "threads": a.threads, "seconds": a.seconds,
+        "calls_per_s": lat.len() as f64 / a.seconds as f64, "errors": errors,
+        "call_ms": {"p50": percentile(&lat, 0.5), "p90": percentile(&lat, 0.9), "p99": percentile(&lat, 0.99)}});
+    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+}
+
 fn main() {
     let a = match args() {
         Ok(a) => a,
@@ -120,6 +171,13 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if a.probe {
+        match &a.url {
+            Some(url) => probe(&a, url),
+            None => eprintln!("cluster-sim: --probe needs --url"),
+        }
+        return;
+    }
     let engine_cfg = EngineConfig {
         cluster: "throttle_engine".into(),
         timeout_ns: a.timeout_ms * MS,

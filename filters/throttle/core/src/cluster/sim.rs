@@ -198,6 +198,8 @@ struct RuleShared {
     local_tat: MemCell,
     /// Requests waiting for grants: (arrival true time, arrival proxy time).
     waiters: VecDeque<(u64, u64)>,
+    /// Blob version at which a retry last found nothing (u32::MAX: never).
+    retried_at_version: u32,
     arrived: u64,
 }
 
@@ -232,6 +234,7 @@ impl SimProxy {
                     waiting: MemCell::default(),
                     local_tat: MemCell::default(),
                     waiters: VecDeque::new(),
+                    retried_at_version: u32::MAX,
                     arrived: 0,
                 })
                 .collect(),
@@ -327,37 +330,7 @@ impl SimProxy {
     pub fn tick(&mut self, t: u64) -> Option<Call> {
         let now = self.clock(t);
         for rule in 0..self.rules.len() {
-            let pending: Vec<(u64, u64)> = self
-                .rules
-                .get_mut(rule)
-                .map(|r| r.waiters.drain(..).collect())
-                .unwrap_or_default();
-            for (arrived, started) in pending {
-                let Some(r) = self.rules.get_mut(rule) else {
-                    break;
-                };
-                let waited_ns = now.saturating_sub(started);
-                if waited_ns >= r.reach.max_delay_ns {
-                    // Its max_queue_delay is over: rejected (the glue answers 429 now).
-                    let _ = add_waiting(&mut r.waiting, -1);
-                    self.timed_out += 1;
-                    continue;
-                }
-                let d = take(
-                    &mut r.cursor,
-                    &mut r.blob,
-                    &mut r.waiting,
-                    &r.reach,
-                    now,
-                    true,
-                    Attempt::Retry { waited_ns },
-                );
-                if self.settle(rule, arrived, now, d).is_none() {
-                    if let Some(r) = self.rules.get_mut(rule) {
-                        r.waiters.push_back((arrived, started));
-                    }
-                }
-            }
+            self.retry_waiters(rule, now);
         }
         let facts: Vec<RuleFacts> = self
             .rules
@@ -373,6 +346,47 @@ impl SimProxy {
             self.calls += 1;
         }
         call
+    }
+
+    /// The workers' retries of requests waiting for grants, oldest first (as
+    /// the glue should do them): expired ones are rejected; the rest are
+    /// retried only when the grants blob changed since a retry last found
+    /// nothing, and only until one still has to wait.
+    fn retry_waiters(&mut self, rule: usize, now: u64) {
+        loop {
+            let Some(r) = self.rules.get_mut(rule) else {
+                return;
+            };
+            let Some(&(arrived, started)) = r.waiters.front() else {
+                return;
+            };
+            let waited_ns = now.saturating_sub(started);
+            if waited_ns >= r.reach.max_delay_ns {
+                // Its max_queue_delay is over: rejected (the glue answers 429 now).
+                r.waiters.pop_front();
+                let _ = add_waiting(&mut r.waiting, -1);
+                self.timed_out += 1;
+                continue;
+            }
+            if r.blob.version == r.retried_at_version {
+                return;
+            }
+            let d = take(
+                &mut r.cursor,
+                &mut r.blob,
+                &mut r.waiting,
+                &r.reach,
+                now,
+                true,
+                Attempt::Retry { waited_ns },
+            );
+            if matches!(d, Take::Wait) {
+                r.retried_at_version = r.blob.version;
+                return;
+            }
+            r.waiters.pop_front();
+            self.settle(rule, arrived, now, d);
+        }
     }
 
     /// The answer to the call in flight, at true time `t`.
