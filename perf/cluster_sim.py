@@ -106,7 +106,8 @@ def table(results: list[dict[str, Any]]) -> str:
         cpu_text = f"{cpu['ratelimit']:.0f}% / {cpu['redis']:.0f}%" if cpu else "—"
         rows.append(
             f"| {r['engine']} | {r['proxies']} | {r['rate']:,} | {r['released_per_s']:,.1f} | {r['rate_error_pct']:+.2f}% "
-            f"| {r['worst_100ms']} ({r['bound_100ms']}) | {r['worst_1s']} ({r['bound_1s']}) "
+            f"| {r['worst_100ms']} ({r['bound_100ms']}; grid only {r['worst_100ms_grid_only']}) "
+            f"| {r['worst_1s']} ({r['bound_1s']}) "
             f"| {r['calls_per_proxy_per_s']['mean']:.2f} (max {r['calls_per_proxy_per_s']['max']:.1f}) "
             f"| {r['engine_calls_per_s']:,.0f} | {r['call_ms']['p50']:.2f} / {r['call_ms']['p99']:.2f} "
             f"| {r['failed_calls']} | {r['fallback_proxy_seconds']:.1f} | {r['redis_ops_per_s']:,.0f} "

@@ -37,6 +37,9 @@ use super::grants::Mode;
 use super::grid::{Grid, WINDOW_NS};
 use super::wire::{parse_answer, request_body, Counted, Descriptor, Failure, Family};
 
+/// How many member looks (epochs) the `local_share` divisor remembers (~5 s).
+pub const MEMBERS_MEMORY: usize = 50;
+
 /// Calls are at least this far apart (at most 10 per second per process).
 pub const MIN_CALL_INTERVAL_NS: u64 = 100 * crate::NS_PER_MS;
 
@@ -92,6 +95,10 @@ pub struct RuleStats {
     pub fallback_since: Option<u64>,
     /// Proxies with demand last seen by the engine (0: never seen).
     pub members: u64,
+    /// The most proxies seen over the last [`MEMBERS_MEMORY`] looks: the
+    /// `local_share` divisor (with `expected_replicas`). A maximum, because
+    /// a count read while calls fail misses the proxies whose calls failed.
+    pub members_recent_max: u64,
     /// Their demand in slots per epoch, last seen (0: never seen).
     pub demand: u64,
 }
@@ -145,6 +152,8 @@ struct RuleState {
     demand_ranges: Vec<(u64, u64, u64)>,
     /// Demand totals looked at, per epoch.
     demand_totals: Vec<(u64, u64)>,
+    /// The last member counts looked at.
+    member_looks: Vec<u64>,
     /// Last arrived_total sample: (value, wall time).
     arrived_sample: Option<(u64, u64)>,
     /// Requests arrived per epoch, recently.
@@ -215,6 +224,7 @@ impl Caller {
                     granted: Vec::new(),
                     demand_ranges: Vec::new(),
                     demand_totals: Vec::new(),
+                    member_looks: Vec::new(),
                     arrived_sample: None,
                     arrived_per_epoch: 0,
                     mode: Mode::Grid,
@@ -448,7 +458,14 @@ impl Caller {
             };
             let g = r.spec.grid;
             match p.purpose {
-                Purpose::MemberLook => r.stats.members = c.after.max(1),
+                Purpose::MemberLook => {
+                    r.stats.members = c.after.max(1);
+                    r.member_looks.push(r.stats.members);
+                    if r.member_looks.len() > MEMBERS_MEMORY {
+                        r.member_looks.remove(0);
+                    }
+                    r.stats.members_recent_max = r.member_looks.iter().copied().max().unwrap_or(1);
+                }
                 Purpose::DemandLook => {
                     r.stats.demand = c.after;
                     bump(&mut r.demand_totals, p.epoch, |_| c.after);
@@ -513,10 +530,10 @@ impl Caller {
             if r.mode != Mode::Grid {
                 continue;
             }
-            let divisor = match r.stats.members {
-                0 => u64::from(r.spec.expected_replicas.max(1)),
-                n => n,
-            };
+            // Never faster than rate / expected_replicas; slower when more
+            // proxies were seen recently (the autoscaler added some).
+            let divisor =
+                u64::from(r.spec.expected_replicas.max(1)).max(r.stats.members_recent_max);
             r.mode = match r.spec.on_engine_failure {
                 OnEngineFailure::Deny => Mode::Deny,
                 OnEngineFailure::LocalFull => Mode::Local {

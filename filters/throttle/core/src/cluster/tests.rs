@@ -294,14 +294,15 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
     assert!(c
         .on_answer(T0 + 350 * MS, Err(Failure::Transport))
         .is_empty());
-    // 250 ms after the first failure (+351 ms), on the tick: local pacing at rate / 1 proxy seen.
+    // 250 ms after the first failure (+351 ms), on the tick: local pacing at
+    // rate / expected_replicas (4), more than the 1 proxy the engine counted.
     let (_, updates) = c.tick(T0 + 351 * MS, &facts);
     assert_eq!(
         updates,
         vec![RuleUpdate {
             rule: 0,
             mode: Mode::Local {
-                interval_ns: 2 * MS
+                interval_ns: 8 * MS
             },
             grant_rate_per_s: 0,
             ranges: vec![]

@@ -233,13 +233,13 @@ pub const EXPECTED_REPLICAS: Field = field(
     "expected_replicas",
     Kind::Integer { min: 1, max: 10_000 },
     Some("1"),
-    "Proxies expected to share a cluster rule: `local_share` paces each at `rate` / this while the engine fails (the count of proxies last seen by the engine is used instead when known). Requires `scope: \"cluster\"`.",
+    "Proxies expected to share a cluster rule: while the engine fails, `local_share` paces each at `rate` / this, or / the most proxies the engine counted in the last ~5 s if that is more. Requires `scope: \"cluster\"`.",
 );
 pub const ON_ENGINE_FAILURE: Field = field(
     "on_engine_failure",
     Kind::OneOf(&["local_share", "deny", "local_full"]),
     Some("\"local_share\""),
-    "What a cluster rule does while the engine fails (see `engine.fallback_after`): `\"local_share\"` paces each proxy at `rate` / the proxy count (last seen, else `expected_replicas`); `\"deny\"` rejects with `reject_status` and `retry-after`; `\"local_full\"` paces each proxy at the full `rate`. Requires `scope: \"cluster\"`.",
+    "What a cluster rule does while the engine fails (see `engine.fallback_after`): `\"local_share\"` paces each proxy at `rate` / max(`expected_replicas`, proxies recently counted); `\"deny\"` rejects with `reject_status` and `retry-after`; `\"local_full\"` paces each proxy at the full `rate`. Requires `scope: \"cluster\"`.",
 );
 pub const RULE_FIELDS: &[Field] = &[
     NAME,
