@@ -37,7 +37,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
@@ -443,11 +442,6 @@ class Engine:
         return out
 
 
-def iter_signals() -> Iterator[int]:
-    yield signal.SIGTERM
-    yield signal.SIGINT
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.engine", description=__doc__.split("\n\n")[0])
     parser.add_argument("--fault-proxy", action="store_true",
@@ -460,21 +454,23 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopping.set()
 
-    for s in iter_signals():
+    for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, on_signal)
     with Engine(fault_proxy=args.fault_proxy, log_level=args.log_level) as engine:
         _log(f"redis pid {engine.redis.proc.pid if engine.redis.proc else '?'} on 127.0.0.1:{engine.redis.port}; "
              f"ratelimit pid {engine.service.proc.pid if engine.service.proc else '?'} http :{engine.service.port} "
              f"grpc :{engine.service.grpc_port} debug :{engine.service.debug_port}")
         print(json.dumps({"envoy_cluster": engine.envoy_cluster()}), flush=True)
+        died = False
         while not stopping.is_set():
             for part, alive in (("redis", engine.redis.running()), ("ratelimit", engine.service.running())):
                 if not alive:
-                    _log(f"{part} exited; stopping")
+                    _log(f"{part} exited on its own; stopping the rest")
+                    died = True
                     stopping.set()
             stopping.wait(0.5)
         _log("stopping")
-    return 0
+    return 1 if died else 0
 
 
 if __name__ == "__main__":
