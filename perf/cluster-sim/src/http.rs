@@ -13,7 +13,11 @@ pub struct Conn {
 
 impl Conn {
     pub fn new(addr: &str, timeout: Duration) -> Conn {
-        Conn { addr: addr.to_string(), timeout, stream: None }
+        Conn {
+            addr: addr.to_string(),
+            timeout,
+            stream: None,
+        }
     }
 
     /// POSTs `body` to `/json`; returns (status, body). Reconnects once on a stale connection.
@@ -53,7 +57,11 @@ impl Conn {
         w.write_all(body)?;
         let mut line = String::new();
         r.read_line(&mut line)?;
-        let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| bad("status line"))?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("status line"))?;
         let (mut length, mut chunked) = (None, false);
         loop {
             line.clear();

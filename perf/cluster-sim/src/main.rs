@@ -87,7 +87,9 @@ fn args() -> Result<Args, String> {
 }
 
 fn wall() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// A small deterministic generator (phases, skews).
@@ -190,7 +192,12 @@ fn main() {
     // A name per run: counters of earlier runs never mix in.
     let name = format!("sim{}", wall() / S % 100_000);
     let rule = (
-        RuleSpec { name, grid, expected_replicas: a.proxies as u32, on_engine_failure: OnEngineFailure::LocalShare },
+        RuleSpec {
+            name,
+            grid,
+            expected_replicas: a.proxies as u32,
+            on_engine_failure: OnEngineFailure::LocalShare,
+        },
         Reach::new(grid, 0, S),
     );
     let skew_of = |i: usize| -> i64 {
@@ -202,12 +209,18 @@ fn main() {
     };
     let mut proxies: Vec<SimProxy> = (0..a.proxies)
         .map(|i| {
-            SimProxy::new(&engine_cfg, std::slice::from_ref(&rule), skew_of(i)).with_phase(mix(i as u64) % 1000)
+            SimProxy::new(&engine_cfg, std::slice::from_ref(&rule), skew_of(i))
+                .with_phase(mix(i as u64) % 1000)
         })
         .collect();
-    let weights: Vec<f64> = (0..a.proxies).map(|i| 1.0 / ((i + 1) as f64).powf(0.8)).collect();
+    let weights: Vec<f64> = (0..a.proxies)
+        .map(|i| 1.0 / ((i + 1) as f64).powf(0.8))
+        .collect();
     let wsum: f64 = weights.iter().sum();
-    let offered: Vec<f64> = weights.iter().map(|w| a.offered * a.rate as f64 * w / wsum).collect();
+    let offered: Vec<f64> = weights
+        .iter()
+        .map(|w| a.offered * a.rate as f64 * w / wsum)
+        .collect();
 
     // Transport: worker threads with one connection each, or the in-memory engine.
     let (to_workers, from_main) = mpsc::channel::<Sent>();
@@ -230,7 +243,10 @@ fn main() {
                     let Ok(job) = job else { return };
                     let answer = match conn.post(&job.body) {
                         Ok(r) => Ok(r),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::WouldBlock
+                                || e.kind() == std::io::ErrorKind::TimedOut =>
+                        {
                             Err(Failure::Timeout)
                         }
                         Err(_) => Err(Failure::Transport),
@@ -249,7 +265,10 @@ fn main() {
     let end = start + (a.warmup + a.seconds) * S;
     let measure_from = start + a.warmup * S;
     let mut next_arrival: Vec<f64> = (0..a.proxies)
-        .map(|i| start as f64 + (mix(i as u64 + 5) % 1000) as f64 / 1000.0 * (S as f64 / offered[i].max(1e-9)))
+        .map(|i| {
+            start as f64
+                + (mix(i as u64 + 5) % 1000) as f64 / 1000.0 * (S as f64 / offered[i].max(1e-9))
+        })
         .collect();
     let mut rtts: Vec<f64> = Vec::new();
     let mut calls_in_window = vec![0u64; a.proxies];
@@ -303,7 +322,11 @@ fn main() {
                         calls_in_window[i] += 1;
                     }
                     if a.url.is_some() {
-                        let _ = to_workers.send(Sent { proxy: i, body: call.body, sent: t });
+                        let _ = to_workers.send(Sent {
+                            proxy: i,
+                            body: call.body,
+                            sent: t,
+                        });
                     } else {
                         let served = fake.handle(&call.body, t + a.fake_latency_us * 500);
                         fake_queue.push_back((t + a.fake_latency_us * 1000, i, t, Ok(served)));
@@ -335,12 +358,21 @@ fn main() {
         .collect();
     waits.sort_by(|x, y| x.total_cmp(y));
     rtts.sort_by(|x, y| x.total_cmp(y));
-    let per_proxy_calls: Vec<f64> = calls_in_window.iter().map(|c| *c as f64 / seconds).collect();
+    let per_proxy_calls: Vec<f64> = calls_in_window
+        .iter()
+        .map(|c| *c as f64 / seconds)
+        .collect();
     let max_calls = per_proxy_calls.iter().cloned().fold(0.0, f64::max);
     let mean_calls = per_proxy_calls.iter().sum::<f64>() / a.proxies as f64;
     let shares: Vec<f64> = proxies
         .iter()
-        .map(|p| p.releases.iter().filter(|r| r.at >= measure_from && r.at < end).count() as f64 / seconds)
+        .map(|p| {
+            p.releases
+                .iter()
+                .filter(|r| r.at >= measure_from && r.at < end)
+                .count() as f64
+                / seconds
+        })
         .collect();
     let fallback_s: f64 = (0..a.proxies)
         .filter_map(|i| proxies[i].caller.stats(0))
