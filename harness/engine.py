@@ -102,13 +102,36 @@ def _redis_ping(port: int) -> bool:
         return False
 
 
-class Redis:
+class _Child:
+    """One process this harness starts: stop (SIGTERM, then SIGKILL) or kill it by PID."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.running():
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+class Redis(_Child):
     """`redis-server` on 127.0.0.1:port, nothing saved to disk."""
 
     def __init__(self, port: int, workdir: Path):
         self.port = port
         self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "redis.log"
 
     def start(self, timeout: float = 10.0) -> None:
@@ -125,17 +148,6 @@ class Redis:
             raise RuntimeError(f"redis exited with {self.proc.returncode}: {self.log()[-2000:]}")
         return True
 
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        stop(self.proc)
-
-    def kill(self) -> None:
-        if self.running() and self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
     def command(self, *args: str) -> str:
         """One command through redis-cli (INFO, FLUSHALL...)."""
         r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
@@ -150,14 +162,8 @@ class Redis:
                 out[k] = v
         return out
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
 
-
-class RateLimitService:
+class RateLimitService(_Child):
     """envoyproxy/ratelimit with the project's configuration, all listeners on loopback."""
 
     def __init__(self, redis_port: int, workdir: Path, log_level: str = "warn"):
@@ -167,7 +173,6 @@ class RateLimitService:
         self.redis_port = redis_port
         self.workdir = workdir
         self.log_level = log_level
-        self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "ratelimit.log"
         runtime = workdir / "runtime"
         (runtime / "throttle" / "config").mkdir(parents=True, exist_ok=True)
@@ -208,23 +213,6 @@ class RateLimitService:
             return status == 200 and b"OK" in body
         except OSError:
             return False
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        stop(self.proc)
-
-    def kill(self) -> None:
-        if self.running() and self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
 
 
 #: What `FaultProxy.nonsense` can answer instead of the service.

@@ -7,22 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import yaml
 
 from harness.engine import DOMAIN, LIMIT, descriptor, post_json
-from harness.procs import ROOT, envoy_bin, free_port, wait_until
-
-
-def listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
+from harness.procs import ROOT, _can_connect, envoy_bin, free_port, wait_until
 
 
 def children_of(pid: int) -> list[int]:
@@ -65,7 +56,7 @@ def test_prints_one_cluster_line_and_stops_everything_on_sigterm(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert proc.stdout.read() == "", "exactly one line on stdout"
-        wait_until(lambda: not listening(port), 10, "the service's port to close")
+        wait_until(lambda: not _can_connect(port), 10, "the service's port to close")
         assert all(not os.path.exists(f"/proc/{k}") for k in kids)
     finally:
         if proc.poll() is None:

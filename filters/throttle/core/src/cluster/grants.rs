@@ -449,32 +449,10 @@ pub fn add_waiting<C: SharedCell>(cell: &mut C, delta: i64) -> Result<u64, Store
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::MemCell;
+    use crate::cluster::sim::{MemBlob, MemCell};
     use crate::NS_PER_MS;
 
     const MS: u64 = NS_PER_MS;
-
-    /// A blob in memory with a version; `conflicts` simulates lost races.
-    #[derive(Default)]
-    pub struct MemBlob {
-        pub v: Option<Vec<u8>>,
-        pub version: u32,
-    }
-
-    impl SharedBlob for MemBlob {
-        type Token = u32;
-        fn load(&mut self) -> Result<(Option<Vec<u8>>, u32), StoreError> {
-            Ok((self.v.clone(), self.version))
-        }
-        fn store(&mut self, value: &[u8], token: u32) -> Result<bool, StoreError> {
-            if token != self.version {
-                return Ok(false);
-            }
-            self.v = Some(value.to_vec());
-            self.version += 1;
-            Ok(true)
-        }
-    }
 
     // 500/s: T = 2 ms, L = 50, E = 100 ms; no burst (slack 2 ms); hold up to 10 ms.
     fn reach() -> Reach {
