@@ -8,11 +8,16 @@
 //!
 //! * `members(e+2) += 1` and `demand(e+2) += a` (its arrivals per epoch): the
 //!   answer places its demand at `[D0, D1)` of epoch `e+2`'s demand total;
-//! * a look at `members(e+1)` and `demand(e+1)`: complete by now (they were
-//!   counted during `e-1`), they give `N` proxies with demand `A` in total;
+//! * a look at `demand(e+2-lag)`, complete by now: its adds were made
+//!   `lag = 1 + ceil((max_clock_skew + timeout) / E)` epochs ago (2 or 3
+//!   epochs with the defaults), so every proxy's add has been counted
+//!   whatever its clock: `A`, the demand of all proxies;
+//! * a look at `members(e+1)`: `N`, the proxies with demand (nearly all have
+//!   added by now; the fallback uses the most seen in ~5 s), and a loss
+//!   detector (it must include this proxy's own add);
 //! * `slots(e+2) += floor(L*D1/A) - floor(L*D0/A)`, with `[D0, D1)` from its
-//!   add to `demand(e)` and `A` from its look at `demand(e)` (both made
-//!   earlier): its share, in proportion to its demand. Every proxy computes
+//!   add to `demand(y)` and `A` from its look at `demand(y)`, `y = e+1-lag`
+//!   (both made earlier): its share, in proportion to its demand. Every proxy computes
 //!   its share from the same `A`, so the shares add up to exactly `L`
 //!   whatever the order of the claims: no rounding goes against the last
 //!   claimer, and a request's chance does not depend on which proxy it reached;
@@ -154,6 +159,10 @@ struct RuleState {
     demand_totals: Vec<(u64, u64)>,
     /// The last member counts looked at.
     member_looks: Vec<u64>,
+    /// Epochs between the start of a demand epoch's adds and the look at its
+    /// total: `1 + ceil((max_clock_skew + timeout) / E)`, so that every
+    /// proxy's add has been counted (whatever its clock) before anyone reads it.
+    lag: u64,
     /// Last arrived_total sample: (value, wall time).
     arrived_sample: Option<(u64, u64)>,
     /// Requests arrived per epoch, recently.
@@ -216,7 +225,8 @@ impl Caller {
             skew_ns: engine.max_clock_skew_ns,
             rules: rules
                 .into_iter()
-                .map(|spec| RuleState {
+                .map(|spec| (spec.grid.epoch_ns.max(1), spec))
+                .map(|(epoch_ns, spec)| RuleState {
                     spec,
                     last_epoch: None,
                     member_adds: Vec::new(),
@@ -225,6 +235,7 @@ impl Caller {
                     demand_ranges: Vec::new(),
                     demand_totals: Vec::new(),
                     member_looks: Vec::new(),
+                    lag: 1 + (engine.max_clock_skew_ns + engine.timeout_ns).div_ceil(epoch_ns),
                     arrived_sample: None,
                     arrived_per_epoch: 0,
                     mode: Mode::Grid,
@@ -299,10 +310,15 @@ impl Caller {
                 continue;
             }
             r.granted.retain(|(f, _)| *f > e);
-            r.demand_ranges.retain(|(f, ..)| *f >= e);
-            r.demand_totals.retain(|(f, _)| *f >= e);
+            // Demand of epoch `y` is complete for everyone `lag` epochs after
+            // its adds began; shares of e+2 come from y = e+1-lag.
+            let lag = r.lag;
+            let y = (e + 1).saturating_sub(lag);
+            let look = e + 2 - lag;
+            r.demand_ranges.retain(|(f, ..)| *f >= y);
+            r.demand_totals.retain(|(f, _)| *f >= y);
             r.seen.retain(|(f, _)| *f + 2 > e);
-            r.member_adds.retain(|f| *f + 2 > e);
+            r.member_adds.retain(|f| *f > e);
             let mut a = r.arrived_per_epoch;
             if r.mode != Mode::Grid || fact.waiting > 0 {
                 // Waiting requests, or a fallback that must probe the engine
@@ -315,7 +331,7 @@ impl Caller {
             r.last_epoch = Some(e);
             let (next, ahead) = (e + 1, e + 2);
             let l = g.slots_per_epoch;
-            let share = match (lookup3(&r.demand_ranges, e), lookup(&r.demand_totals, e)) {
+            let share = match (lookup3(&r.demand_ranges, y), lookup(&r.demand_totals, y)) {
                 (Some((d0, d1)), total) if total > 0 => {
                     let total = total.max(d1);
                     div_floor_u128(l, d1, total) - div_floor_u128(l, d0, total)
@@ -332,9 +348,12 @@ impl Caller {
                     hits,
                 })
             };
+            if g.may_claim(look, now, skew, timeout) {
+                push(Purpose::DemandLook, look, 0);
+            }
             if g.may_claim(next, now, skew, timeout) {
+                // Also the loss detector: it includes this proxy's own add.
                 push(Purpose::MemberLook, next, 0);
-                push(Purpose::DemandLook, next, 0);
                 if leftover > 0 {
                     push(Purpose::Leftover, next, leftover);
                 }

@@ -174,15 +174,16 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
             v(f)
         )
     };
-    // Look at e+1's proxies and demand, take 3 leftovers of e+1 (1 arrival per
+    // Look at the demand total of e-1 (complete: lag = 1 + ceil(150 ms / 100 ms)
+    // = 3 epochs), at e+1's proxies, take 3 leftovers of e+1 (1 arrival per
     // epoch at least, plus 2 waiting), add itself and its demand to e+2. No
     // share yet: it had no place in an earlier demand total.
     assert_eq!(
         body,
         format!(
             r#"{{"descriptors":[{},{},{},{},{}],"domain":"envoy_throttle"}}"#,
+            d("throttle_demand", E0 - 1, 0),
             d("throttle_members", E0 + 1, 0),
-            d("throttle_demand", E0 + 1, 0),
             d("throttle_slots", E0 + 1, 3),
             d("throttle_members", E0 + 2, 1),
             d("throttle_demand", E0 + 2, 1),
@@ -227,7 +228,7 @@ fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
     );
     let mut b = a.clone();
     let mut granted: Vec<(u64, u64, u64)> = Vec::new(); // (epoch, a's, b's)
-    for k in 0..6u64 {
+    for k in 0..10u64 {
         // Calls drift a little later each epoch (at least 100 ms apart).
         let now = T0 + k * 104 * MS;
         let fa = [RuleFacts {
@@ -255,9 +256,10 @@ fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
         };
         granted.push((E0 + k + 2, n(&ua, E0 + k + 2), n(&ub, E0 + k + 2)));
     }
-    // From the 5th epoch on, shares come from demand totals the two placed
-    // earlier: 50*30/40 = 37.5 -> a's place [0, 30) or [10, 40) decides the rounding.
-    let shares: Vec<(u64, u64)> = granted.iter().skip(4).map(|&(_, x, y)| (x, y)).collect();
+    // Arrivals are measured from k = 1, so demand(E0+3) is the first with
+    // both; shares of e+2 come from demand(e-2): from k = 5 (epoch E0+7) on.
+    // 50*30/40 = 37.5 -> a's place [0, 30) or [10, 40) decides the rounding.
+    let shares: Vec<(u64, u64)> = granted.iter().skip(5).map(|&(_, x, y)| (x, y)).collect();
     for &(x, y) in &shares {
         assert_eq!(x + y, 50, "{shares:?}");
         assert!((37..=38).contains(&x), "{shares:?}");
