@@ -708,17 +708,20 @@ mod tests {
         let mut c = MemCell::default();
         let mut waiting = MemCell::default();
         let r = reach(); // hold up to 10 ms
-        let mut go = |blob: &mut MemBlob, c: &mut MemCell, now, attempt| {
-            take(c, blob, &mut waiting, &r, now, true, attempt)
-        };
-        // Nothing known yet: wait (and be counted).
-        assert_eq!(go(&mut blob, &mut c, at(1000), FIRST), Take::Wait);
+                         // Nothing known yet: wait (and be counted).
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            Take::Wait
+        );
         // A share of 250 slots/s: 2.5 slots per 10 ms. With one waiting, a second still fits...
         publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[]).unwrap();
-        assert_eq!(go(&mut blob, &mut c, at(1000), FIRST), Take::Wait);
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            Take::Wait
+        );
         // ...but with 2 already waiting, a third cannot be served within 10 ms: rejected now.
         assert_eq!(
-            go(&mut blob, &mut c, at(1000), FIRST),
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -726,10 +729,13 @@ mod tests {
         );
         // A retry is never rejected early: the glue rejects it at its deadline.
         assert_eq!(
-            go(
-                &mut blob,
+            take(
                 &mut c,
+                &mut blob,
+                &mut waiting,
+                &r,
                 at(1000),
+                true,
                 Attempt::Retry { waited_ns: MS }
             ),
             Take::Wait
@@ -738,7 +744,7 @@ mod tests {
         // waiting ones; their retries take the slots first, and leave the count.
         publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[(1002, 1010)]).unwrap();
         assert_eq!(
-            go(&mut blob, &mut c, at(1000), FIRST),
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -746,20 +752,19 @@ mod tests {
         );
         let retry = Attempt::Retry { waited_ns: 2 * MS };
         assert_eq!(
-            go(&mut blob, &mut c, at(1000), retry),
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
             Take::Hold {
                 slot: 1002,
                 delay_ns: 4 * MS
             }
         );
         assert_eq!(
-            go(&mut blob, &mut c, at(1000), retry),
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
             Take::Hold {
                 slot: 1003,
                 delay_ns: 6 * MS
             }
         );
-        drop(go);
         assert_eq!(waiting.v, Some([0, 0]));
         // A retry may be held only for what is left of max_queue_delay (10 - 7 ms).
         let mut w = MemCell::default();
