@@ -26,7 +26,9 @@
 //! 4. Per request, on any worker: [`take`] with the rule's [`Reach`] and
 //!    `Attempt::First`. `Now`: continue; `Hold`: hold `delay_ns`; both count
 //!    as taken (metric). `Wait`: keep it in the worker's queue and retry on
-//!    tick with `Attempt::Retry { waited_ns }`; once it has waited
+//!    tick with `Attempt::Retry { waited_ns }`, oldest first, stopping at the
+//!    first that must still wait, and only when the grants blob changed
+//!    since (its CAS token; `sim::SimProxy` does exactly this); once it has waited
 //!    `max_queue_delay`, reject it and [`add_waiting`] -1 (also when its
 //!    client goes away). `Local`: [`crate::admit`] on the rule's fallback TAT
 //!    with [`local_schedule`]. `Deny`, `Reject`, `Contention`: reject. Every
