@@ -237,10 +237,10 @@ class FaultProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (base signature)
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
                 status, answer = proxy._answer(self.path, body)
@@ -294,6 +294,17 @@ class FaultProxy:
         return status, answer
 
 
+def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> float:
+    """User + system CPU seconds of a process we started (0 if it is gone)."""
+    if proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _nonsense_answer(kind: str, body: bytes) -> tuple[int, bytes]:
     try:
         n = len(json.loads(body).get("descriptors", []))
@@ -330,7 +341,7 @@ class Engine:
         self.proxy: FaultProxy | None = FaultProxy(self.service.port) if fault_proxy else None
 
     # -- lifecycle -------------------------------------------------------
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         try:
             self.redis.start()
             self.service.start()
@@ -348,7 +359,7 @@ class Engine:
         self.redis.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -417,6 +428,10 @@ class Engine:
             return status, json.loads(body)
         except ValueError:
             return status, body
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) used so far by Redis and by the service."""
+        return {"redis": _cpu_seconds(self.redis.proc), "ratelimit": _cpu_seconds(self.service.proc)}
 
     def redis_stats(self) -> dict[str, int]:
         """Redis's own counters: total commands, and calls of INCRBY, EXPIRE and GET."""

@@ -24,7 +24,6 @@ from typing import Any
 
 from harness.engine import Engine
 from harness.procs import ROOT
-from perf.procinfo import cpu_s
 
 CRATE = ROOT / "perf" / "cluster-sim"
 TARGET = ROOT / "target" / "cluster-sim"
@@ -56,7 +55,7 @@ def run_one(kind: str, proxies: int, rate: int, seconds: int, engine: Engine | N
     cpu0: dict[str, float] = {}
     if engine is not None and kind == "real":
         before = engine.redis_stats()
-        cpu0 = {"redis": cpu_s(engine.redis.proc.pid), "ratelimit": cpu_s(engine.service.proc.pid)}
+        cpu0 = engine.cpu_seconds()
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=True)
     wall = time.monotonic() - t0
@@ -65,10 +64,8 @@ def run_one(kind: str, proxies: int, rate: int, seconds: int, engine: Engine | N
         after = engine.redis_stats()
         result["redis_ops_per_s"] = (after["total_commands_processed"] - before["total_commands_processed"]) / wall
         result["redis_incrby_per_s"] = (after["incrby"] - before["incrby"]) / wall
-        result["cpu_pct"] = {
-            "redis": (cpu_s(engine.redis.proc.pid) - cpu0["redis"]) / wall * 100,
-            "ratelimit": (cpu_s(engine.service.proc.pid) - cpu0["ratelimit"]) / wall * 100,
-        }
+        cpu1 = engine.cpu_seconds()
+        result["cpu_pct"] = {k: (cpu1[k] - cpu0[k]) / wall * 100 for k in cpu0}
     else:
         result["redis_ops_per_s"] = result["fake_engine_redis_commands"] / result["wall_seconds"]
     return result
@@ -79,12 +76,12 @@ PROBE_THREADS = [1, 4, 16]
 
 def probe(engine: Engine, threads: int, seconds: int) -> dict[str, Any]:
     """The service's capacity alone: `threads` clients calling back to back."""
-    cpu0 = {"redis": cpu_s(engine.redis.proc.pid), "ratelimit": cpu_s(engine.service.proc.pid)}
+    cpu0 = engine.cpu_seconds()
     out = subprocess.run([str(BINARY), "--probe", "--url", f"127.0.0.1:{engine.port}", "--threads", str(threads),
                           "--seconds", str(seconds)], capture_output=True, text=True, timeout=seconds + 30, check=True)
     r: dict[str, Any] = json.loads(out.stdout)
-    r["cpu_pct"] = {"redis": (cpu_s(engine.redis.proc.pid) - cpu0["redis"]) / seconds * 100,
-                    "ratelimit": (cpu_s(engine.service.proc.pid) - cpu0["ratelimit"]) / seconds * 100}
+    cpu1 = engine.cpu_seconds()
+    r["cpu_pct"] = {k: (cpu1[k] - cpu0[k]) / seconds * 100 for k in cpu0}
     return r
 
 

@@ -10,10 +10,13 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from harness.engine import DOMAIN, LIMIT, descriptor, post_json
 from harness.procs import ROOT, _can_connect, envoy_bin, free_port, wait_until
+
+pytestmark = pytest.mark.integration
 
 
 def children_of(pid: int) -> list[int]:

@@ -6,6 +6,7 @@ Needs `make setup-engine` (redis-server, ratelimit)."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import time
 from typing import Any
@@ -16,6 +17,9 @@ from harness.engine import DOMAIN, LIMIT, Engine, descriptor, post_json
 from harness.procs import wait_until
 
 HOUR = 3600
+
+# Real processes (Redis, the rate limit service) on loopback: the integration tier.
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +131,7 @@ def test_concurrent_claims_hand_out_disjoint_positions(engine):
         ranges = sorted(pool.map(claim, range(n)))
     # The ranges [before, after) tile [0, n*per_call) exactly: nothing granted twice, nothing lost.
     assert ranges[0][0] == 0
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     assert ranges[-1][1] == n * per_call
 
 
