@@ -5,6 +5,7 @@ WORKSPACE calls throttle_dependencies() and nothing else.
 
 load(":cargo.bzl", "cargo_vendor", "rust_host_toolchain")
 load(":host_tools.bzl", "host_test_tools")
+load(":test_tiers.bzl", "test_tiers")
 
 # Where Debian 12's bazel-skylib and bazel-platforms packages put their sources.
 DEBIAN_SKYLIB = "/usr/share/bazel/tools/skylib"
@@ -43,3 +44,6 @@ def throttle_dependencies(skylib_path = DEBIAN_SKYLIB, platforms_path = DEBIAN_P
 
     # Envoy, Python with pytest and Fortio, as installed by `make setup`.
     host_test_tools(name = "host_test_tools")
+
+    # Which tests/test_*.py are fast: from their pytest markers (pyproject.toml).
+    test_tiers(name = "test_tiers")

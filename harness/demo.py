@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from harness.procs import Envoy, FortioServer, free_port, fortio_load, load_config, plugin_config, render, summarize
+from harness.procs import Envoy, FortioServer, fortio_load, free_port, load_config, plugin_config, render, summarize
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,13 +14,18 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "throttle.wasm"
 VENV_BIN = ROOT / ".venv" / "bin"
+# The longest the throttle keeps counter changes before handing them to Envoy:
+# its flush tick (100 ms) plus two ticks of Envoy's ~4 ms timer resolution, rounded up.
+FLUSH_S = 0.12
 
 
 def go_bin(name: str) -> str:
@@ -72,15 +77,9 @@ def stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
         proc.wait(timeout=timeout)
 
 
-def rss_kb(pid: int) -> int:
-    """Resident set size of a process, in KiB (VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise ValueError(f"no VmRSS for pid {pid}")
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Polls `predicate` every `interval` s until it returns something truthy, and returns
+    that; TimeoutError naming `what` after `timeout` s. The way tests wait for a condition."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -96,9 +95,11 @@ class FortioServer:
     def __init__(self, port: int | None = None):
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
-        self.log = tempfile.NamedTemporaryFile(prefix="fortio-server-", suffix=".log", delete=False)
+        fd, log_path = tempfile.mkstemp(prefix="fortio-server-", suffix=".log")
+        self.log = os.fdopen(fd, "wb")  # closed in __exit__; kept on disk for a failed test's reader
+        self.log_path = Path(log_path)
 
-    def __enter__(self) -> "FortioServer":
+    def __enter__(self) -> FortioServer:
         self.proc = subprocess.Popen(
             [go_bin("fortio"), "server", "-http-port", f"127.0.0.1:{self.port}",
              "-grpc-port", "disabled", "-redirect-port", "disabled", "-loglevel", "warning"],
@@ -106,8 +107,9 @@ class FortioServer:
         wait_until(lambda: _can_connect(self.port), 15, f"fortio server on :{self.port}")
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         stop(self.proc)
+        self.log.close()
 
     @property
     def url(self) -> str:
@@ -187,14 +189,14 @@ class Envoy:
                 "--log-level", self.log_level, "--mode", mode, "--base-id", str(free_port()),
                 "--disable-hot-restart"]
 
-    def start(self, timeout: float = 30.0) -> "Envoy":
+    def start(self, timeout: float = 30.0) -> Envoy:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until(self._ready, timeout, "envoy ready")
         except TimeoutError:
             self.stop()
-            raise RuntimeError(f"envoy did not start:\n{self.log()[-4000:]}")
+            raise RuntimeError(f"envoy did not start:\n{self.log()[-4000:]}") from None
         return self
 
     def _ready(self) -> bool:
@@ -220,10 +222,10 @@ class Envoy:
         r = subprocess.run(self.command("validate"), capture_output=True, text=True, timeout=120)
         return r.returncode, r.stdout + r.stderr
 
-    def __enter__(self) -> "Envoy":
+    def __enter__(self) -> Envoy:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stop(self) -> None:
@@ -239,20 +241,30 @@ class Envoy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def stats(self, prefix: str = "wasmcustom.throttle.") -> dict[str, float]:
-        """Counters and gauges whose name starts with `prefix` (histograms skipped)."""
+    def stats(self, prefix: str = "wasmcustom.throttle.", settle: bool = True) -> dict[str, int]:
+        """Counters and gauges whose name starts with `prefix` (histograms skipped).
+
+        The throttle hands its counters to Envoy at most FLUSH_S after they
+        change (batched per worker, filters/throttle/wasm/src/local.rs): with
+        `settle`, the read waits out that bound, so it includes every request
+        finished before the call."""
+        if settle:
+            time.sleep(FLUSH_S)
+        return self._read_stats(prefix)
+
+    def _read_stats(self, prefix: str) -> dict[str, int]:
         _, _, body = http_get(f"http://127.0.0.1:{self.admin_port}/stats?filter=^{re.escape(prefix)}")
-        out: dict[str, float] = {}
+        out: dict[str, int] = {}
         for line in body.decode().splitlines():
             name, _, value = line.partition(": ")
             if name.startswith(prefix) and re.fullmatch(r"-?\d+", value.strip()):
                 out[name[len(prefix):]] = int(value)
         return out
 
-    def rule_stats(self, rule: str = "default") -> dict[str, int]:
-        """The throttle's counters and gauge of one rule: admitted, queued, ..."""
+    def rule_stats(self, rule: str = "default", settle: bool = True) -> dict[str, int]:
+        """The throttle's counters and gauges of one rule: admitted, queued, ..."""
         p = f"rule.{rule}."
-        return {k[len(p):]: v for k, v in self.stats().items() if k.startswith(p)}
+        return {k[len(p):]: v for k, v in self.stats(settle=settle).items() if k.startswith(p)}
 
     def prometheus(self) -> str:
         return http_get(f"http://127.0.0.1:{self.admin_port}/stats/prometheus")[2].decode()

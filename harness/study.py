@@ -35,7 +35,7 @@ def table(rows: list[tuple[str, dict]], baseline: str, extra: tuple[str, ...] = 
     return "\n".join(lines)
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return ""
     return f"{v:.1f}" if isinstance(v, float) else str(v)

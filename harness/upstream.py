@@ -23,7 +23,7 @@ import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
-from harness.procs import free_port, wait_until, _can_connect
+from harness.procs import _can_connect, free_port, wait_until
 
 
 class Upstream:
@@ -37,10 +37,10 @@ class Upstream:
         self.arrivals: list[float] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._server = None
+        self._server: asyncio.Server | None = None
 
     # -- lifecycle -------------------------------------------------------
-    def start(self) -> "Upstream":
+    def start(self) -> Upstream:
         ready = threading.Event()
 
         def run() -> None:
@@ -59,24 +59,27 @@ class Upstream:
     def stop(self) -> None:
         if self._loop is None:
             return
+        loop, server = self._loop, self._server
+
         async def shutdown() -> None:
-            self._server.close()
+            if server is not None:
+                server.close()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._loop.stop()
+            loop.stop()
 
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
+        asyncio.run_coroutine_threadsafe(shutdown(), loop)
         if self._thread:
             self._thread.join(10)
-        self._loop.close()
+        loop.close()
         self._loop = None
 
-    def __enter__(self) -> "Upstream":
+    def __enter__(self) -> Upstream:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stats(self) -> dict:

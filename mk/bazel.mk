@@ -1,4 +1,4 @@
-# Bazel build of the filter and the tests (README "Bazel build"): Bazel 4.2.3
+# Bazel build of the filter and the tests (bazel/README.md): Bazel 4.2.3
 # from Debian (bazel-bootstrap), cargo driven by bazel/cargo.bzl.
 .PHONY: bazel-setup bazel-build bazel-test bazel-test-all bazel-check
 
@@ -8,7 +8,7 @@ bazel-setup: ## Install Bazel 4.2.3 (Debian bazel-bootstrap, bazel-skylib, bazel
 bazel-build: bazel-setup ## bazel build //filters/throttle:throttle.wasm
 	nice -n 10 bazel build //filters/throttle:throttle.wasm
 
-bazel-test: setup bazel-setup ## bazel test of the fast targets (not tagged integration)
+bazel-test: setup bazel-setup ## bazel test of the fast targets (pure tests, by their pytest markers)
 	nice -n 10 bazel test --config=fast //...
 
 bazel-test-all: setup bazel-setup ## bazel test //... including the Envoy+Fortio integration tests

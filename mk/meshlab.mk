@@ -1,4 +1,4 @@
-# Mesh comparison on one machine (issue 7): no mesh vs sidecar vs ambient (+ waypoint),
+# Mesh comparison on one machine (perf/meshlab/README.md): no mesh vs sidecar vs ambient (+ waypoint),
 # with and without the throttle, in network namespaces the lab creates and removes itself.
 # Needs root and `ip netns`; without them the runs print "SKIPPED: <reason>" and succeed.
 .PHONY: setup-meshlab perf-mesh perf-mesh-short mesh-test
@@ -12,7 +12,7 @@ perf-mesh: setup setup-meshlab build ## Full mesh comparison (root): 4 load case
 perf-mesh-short: setup setup-meshlab build ## Short mesh comparison for CI (root; 100 RPS, 5 topologies, sanity checks)
 	$(PY) -m perf.meshlab.run --short --check
 
-mesh-test: setup setup-meshlab build ## Mesh-lab tests only (configs validate; lab tests need root)
-	$(PY) -m pytest tests/meshlab -v
+mesh-test: setup setup-meshlab build ## Tests marked lab: the mesh lab itself (root + ip netns, else skipped with the reason)
+	$(PYTEST) -m lab -v
 
-CI_EXTRA += perf-mesh-short
+CI_EXTRA += mesh-test perf-mesh-short

@@ -12,11 +12,11 @@ perf-noop: ## Build the no-op Wasm filter (the Wasm ABI's floor, run beside the 
 
 perf: setup perf-setup build perf-noop ## Benchmarks, standard set (< ~15 min): CSV, Markdown summary, HTML report
 	$(PY) -m perf.run --set standard
-	PERF_RUN_DIR=perf/results/latest $(PY) -m pytest perf/tests -q
+	PERF_RUN_DIR=perf/results/latest $(PYTEST) -m perf -q
 
 perf-quick: setup perf-setup build perf-noop ## Benchmarks, quick subset (~2 min, CI): numbers reported, not asserted
 	rm -rf $(PERF_QUICK_DIR)
 	$(PY) -m perf.run --set quick --out $(PERF_QUICK_DIR)
-	PERF_RUN_DIR=$(PERF_QUICK_DIR) $(PY) -m pytest perf/tests -q
+	PERF_RUN_DIR=$(PERF_QUICK_DIR) $(PYTEST) -m perf -q
 
 CI_EXTRA += perf-quick

@@ -1,10 +1,9 @@
-# Reliability and security (issue 4): faults, floods, reloads, bad input,
-# failure policy, property tests, across Envoy versions. See README
-# ("Reliability") and tests/reliability/.
+# Reliability and security: faults, floods, reloads, bad input, failure
+# policy, property tests, across Envoy versions (tests/reliability/README.md).
+# Tests are chosen by marker: `reliability`, plus `slow` for the long runs.
 
 # Oldest Envoy on PyPI (close to what recent Istio embeds) and the newest.
 ENVOY_MATRIX ?= 1.36 1.40
-REL_PYTEST   := THROTTLE_RELIABILITY=1 $(PY) -m pytest
 
 .PHONY: envoy-versions reliability reliability-slow reliability-ci test-matrix fuzz-long
 
@@ -12,29 +11,29 @@ envoy-versions: ## Install the Envoy test matrix (1.36.4, 1.40.0) into .venv-env
 	@bash tools/setup-envoy-versions.sh
 
 reliability: build ## Reliability suite, bounded (2,000 held, storm, faults, reload, bad input, 45 s soak)
-	$(REL_PYTEST) tests/reliability -m "not slow" -v -s
+	$(PYTEST) -m "reliability and not slow" -v -s
 
 reliability-slow: build ## 10,000 held connections and a 10-minute soak (about 12 minutes)
-	$(REL_PYTEST) tests/reliability -m slow -v -s
+	$(PYTEST) -m "reliability and slow" -v -s
 
 test-matrix: build envoy-versions ## Integration + bounded reliability tests against each Envoy in ENVOY_MATRIX
 	@set -e; for v in $(ENVOY_MATRIX); do \
 	  echo "== Envoy $$v"; \
-	  ENVOY_BIN=$(CURDIR)/.venv-envoy-$$v/bin/envoy $(REL_PYTEST) tests -m "not slow" -q; \
+	  ENVOY_BIN=$(CURDIR)/.venv-envoy-$$v/bin/envoy $(PYTEST) -m "(integration or reliability) and not slow" -q; \
 	done; echo "test-matrix: passed on Envoy $(ENVOY_MATRIX)"
 
 # What CI runs (fresh clone, after `make integration` on .venv's Envoy 1.40):
 # the integration tests again on the oldest Envoy, and the bounded reliability
-# suite on the oldest and the newest. The property tests run in `make unit`.
+# suite on the oldest and the newest. The property tests run in `make check`.
 reliability-ci: build envoy-versions
 	@set -e; start=$$(date +%s); \
 	echo "== Envoy 1.36: integration + reliability"; \
-	ENVOY_BIN=$(CURDIR)/.venv-envoy-1.36/bin/envoy $(REL_PYTEST) tests -m "not slow" -q; \
+	ENVOY_BIN=$(CURDIR)/.venv-envoy-1.36/bin/envoy $(PYTEST) -m "(integration or reliability) and not slow" -q; \
 	echo "== Envoy 1.40: reliability"; \
-	ENVOY_BIN=$(CURDIR)/.venv-envoy-1.40/bin/envoy $(REL_PYTEST) tests/reliability -m "not slow" -q; \
+	ENVOY_BIN=$(CURDIR)/.venv-envoy-1.40/bin/envoy $(PYTEST) -m "reliability and not slow" -q; \
 	echo "reliability-ci: passed on Envoy 1.36 and 1.40 in $$(( $$(date +%s) - start )) s"
 
 fuzz-long: ## Property tests of the core with 100,000 cases each (PROPTEST_CASES)
-	PROPTEST_CASES=100000 cargo test --release -p throttle-core --test properties
+	PROPTEST_CASES=100000 cargo test --locked --release -p throttle-core --test properties
 
 CI_EXTRA += reliability-ci

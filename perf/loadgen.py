@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from harness.procs import fortio_load, go_bin, summarize
@@ -121,7 +122,7 @@ def _ab_times(path: Path) -> list[float]:
     return out
 
 
-def _percentile(sorted_values: list[float], p: float) -> float | None:
+def _percentile(sorted_values: Sequence[float], p: float) -> float | None:
     """Nearest-rank percentile."""
     if not sorted_values:
         return None

@@ -4,12 +4,14 @@ from /proc, then close them all (the filter counts them as cancelled)."""
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import socket
 import time
+from functools import partial
 
 from harness.procs import Envoy, wait_until
-from perf.procinfo import rss_kb
+from harness.procstats import rss_kib
 
 REQUEST = b"GET /details.json HTTP/1.1\r\nHost: perf\r\n\r\n"
 
@@ -39,10 +41,8 @@ def open_held(port: int, n: int, send: bool = True) -> list[socket.socket]:
 
 def close_all(socks: list[socket.socket]) -> None:
     for s in socks:
-        try:
+        with contextlib.suppress(OSError):
             s.close()
-        except OSError:
-            pass
     socks.clear()
 
 
@@ -51,10 +51,14 @@ def _decided(envoy: Envoy) -> int:
     return s.get("admitted", 0) + s.get("queued", 0) + s.get("rejected", 0)
 
 
+def _decided_at_least(envoy: Envoy, n: int) -> bool:
+    return _decided(envoy) >= n
+
+
 def settle_rss(pid: int, seconds: float = 1.0) -> float:
     """RSS (MB) after it stops moving for a moment (max of a few samples)."""
     time.sleep(seconds)
-    return max(rss_kb(pid) for _ in range(3)) / 1024
+    return max(rss_kib(pid) for _ in range(3)) / 1024
 
 
 def measure(envoy: Envoy, steps: list[int], throttled: bool, timeout_s: float = 60) -> dict:
@@ -71,7 +75,7 @@ def measure(envoy: Envoy, steps: list[int], throttled: bool, timeout_s: float = 
             if throttled:
                 # every request decided (the first passes at once, a few are
                 # released meanwhile at the low rate, the others are held)
-                wait_until(lambda: _decided(envoy) >= target, timeout_s, f"{target} requests decided")
+                wait_until(partial(_decided_at_least, envoy, target), timeout_s, f"{target} requests decided")
                 held = envoy.rule_stats().get("held", 0)
             else:
                 held = target

@@ -7,10 +7,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+from functools import partial
 from pathlib import Path
 
-from harness.procs import free_port, stop, wait_until, _can_connect
-from perf import procinfo
+from harness import procstats
+from harness.procs import _can_connect, free_port, stop, wait_until
 
 # The same content behind every rung of the ladder: a Bookinfo "details"
 # sized JSON document (178 bytes), served from a file.
@@ -88,17 +89,20 @@ class Nginx:
                                          upstream_port=self.upstream_port, limit_servers=servers))
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "Nginx":
+    def __enter__(self) -> Nginx:
         cmd = [nginx_bin(), "-c", str(self.conf), "-p", str(self.dir), "-e", str(self.dir / "error.log"),
                "-g", "daemon off;"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             for port in (self.upstream_port, *self.limit_ports.values()):
-                wait_until(lambda: self._alive() and _can_connect(port), 15, f"nginx on :{port}")
+                wait_until(partial(self._serving, port), 15, f"nginx on :{port}")
         except Exception:
             self.__exit__()
             raise
         return self
+
+    def _serving(self, port: int) -> bool:
+        return self._alive() and _can_connect(port)
 
     def _alive(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
@@ -106,7 +110,7 @@ class Nginx:
             raise RuntimeError(f"nginx exited with {self.proc.returncode}: {err}\n{self.error_log()}")
         return True
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         stop(self.proc)  # SIGTERM to the master: it stops its workers
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -117,7 +121,7 @@ class Nginx:
     def pids(self) -> list[int]:
         """The master and its workers (for CPU and RSS)."""
         assert self.proc is not None
-        return [self.proc.pid, *procinfo.children(self.proc.pid)]
+        return [self.proc.pid, *procstats.children(self.proc.pid)]
 
     def log_path(self, rate: int | None = None) -> Path:
         return self.dir / ("upstream.log" if rate is None else f"limit{rate}.log")

@@ -18,11 +18,12 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -32,7 +33,7 @@ PASS_THROUGH_TARGET = 0.95
 
 # ---------------------------------------------------------------- data helpers
 
-def _num(v) -> float | None:
+def _num(v: Any) -> float | None:
     if v is None or v == "":
         return None
     return float(v)
@@ -66,11 +67,11 @@ def pacing(ts: dict | None) -> dict | None:
     return out
 
 
-def _f(v, fmt: str = "{:.1f}") -> str:
+def _f(v: Any, fmt: str = "{:.1f}") -> str:
     return "" if v is None else fmt.format(v)
 
 
-def _pct(v) -> str:
+def _pct(v: float | None) -> str:
     return "" if v is None else f"{v:+.2f}%"
 
 
@@ -168,7 +169,7 @@ def _cpu_per_request(r: dict, meta: dict) -> float | None:
 
 
 def target_rows(by_label: dict, meta: dict | None = None) -> list[list[str]]:
-    """The issue's targets, for the labels of the standard set that are present."""
+    """The benchmark's targets (accuracy, pass-through, no failures), for the labels of the standard set present."""
     out = []
     for rate in (500, 200):
         for tool in ("ab", "fortio"):
@@ -189,7 +190,8 @@ def target_rows(by_label: dict, meta: dict | None = None) -> list[list[str]]:
                 ratio = t["achieved_qps"] / lrl["achieved_qps"]
                 out.append([f"pass-through >= local_ratelimit (c{c}, {tool})", f"{ratio:.3f}",
                             "yes" if ratio >= 1 else "no"])
-            cpu = {k: _cpu_per_request(r, meta or {}) for k, r in (("t", t), ("h", h), ("l", lrl), ("n", noop)) if r}
+            cpu = {k: v for k, r in (("t", t), ("h", h), ("l", lrl), ("n", noop))
+                   if r and (v := _cpu_per_request(r, meta or {})) is not None}
             if cpu.get("t") and cpu.get("h") and cpu.get("l"):
                 floor = f" / {cpu['n']:.1f}" if cpu.get("n") else ""
                 out.append([f"(info) proxy CPU per request: throttle / no filter / local_ratelimit"
@@ -240,7 +242,7 @@ def _info_line(info: dict) -> str:
 
 # ---------------------------------------------------------------- charts
 
-def _png(fig) -> str:
+def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
@@ -256,7 +258,7 @@ def chart_rates(timeseries: dict, labels: list[str], title: str) -> str | None:
     cols = 2 if len(labels) > 1 else 1
     rows_n = (len(labels) + cols - 1) // cols
     fig, axes = plt.subplots(rows_n, cols, figsize=(6.5 * cols, 2.3 * rows_n), squeeze=False)
-    for ax, label in zip(axes.flat, labels):
+    for ax, label in zip(axes.flat, labels, strict=False):  # the grid may have spare cells
         ts = timeseries[label]
         w = ts.get("window_s", 0.1)
         rates = ts["rates"]
@@ -313,7 +315,7 @@ def chart_throughput(rows: list[dict], meta: dict) -> str | None:
     ys = range(len(rows))
     colors = ["tab:orange" if meta.get(r["label"], {}).get("setting_qps") else "tab:blue" for r in rows]
     ax.barh(list(ys), [r["achieved_qps"] or 0 for r in rows], color=colors)
-    for y, r in zip(ys, rows):
+    for y, r in zip(ys, rows, strict=True):
         s = meta.get(r["label"], {}).get("setting_qps")
         if s:
             ax.plot([s, s], [y - 0.4, y + 0.4], color="tab:red", lw=2)
@@ -402,9 +404,9 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
         ("Rate seen by the upstream, pass-through scenarios", chart_rates(timeseries, through, "Pass-through: upstream rate per 100 ms")),
         ("Memory", chart_memory(memory)),
     ]
-    charts = [(n, c) for n, c in charts if c]
+    drawn = [(n, c) for n, c in charts if c]
     page = out_dir / "report.html"
-    page.write_text(html_page(title, tabs, charts, info))
+    page.write_text(html_page(title, tabs, drawn, info))
     return {"summary": summary, "html": page}
 
 

@@ -26,8 +26,8 @@ import traceback
 from pathlib import Path
 
 from harness.procs import ROOT, Envoy, envoy_bin, free_port
+from harness.procstats import Sampler
 from perf import loadgen, memory, nginx, report
-from perf.procinfo import Sampler
 from perf.scenario import Scenario, ScenarioError, load_set
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = [([s for s in g if s.label in set(args.only)], n) for g, n in groups]
         groups = [(g, n) for g, n in groups if g]
     scenarios = [s for g, _ in groups for s in g]
-    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{args.set}"
+    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + f"-{args.set}"
     out = args.out or RESULTS / run_id
     (out / "runs").mkdir(parents=True, exist_ok=True)
     memory.raise_fd_limit(16384)  # inherited by Envoy: held requests are open connections
@@ -143,6 +143,7 @@ def run_load(s: Scenario, web: nginx.Nginx) -> dict:
         if s.topology == "envoy":
             cfg = s.envoy_config(listen_port=free_port(), admin_port=free_port(), upstream_port=web.upstream_port)
             envoy = Envoy(cfg, concurrency=s.envoy["concurrency"], log_level="warn").start()
+            assert envoy.proc is not None  # started
             url, pids, log = f"{envoy.url}{nginx.PATH}", [envoy.proc.pid], web.log_path()
         elif s.topology == "nginx_limit":
             rate = s.nginx_limit["rate"]
@@ -160,7 +161,7 @@ def run_load(s: Scenario, web: nginx.Nginx) -> dict:
                               duration_s=s.duration_s, qps=s.qps, keepalive=s.keepalive, timeout_s=timeout)
         seen = [t for t, status in tail.read() if 200 <= status < 300]
         filter_stats = None
-        if stats0 is not None:
+        if envoy is not None and stats0 is not None:
             now = envoy.rule_stats()
             filter_stats = {k: now.get(k, 0) - stats0.get(k, 0) for k in now if k != "held"}
         elif envoy and s.envoy["config"] == "local_ratelimit.yaml":
@@ -233,7 +234,7 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
@@ -257,7 +258,7 @@ def environment(run_id: str, set_name: str) -> dict:
     envoy_v = out([envoy_bin(), "--version"])
     return {
         "run_id": run_id, "set": set_name,
-        "started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
         "loadavg_start": os.getloadavg(),
         "envoy": _envoy_version(envoy_v),

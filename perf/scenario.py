@@ -111,7 +111,7 @@ def seconds(text: str | float | int) -> float:
     return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[m.group(2)]
 
 
-def _check(cond: bool, where: str, msg: str) -> None:
+def _check(cond: object, where: str, msg: str) -> None:
     if not cond:
         raise ScenarioError(f"{where}: {msg}")
 
@@ -134,32 +134,32 @@ def parse(path: Path) -> Scenario:
     _check(topo in TOPOLOGIES, f"{where}: topology", f"expected one of {TOPOLOGIES}, got {topo!r}")
     s = Scenario(label=d["label"], description=d["description"], topology=topo, kind=kind)
     if topo == "envoy":
-        e = d.get("envoy")
-        _check(isinstance(e, dict), f"{where}: envoy", "required for topology envoy")
-        unknown = set(e) - ENVOY_KEYS
+        env = d.get("envoy")
+        _check(isinstance(env, dict), f"{where}: envoy", "required for topology envoy")
+        unknown = set(env) - ENVOY_KEYS
         _check(not unknown, f"{where}: envoy", f"unknown field(s) {sorted(unknown)}")
-        _check(e.get("config") in ENVOY_CONFIGS, f"{where}: envoy.config",
-               f"expected one of {ENVOY_CONFIGS}, got {e.get('config')!r}")
-        _check(e.get("concurrency", 2) in (1, 2, 4), f"{where}: envoy.concurrency", "expected 1, 2 or 4")
-        if "throttle" in e:
-            _check(e["config"] == "demo.yaml", f"{where}: envoy.throttle", "needs config demo.yaml")
-            _check(isinstance(e["throttle"], dict) and not set(e["throttle"]) - THROTTLE_KEYS
-                   and "rate" in e["throttle"], f"{where}: envoy.throttle",
+        _check(env.get("config") in ENVOY_CONFIGS, f"{where}: envoy.config",
+               f"expected one of {ENVOY_CONFIGS}, got {env.get('config')!r}")
+        _check(env.get("concurrency", 2) in (1, 2, 4), f"{where}: envoy.concurrency", "expected 1, 2 or 4")
+        if "throttle" in env:
+            _check(env["config"] == "demo.yaml", f"{where}: envoy.throttle", "needs config demo.yaml")
+            _check(isinstance(env["throttle"], dict) and not set(env["throttle"]) - THROTTLE_KEYS
+                   and "rate" in env["throttle"], f"{where}: envoy.throttle",
                    f"expected a mapping with rate and optional {sorted(THROTTLE_KEYS - {'rate'})}")
             try:
-                per_second(e["throttle"]["rate"])
+                per_second(env["throttle"]["rate"])
             except (ValueError, KeyError):
                 raise ScenarioError(f"{where}: envoy.throttle.rate: expected \"<n>/s\", got "
-                                    f"{e['throttle']['rate']!r}") from None
-        elif e.get("wasm") == "noop":
-            _check(e["config"] == "demo.yaml", f"{where}: envoy.wasm", "needs config demo.yaml")
+                                    f"{env['throttle']['rate']!r}") from None
+        elif env.get("wasm") == "noop":
+            _check(env["config"] == "demo.yaml", f"{where}: envoy.wasm", "needs config demo.yaml")
         else:
-            _check(e["config"] != "demo.yaml", f"{where}: envoy.throttle", "required with config demo.yaml")
-        _check(e.get("wasm", "noop") == "noop" and not ("wasm" in e and "throttle" in e), f"{where}: envoy.wasm",
+            _check(env["config"] != "demo.yaml", f"{where}: envoy.throttle", "required with config demo.yaml")
+        _check(env.get("wasm", "noop") == "noop" and not ("wasm" in env and "throttle" in env), f"{where}: envoy.wasm",
                "the only value is noop (the no-op filter in the throttle's place), without throttle")
-        if "local_ratelimit" in e:
-            b = e["local_ratelimit"]
-            _check(e["config"] == "local_ratelimit.yaml", f"{where}: envoy.local_ratelimit",
+        if "local_ratelimit" in env:
+            b = env["local_ratelimit"]
+            _check(env["config"] == "local_ratelimit.yaml", f"{where}: envoy.local_ratelimit",
                    "needs config local_ratelimit.yaml")
             _check(isinstance(b, dict) and set(b) == LRL_KEYS, f"{where}: envoy.local_ratelimit",
                    f"expected exactly {sorted(LRL_KEYS)}")
@@ -167,7 +167,7 @@ def parse(path: Path) -> Scenario:
                 seconds(b["fill_interval"])
             except ValueError as err:
                 raise ScenarioError(f"{where}: envoy.local_ratelimit.fill_interval: {err}") from None
-        s.envoy = {"concurrency": 2, **e}
+        s.envoy = {"concurrency": 2, **env}
     else:
         _check("envoy" not in d, f"{where}: envoy", f"not allowed with topology {topo}")
     if topo == "nginx_limit":

@@ -4,7 +4,9 @@ import pytest
 
 from harness.procs import Envoy, free_port, render
 
-CASES = {
+pytestmark = pytest.mark.integration
+
+CASES: dict[str, tuple[dict | str, str]] = {
     "unknown field": ({"rules": [{"name": "default", "rate": "500/s", "colour": "red"}]},
                       "rules[0].colour: unknown field"),
     "negative burst": ({"rules": [{"name": "default", "rate": "500/s", "burst": -1}]},
@@ -13,6 +15,14 @@ CASES = {
                   'rules[0].rate: expected "<n>/s", "<n>/m", "<n>/h" or a number per second, got "fast"'),
     "empty rules": ({"rules": []}, "rules: must contain at least one rule"),
     "not json": ("{rules", "(config): invalid JSON"),
+    "delay out of range": ({"rules": [{"name": "default", "rate": "500/s", "max_queue_delay": "2h"}]},
+                           'rules[0].max_queue_delay: must be from 0 to 1h, got "2h"'),
+    "duplicate key": ('{"rules": [{"name": "default", "rate": "5/s", "rate": "500/s"}]}',
+                      "rules[0].rate: duplicate field"),
+    "quota above rate": ({"rules": [{"name": "t", "rate": "10/s", "key": {"header": "x-t"}, "key_quota": "20/s"}]},
+                         "rules[0].key_quota: must not exceed `rate`"),
+    "empty header name": ({"rules": [{"name": "h", "rate": 1, "match": {"headers": {"": True}}}]},
+                          'rules[0].match.headers."": must be a header name'),
 }
 
 
@@ -25,3 +35,9 @@ def test_bad_config_is_refused_naming_the_field(case, wasm, upstream):
     assert rc not in (0, -1), "envoy started with a bad config"
     assert f"config refused: {message}" in log, log[-3000:]
     assert "panic" not in log
+
+
+def test_a_good_config_is_logged_as_it_means(envoy_with):
+    envoy = envoy_with({"rules": [{"name": "slow", "rate": "0.5/s", "max_queue_delay": "1h"}]})
+    # 0.5/s is one per two seconds (it was logged as "1/1s"); 1h is accepted.
+    assert "slow: rate 1/2s (interval 2000000000ns), burst 0, max_queue_delay 3600000ms" in envoy.log()

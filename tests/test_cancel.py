@@ -3,8 +3,12 @@ gauge returns to 0, and later requests are served."""
 
 import time
 
+import pytest
+
 from harness.procs import http_get, wait_until
-from clients import open_and_abandon
+from tests.support.clients import open_and_abandon
+
+pytestmark = pytest.mark.integration
 
 
 def test_clients_disconnecting_while_held(envoy_with):

@@ -5,10 +5,14 @@ slot leaks through upstream errors, resets or client cancels."""
 import json
 import socket
 import threading
-import time
+from functools import partial
+
+import pytest
 
 from harness.procs import fortio_load, http_get, summarize, wait_until
-from clients import burst
+from tests.support.clients import burst
+
+pytestmark = pytest.mark.integration
 
 N = 4
 
@@ -72,12 +76,19 @@ def test_waiters_are_served_in_arrival_order(envoy_with, app):
         with lock:
             done.append(i if status == 200 else -i)
 
+    def seen(n: int) -> bool:
+        """The gate has decided n requests: given the slot at once, or put in the waiting room."""
+        st = envoy.rule_stats("gate")
+        return st.get("admitted", 0) + st.get("queued", 0) >= n
+
     threads = []
     for i in range(8):
         t = threading.Thread(target=one, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.02)  # arrivals 20 ms apart, while the single slot is busy for 50 ms each
+        # The next request leaves only once the filter has this one (holding the slot, or
+        # waiting for it): arrival order is the order of i, whatever the machine's load.
+        wait_until(partial(seen, i + 1), 10, f"request {i} at the gate")
     for t in threads:
         t.join(30)
     print(f"completion order {done}")

@@ -7,6 +7,8 @@ import pytest
 
 from harness.procs import ROOT, Envoy, load_config, render
 
+pytestmark = pytest.mark.integration
+
 CONFIGS = sorted(p.name for p in (ROOT / "envoy").glob("*.yaml"))
 
 
@@ -28,7 +30,7 @@ def test_shipped_config_validates(name, wasm):
 
 def test_shipped_wasm_path_is_the_release_build():
     """The demo refers to the .wasm that `make build` produces (relative to the repo root)."""
-    hf = [f for f in load_config("demo.yaml")["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-          ["typed_config"]["http_filters"] if f["name"] == "throttle"][0]
+    hf = next(f for f in load_config("demo.yaml")["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+              ["typed_config"]["http_filters"] if f["name"] == "throttle")
     path = hf["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]
     assert Path(ROOT / path) == ROOT / "target/wasm32-wasip1/release/throttle.wasm"

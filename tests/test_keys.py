@@ -5,8 +5,13 @@ memory bounded and do not slow a well-behaved client of another rule."""
 import threading
 import time
 
-from harness.procs import fortio_load, rss_kb, summarize
-from clients import burst, pipelined
+import pytest
+
+from harness.procs import fortio_load, http_get, summarize
+from harness.procstats import rss_kib
+from tests.support.clients import burst, pipelined
+
+pytestmark = pytest.mark.integration
 
 KEYED = {"rules": [
     {"name": "users", "rate": "50/s", "max_queue_delay": "2s", "key": {"header": "x-user-id"},
@@ -69,7 +74,7 @@ def test_a_flood_of_distinct_keys_keeps_memory_bounded(envoy_with):
     envoy = envoy_with(plugin)
     # Warm up both rules (VMs, pools), then measure.
     pipelined(envoy.port, [b"GET /x HTTP/1.1\r\nhost: t\r\nx-key: warm-%d\r\n\r\n" % i for i in range(5000)])
-    before = rss_kb(envoy.proc.pid)
+    before = rss_kib(envoy.proc.pid)
     good = {}
 
     def well_behaved():
@@ -93,7 +98,7 @@ def test_a_flood_of_distinct_keys_keeps_memory_bounded(envoy_with):
         f.join(120)
     flood_s = time.monotonic() - t0
     t.join(60)
-    after = rss_kb(envoy.proc.pid)
+    after = rss_kib(envoy.proc.pid)
     g = good["s"]
     stats = envoy.rule_stats("flood")
     print(f"flood: {n} distinct keys in {flood_s:.1f} s, statuses {total}; Envoy RSS {before} -> {after} KiB "
@@ -107,3 +112,97 @@ def test_a_flood_of_distinct_keys_keeps_memory_bounded(envoy_with):
     assert stats["queued"] <= 20, stats
     assert after - before < 8 * 1024, f"RSS grew {after - before} KiB"
     assert g["errors"] == 0 and envoy.rule_stats("good")["queued"] == 0
+
+
+ONE_PER_HOUR_BY_ADDRESS = {"rules": [{"name": "ip", "rate": "1/h", "max_queue_delay": "0s",
+                                      "key": {"source": "address"}}]}
+
+
+def hcm(cfg) -> dict:
+    return cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def forged(envoy, n: int = 5) -> list[int]:
+    return [http_get(envoy.url + "/", headers={"x-forwarded-for": f"10.0.0.{i}"})[0] for i in range(n)]
+
+
+def test_a_client_cannot_choose_its_address_key(envoy_with):
+    # The shipped config (use_remote_address: true): the key is the connection's peer.
+    envoy = envoy_with(ONE_PER_HOUR_BY_ADDRESS)
+    assert forged(envoy) == [200, 429, 429, 429, 429]
+
+
+def test_what_the_docs_say_about_trusted_hops(envoy_with):
+    # Without use_remote_address, Envoy trusts the last X-Forwarded-For entry:
+    # a client chooses its key (the docs warn about exactly this).
+    envoy = envoy_with(ONE_PER_HOUR_BY_ADDRESS, mutate=lambda c: hcm(c).pop("use_remote_address"))
+    assert forged(envoy) == [200] * 5
+    # Behind one trusted proxy (xff_num_trusted_hops: 1), the entry that proxy
+    # appended is the client: here the test plays the proxy.
+    envoy = envoy_with(ONE_PER_HOUR_BY_ADDRESS, mutate=lambda c: hcm(c).update(xff_num_trusted_hops=1))
+    assert forged(envoy, 3) == [200] * 3
+    assert http_get(envoy.url + "/", headers={"x-forwarded-for": "10.0.0.1"})[0] == 429
+
+
+def test_a_key_header_sent_on_several_lines_is_keyed_on_all_of_them(envoy_with):
+    envoy = envoy_with({"rules": [{"name": "u", "rate": "1/h", "max_queue_delay": "0s",
+                                   "key": {"header": "x-user"}}]})
+    one = b"GET / HTTP/1.1\r\nhost: t\r\nx-user: alice\r\n\r\n"
+    two = b"GET / HTTP/1.1\r\nhost: t\r\nx-user: alice\r\nx-user: bob\r\n\r\n"
+    assert pipelined(envoy.port, [one, one]) == {200: 1, 429: 1}
+    # "alice,bob" is its own key (Envoy's header matchers see the same joined value).
+    assert pipelined(envoy.port, [two, two]) == {200: 1, 429: 1}
+
+
+def test_hosts_with_port_case_or_trailing_dot_are_one_key_and_match(envoy_with):
+    envoy = envoy_with({"rules": [
+        {"name": "shop", "rate": "1/h", "max_queue_delay": "0s", "match": {"authority": "shop.example"}},
+        {"name": "hosts", "rate": "1/h", "max_queue_delay": "0s", "key": {"authority": True}}]})
+    statuses = [http_get(envoy.url + "/", headers={"host": h})[0]
+                for h in ("shop.example", "Shop.Example:8080", "shop.example.")]
+    assert statuses == [200, 429, 429]
+    statuses = [http_get(envoy.url + "/", headers={"host": h})[0] for h in ("h1", "h1:19003", "H1.")]
+    assert statuses == [200, 429, 429]
+    assert envoy.rule_stats("shop")["rejected"] == 2 and envoy.rule_stats("hosts")["rejected"] == 2
+
+
+def test_a_key_on_the_callers_mtls_identity(envoy_with, tmp_path):
+    """`{"source": "principal"}` keys on the peer certificate's URI SAN (Istio's
+    SPIFFE ID), which no client can forge, whatever headers it sends."""
+    import http.client
+    import ssl
+
+    from perf.meshlab.certs import make_certs
+
+    certs = make_certs(tmp_path, ("server", "alice", "bob"))
+
+    def mtls(cfg):
+        chain = cfg["static_resources"]["listeners"][0]["filter_chains"][0]
+        chain["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                "require_client_certificate": True,
+                "common_tls_context": {
+                    "tls_certificates": [{"certificate_chain": {"filename": certs["server"]["cert"]},
+                                          "private_key": {"filename": certs["server"]["key"]}}],
+                    "validation_context": {"trusted_ca": {"filename": certs["server"]["ca"]}}}}}
+
+    envoy = envoy_with({"rules": [{"name": "peers", "rate": "1/h", "max_queue_delay": "0s",
+                                   "key": {"source": "principal"}}]}, mutate=mtls)
+
+    def call(who: str, xff: str) -> int:
+        ctx = ssl.create_default_context(cafile=certs[who]["ca"])
+        ctx.check_hostname = False
+        ctx.load_cert_chain(certs[who]["cert"], certs[who]["key"])
+        conn = http.client.HTTPSConnection("127.0.0.1", envoy.port, context=ctx, timeout=5)
+        try:
+            conn.request("GET", "/", headers={"x-forwarded-for": xff})
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+        finally:
+            conn.close()
+
+    assert [call("alice", f"10.0.0.{i}") for i in range(3)] == [200, 429, 429]
+    assert [call("bob", "10.0.0.1") for _ in range(2)] == [200, 429]

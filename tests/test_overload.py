@@ -1,7 +1,11 @@
 """Overload beyond max_queue_delay: the excess is rejected at once with 429 and
 retry-after (never after waiting); the rest succeed within the delay."""
 
-from clients import burst
+import pytest
+
+from tests.support.clients import burst
+
+pytestmark = pytest.mark.integration
 
 
 def test_excess_is_rejected_at_once_the_rest_served(envoy_with):

@@ -7,6 +7,8 @@ import pytest
 
 from harness.procs import fortio_load, http_get, summarize
 
+pytestmark = pytest.mark.integration
+
 
 def plugin(rate, max_queue_delay="1s", burst=0):
     return {"rules": [{"name": "default", "rate": rate, "burst": burst, "max_queue_delay": max_queue_delay,

@@ -17,4 +17,5 @@ def test_table_has_values_then_differences_to_the_baseline():
 
 def test_zero_baseline_is_not_a_division_error():
     assert diff_pct(1.0, 0.0) is None
-    assert round(diff_pct(0.9, 1.0), 9) == -10.0
+    d = diff_pct(0.9, 1.0)
+    assert d is not None and round(d, 9) == -10.0

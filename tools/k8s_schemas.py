@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -33,7 +34,7 @@ K8S_VERSION = "v1.37.0"
 
 
 def kubernetes_validate_dir() -> Path:
-    import kubernetes_validate  # noqa: PLC0415  (the package ships the schemas as data)
+    import kubernetes_validate
 
     d = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"{K8S_VERSION}-local-strict"
     if not d.is_dir():
@@ -45,7 +46,7 @@ REF_PREFIX = "/api/_definitions.json#/$defs/"  # in the per-kind files
 LOCAL_PREFIX = "#/$defs/"  # inside _definitions.json
 
 
-def _refs(node, out: set[str]) -> None:
+def _refs(node: Any, out: set[str]) -> None:
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str):
@@ -59,7 +60,7 @@ def _refs(node, out: set[str]) -> None:
             _refs(v, out)
 
 
-def _rewrite(node):
+def _rewrite(node: Any) -> Any:
     if isinstance(node, dict):
         return {k: ("#/$defs/" + v[len(REF_PREFIX):] if k == "$ref" and isinstance(v, str)
                     and v.startswith(REF_PREFIX) else _rewrite(v)) for k, v in node.items()}
@@ -96,7 +97,7 @@ def kubernetes_schemas(out: Path) -> int:
     return n
 
 
-def _strict(node, in_props: bool = False):
+def _strict(node: Any, in_props: bool = False) -> Any:
     """openapi2jsonschema's strict conversion, recursively."""
     if isinstance(node, list):
         return [_strict(v) for v in node]

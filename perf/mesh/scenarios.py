@@ -21,7 +21,7 @@ class Load:
 
     def fortio_request(self) -> dict:
         """Body of a Fortio REST API run (/fortio/rest/run), JSON result."""
-        body = {"metadata": {"url": self.url, "qps": str(self.qps), "c": str(self.connections),
+        body: dict[str, dict[str, str | list[str]]] = {"metadata": {"url": self.url, "qps": str(self.qps), "c": str(self.connections),
                              "t": self.duration, "p": "50,75,90,99,99.9", "timeout": "10s",
                              "labels": self.name}}
         if self.headers:

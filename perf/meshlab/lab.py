@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import procstats
 from harness.procs import stop, wait_until
 
 SUBNET = "10.254.7"  # /24, only inside the lab's namespaces
@@ -51,7 +52,7 @@ def _ip(*args: str) -> None:
 class Node:
     """One namespace with one address on the lab bridge."""
 
-    def __init__(self, lab: "Lab", name: str, addr: str):
+    def __init__(self, lab: Lab, name: str, addr: str):
         self.lab, self.name, self.addr = lab, name, addr
         self.ns = f"{lab.prefix}{name}"
 
@@ -83,7 +84,7 @@ class Lab:
         self.procs: list[subprocess.Popen] = []
         self.dir = Path(tempfile.mkdtemp(prefix="meshlab-"))
 
-    def __enter__(self) -> "Lab":
+    def __enter__(self) -> Lab:
         atexit.register(self.down)
         try:
             self.up()
@@ -92,7 +93,7 @@ class Lab:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.down()
 
     def _add_ns(self, name: str) -> str:
@@ -138,22 +139,17 @@ class Lab:
         return [line.split()[0] for line in out.splitlines() if line.startswith(self.prefix)]
 
 
-# --- processes: per-process CPU and memory from /proc -------------------------------------
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+# --- processes: per-process CPU and memory (harness/procstats.py) -------------------------
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    """User + system CPU seconds of one process (all its threads)."""
+    return procstats.cpu_seconds(pid)
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """Resident set size of one process, MiB."""
+    return procstats.rss_kib(pid) / 1024
 
 
 # --- Envoy admin over a Unix socket (reachable from the host whatever the namespace) -----
@@ -198,13 +194,13 @@ class NodeEnvoy:
                     "--log-level", "warning", "--base-id", str(free_port()), "--disable-hot-restart"]
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30.0) -> "NodeEnvoy":
+    def start(self, timeout: float = 30.0) -> NodeEnvoy:
         self.proc = self.node.popen(self.cmd, self.log_path)
         try:
             wait_until(self._ready, timeout, f"envoy {self.name} ready")
         except TimeoutError:
             self.stop()
-            raise RuntimeError(f"envoy {self.name} did not start:\n{self.log()[-3000:]}")
+            raise RuntimeError(f"envoy {self.name} did not start:\n{self.log()[-3000:]}") from None
         return self
 
     def _ready(self) -> bool:
@@ -252,7 +248,7 @@ class AppServer:
                     "-loglevel", "warning"]
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "AppServer":
+    def start(self) -> AppServer:
         self.proc = self.node.popen(self.cmd, self.node.lab.dir / "app.log")
         deadline = time.monotonic() + 15
         while not self.node.can_connect(self.node.addr, self.PORT):

@@ -12,9 +12,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from harness.study import table  # noqa: E402
+from harness.study import table
 
 APP_LABEL = ("fortio server, details-sized payload (like Istio's two-pod benchmarks): "
              "GET /echo?size=180, a 180-byte body")

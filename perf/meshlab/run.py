@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from harness.procs import WASM, envoy_bin, go_bin, summarize
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     topos = topologies.SHORT if args.short else topologies.ALL
     duration = args.duration or (3.0 if args.short else 8.0)
     warmup = args.warmup if args.warmup is not None else (0.5 if args.short else 1.0)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or Path(__file__).resolve().parent / "results" / stamp
     out.mkdir(parents=True, exist_ok=True)
 

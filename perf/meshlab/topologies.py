@@ -95,6 +95,7 @@ def render(topo: Topology, lab_dir: Path, certs: dict, addrs: dict[str, str], of
                 ("client", "node-client", configs.node_outbound(sock("node-client"), certs, OUT_PORT, app,
                                                                 certs["app"]["san"], authority))]
     if topo.key == "waypoint":
+        assert wp is not None, "the waypoint topology needs a waypoint node"
         return [("app", "node-app", configs.node_inbound(sock("node-app"), certs, app, AppServer.PORT)),
                 ("waypoint", "waypoint", configs.waypoint(sock("waypoint"), certs, wp, app, authority, thr)),
                 ("client", "node-client", configs.node_outbound(sock("node-client"), certs, OUT_PORT, wp,

@@ -48,6 +48,7 @@ def test_window_counts_drop_the_partial_last_window():
 
 def test_pacing_reports_the_worst_window():
     p = report.pacing({"window_s": 0.1, "rates": [500, 500, 450, 520], "setting_qps": 500})
+    assert p is not None
     assert (p["worst"], p["max"], p["min"]) == (450, 520, 450)
     assert p["worst_pct"] == pytest.approx(-10.0)
 

@@ -1,49 +1,48 @@
-"""Fixtures for the Istio/Kubernetes checks (`make k8s-check`).
+"""Fixtures of the Istio/Kubernetes checks (marker `k8s`; `make k8s-check`).
 
 These tests need tools that `tools/setup-k8s.sh` installs or builds (istioctl from
 the Istio Go module, promtool, kustomize, kubeconform, crane, docker-registry,
-Prometheus). `make k8s-check` runs setup first and sets K8S_CHECK=1; a plain
-`pytest tests` (the `integration` target) leaves this folder to that target.
-"""
+Prometheus); `make k8s-check` runs that setup first. A missing tool fails the
+test that needs it, naming the command to run."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-for p in (ROOT, ROOT / "tools", HERE):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from k8sutil import KUSTOMIZATIONS, TOOLS_JSON, run  # noqa: E402
-
-if os.environ.get("K8S_CHECK") != "1":
-    collect_ignore_glob = ["test_*.py"]
+from tests.support.k8s import KUSTOMIZATIONS, ROOT, TEST_IMAGE_URL, TOOLS_JSON, configured_copy, image_path, run
+from tools import wasm_image
 
 
 @pytest.fixture(scope="session")
 def tools() -> dict[str, str]:
     if not TOOLS_JSON.exists():
         pytest.fail(f"{TOOLS_JSON.relative_to(ROOT)} missing: run `make k8s-setup`")
-    t = json.loads(TOOLS_JSON.read_text())
+    t: dict[str, str] = json.loads(TOOLS_JSON.read_text())
     for name, path in t.items():
         assert Path(path).exists(), f"{name}: {path} missing: run `make k8s-setup`"
     return t
 
 
 @pytest.fixture(scope="session")
-def rendered(tools, tmp_path_factory) -> dict[str, Path]:
-    """`kustomize build` of every overlay and of k8s/monitoring, as files."""
+def configured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of istio/ and k8s/ with the image configured the way an operator does it
+    (`tools/wasm_image.py set-url`, which `make k8s-image-push` runs): url TEST_IMAGE_URL
+    (a `.test` host, RFC 6761: it never resolves), the shipped sha256 pin."""
+    return configured_copy(tmp_path_factory.mktemp("configured"), TEST_IMAGE_URL)
+
+
+@pytest.fixture(scope="session")
+def rendered(tools: dict[str, str], configured: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """`kustomize build` of every overlay and of k8s/monitoring (image configured), as files."""
     out = tmp_path_factory.mktemp("rendered")
     files = {}
     for k in KUSTOMIZATIONS:
-        r = run([tools["kustomize"], "build", str(ROOT / k)])
+        r = run([tools["kustomize"], "build", str(configured / k)])
         assert r.returncode == 0, f"kustomize build {k}:\n{r.stderr}"
         f = out / (k.replace("/", "_") + ".yaml")
         f.write_text(r.stdout)
@@ -52,7 +51,7 @@ def rendered(tools, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def schemas(tools, tmp_path_factory) -> Path:
+def schemas(tools: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Local kubeconform schemas (tools/k8s_schemas.py), made once per session."""
     out = tmp_path_factory.mktemp("schemas")
     r = run([sys.executable, str(ROOT / "tools" / "k8s_schemas.py"), str(out), "--istioctl", tools["istioctl"],
@@ -63,20 +62,17 @@ def schemas(tools, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def registry(tools):
+def registry(tools: dict[str, str]) -> Iterator[wasm_image.LocalRegistry]:
     """Debian's docker-registry on loopback, for the whole session."""
-    import wasm_image  # noqa: PLC0415
-
     with wasm_image.LocalRegistry() as reg:
         yield reg
 
 
 @pytest.fixture(scope="session")
-def pushed(registry, wasm) -> tuple[str, str]:
+def pushed(registry: wasm_image.LocalRegistry, wasm: Path) -> tuple[str, str]:
     """The built .wasm's image pushed to the local registry under the repository and
-    tag the shipped manifests use (only the registry host differs): (ref, digest)."""
-    import wasm_image  # noqa: PLC0415
-    from k8sutil import image_path  # noqa: PLC0415
-
-    ref = f"{registry.host}/{image_path()}"
+    tag the configured manifests use (only the registry host differs): (ref, digest)."""
+    ref = f"{registry.host}/{image_path(TEST_IMAGE_URL)}"
     return ref, wasm_image.push(ref, wasm, insecure=True)
+
+

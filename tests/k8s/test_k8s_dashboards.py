@@ -27,7 +27,9 @@ import pytest
 import yaml
 
 from harness.procs import Envoy, free_port, go_bin, http_get, render, stop, wait_until
-from k8sutil import ROOT, run
+from tests.support.k8s import ROOT, run
+
+pytestmark = pytest.mark.k8s
 
 DASH_DIR = ROOT / "k8s" / "monitoring" / "dashboards"
 SHIPPED_PROM = ROOT / "k8s" / "monitoring" / "prometheus.yml"
@@ -130,7 +132,7 @@ class Prometheus:
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "Prometheus":
+    def __enter__(self) -> Prometheus:
         binary = shutil.which("prometheus")
         assert binary, "prometheus not installed: run `make k8s-setup`"
         self.log = open(self.dir / "log", "wb")
@@ -142,14 +144,14 @@ class Prometheus:
         return self
 
     def _ready(self) -> bool:
-        if self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError((self.dir / "log").read_text()[-3000:])
         try:
             return http_get(f"http://127.0.0.1:{self.port}/-/ready", timeout=0.5)[0] == 200
         except OSError:
             return False
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         stop(self.proc)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -207,9 +209,19 @@ def scraped(request, tools, wasm, upstream):
                 impatient.wait(timeout=60)
             finally:
                 stop(impatient)
-            time.sleep(3)  # a flush and two scrapes after the load
+            final = envoy.rule_stats("default")
+
+            def scraped_after_the_load() -> bool:
+                """Prometheus's latest samples hold the final counters, and the histogram
+                (published at each stats flush) counts every released request."""
+                now = time.time()
+                got = [prom.query(f'sum({m}{{throttle_rule="default"}})', now)["data"]["result"]
+                       for m in ("throttle_released", "throttle_wait_ms_count")]
+                return all(r and float(r[0]["value"][1]) == final["released"] for r in got)
+
+            wait_until(scraped_after_the_load, 20, "a scrape with the final counters and histogram")
             at = time.time()
-            yield prom, at, envoy.rule_stats("default")
+            yield prom, at, final
 
 
 def test_every_throttle_panel_returns_data(scraped):
@@ -229,7 +241,7 @@ def test_panels_show_the_load(scraped):
     """Not only series: the rates reflect what Envoy counted."""
     prom, at, stats = scraped
     v = {"rule": "default", "namespace": ".*"}
-    values = {}
+    values: dict[str, list[float]] = {}
     for title, expr in panel_queries(dashboard("throttle.json")):
         r = prom.query(fill(expr, v), at)["data"]["result"]
         values.setdefault(title, []).append(float(r[0]["value"][1]))

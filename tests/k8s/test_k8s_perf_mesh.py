@@ -11,9 +11,11 @@ import shutil
 import pytest
 
 from harness.study import diff_pct
-from k8sutil import ROOT
 from perf.mesh.results import ResultError, collect, load_result, tables
 from perf.mesh.scenarios import CONFIGS, LOADS
+from tests.support.k8s import ROOT
+
+pytestmark = pytest.mark.k8s
 
 DATA = ROOT / "tests" / "k8s" / "data"
 

@@ -19,64 +19,57 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.procs import Envoy, free_port, http_get, render, throttle_filter
-from k8sutil import ROOT, run
+from tests.support.k8s import PLUGIN_KUSTOMIZATIONS, plugin_configs, run
 
-ISTIO_FILES = sorted(p for p in (ROOT / "istio").rglob("*.yaml") if p.name != "kustomization.yaml")
-
-
-def plugin_configs() -> list[tuple[str, str, dict]]:
-    """(file, resource, plugin config as written) for every WasmPlugin and throttle EnvoyFilter under istio/."""
-    out = []
-    for f in ISTIO_FILES:
-        for d in yaml.safe_load_all(f.read_text()):
-            if not d:
-                continue
-            where = f"{f.relative_to(ROOT)}:{d['kind']}/{d['metadata']['name']}"
-            if d["kind"] == "WasmPlugin":
-                out.append((str(f.relative_to(ROOT)), where, d["spec"]["pluginConfig"]))
-            elif d["kind"] == "EnvoyFilter":
-                for p in d["spec"]["configPatches"]:
-                    tc = p["patch"]["value"].get("typed_config", {})
-                    if tc.get("@type", "").endswith("filters.http.wasm.v3.Wasm"):
-                        out.append((str(f.relative_to(ROOT)), where,
-                                    json.loads(tc["config"]["configuration"]["value"])))
-    return out
-
-
-def duration_s(text: str) -> float:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
-    assert m, text
-    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
+pytestmark = pytest.mark.k8s
 
 CONFIGS = plugin_configs()
 WHERE = [w for _, w, _ in CONFIGS]
 
 
-def istiowasm(tools, registry, files: list[Path], cache: Path) -> tuple[int, dict[str, dict], str]:
+def render_plugins(tools, configured: Path, out: Path) -> dict[Path, str]:
+    """`kustomize build` of each istio/ kustomization holding plugins, from the configured
+    copy: {rendered file: kustomization}."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for k in PLUGIN_KUSTOMIZATIONS:
+        r = run([tools["kustomize"], "build", str(configured / k)])
+        assert r.returncode == 0, f"kustomize build {k}:\n{r.stderr}"
+        f = out / (k.replace("/", "_") + ".yaml")
+        f.write_text(r.stdout)
+        files[f] = k
+    return files
+
+
+def istiowasm(tools, registry, files: dict[Path, str], cache: Path) -> tuple[int, dict[str, dict], str]:
     r = run([tools["istiowasm"], "-registry", registry.host, "-cache", str(cache), *map(str, files)], timeout=180)
     out = {}
     for line in r.stdout.splitlines():
         d = json.loads(line)
-        out[f"{Path(d['file']).relative_to(ROOT)}:{d['kind']}/{d['name']}"] = d["config"]["config"]
+        out[f"{files[Path(d['file'])]}:{d['kind']}/{d['name']}"] = d["config"]["config"]
     return r.returncode, out, r.stderr
 
 
 @pytest.fixture(scope="module")
-def istio_built(tools, registry, pushed, tmp_path_factory) -> dict[str, dict]:
-    """{file:Kind/name: the Wasm filter `config` Istio builds and istio-agent converts}."""
-    files = [f for f in ISTIO_FILES if re.search(r"^kind: (WasmPlugin|EnvoyFilter)$", f.read_text(), re.M)]
-    rc, out, err = istiowasm(tools, registry, files, tmp_path_factory.mktemp("agent-cache"))
+def rendered_plugins(tools, configured, tmp_path_factory) -> dict[Path, str]:
+    return render_plugins(tools, configured, tmp_path_factory.mktemp("plugins"))
+
+
+@pytest.fixture(scope="module")
+def istio_built(tools, registry, pushed, rendered_plugins, tmp_path_factory) -> dict[str, dict]:
+    """{kustomization:Kind/name: the Wasm filter `config` Istio builds and istio-agent converts}."""
+    rc, out, err = istiowasm(tools, registry, rendered_plugins, tmp_path_factory.mktemp("agent-cache"))
     assert rc == 0, err[-3000:]
     return out
 
 
 def with_istio_filter(config: dict, wasm: Path, upstream_port: int) -> dict:
     cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=upstream_port, wasm=wasm)
-    throttle_filter(cfg)["typed_config"]["config"] = config
+    hf = throttle_filter(cfg)
+    assert hf is not None, "envoy/demo.yaml has no throttle filter"
+    hf["typed_config"]["config"] = config
     return cfg
 
 
@@ -93,7 +86,8 @@ def test_istio_builds_every_plugin(istio_built, pushed, wasm):
         local = Path(config["vm_config"]["code"]["local"]["filename"])
         assert local.name == digest.removeprefix("sha256:") + ".wasm", where  # pinned digest, verified by the agent
         assert local.read_bytes() == wasm.read_bytes(), where
-        assert config["failure_policy"] == "FAIL_RELOAD", where  # Istio maps failStrategy FAIL_RELOAD
+        # The shipped failStrategy (istio/README.md "Which failStrategy"), as Istio maps it.
+        assert config["failure_policy"] == "FAIL_OPEN", where
 
 
 @pytest.mark.parametrize("where, plugin", [(w, c) for _, w, c in CONFIGS], ids=WHERE)
@@ -108,7 +102,7 @@ def test_plugin_config_accepted_by_the_filter(where, plugin, istio_built, wasm, 
 
 def test_istio_built_filter_serves(istio_built, wasm, upstream):
     """The WasmPlugin for details, exactly as Istio builds it, throttling in a real Envoy."""
-    (where,) = [w for w in istio_built if w.startswith("istio/wasmplugin-sidecar/") and w.endswith("/throttle-details")]
+    (where,) = [w for w in istio_built if w.startswith("istio/wasmplugin-sidecar:") and w.endswith("/throttle-details")]
     with Envoy(with_istio_filter(istio_built[where], wasm, upstream.port), concurrency=2) as envoy:
         codes = [http_get(f"{envoy.url}/details/0")[0] for _ in range(20)]
         assert codes == [200] * 20
@@ -116,20 +110,25 @@ def test_istio_built_filter_serves(istio_built, wasm, upstream):
     assert stats["admitted"] + stats["released"] == 20, stats
 
 
-def test_stale_pin_is_refused_by_istio(tools, registry, pushed, tmp_path):
-    """With a sha256 that is not the image's, istio-agent does not run the module: it puts
-    its deny-all RBAC filter in its place (fail closed)."""
-    src = ROOT / "istio" / "wasmplugin-sidecar" / "wasmplugin.yaml"
+@pytest.mark.parametrize("strategy, fallback", [("FAIL_OPEN", "allow"), ("FAIL_RELOAD", "deny")])
+def test_stale_pin_falls_back_to_an_rbac_filter(strategy, fallback, tools, registry, pushed, rendered_plugins,
+                                                  tmp_path):
+    """With a sha256 that is not the image's, istio-agent does not run the module: it puts an
+    RBAC filter in its place, allow-all for FAIL_OPEN (the service stays up, unthrottled),
+    deny-all for every other strategy (every request 403). The same happens when the image
+    cannot be fetched at all."""
+    (src,) = [f for f, k in rendered_plugins.items() if k == "istio/wasmplugin-sidecar"]
     stale = tmp_path / "wasmplugin.yaml"
-    stale.write_text(re.sub(r"sha256: [0-9a-f]{64}", "sha256: " + "ab" * 32, src.read_text()))
-    rc, out, err = istiowasm(tools, registry, [stale], tmp_path / "cache")
+    text = re.sub(r"sha256: [0-9a-f]{64}", "sha256: " + "ab" * 32, src.read_text())
+    stale.write_text(re.sub(r"failStrategy: \w+", f"failStrategy: {strategy}", text))
+    rc, out, err = istiowasm(tools, registry, {stale: "stale"}, tmp_path / "cache")
     assert rc != 0 and not out
-    assert "RBAC" in err and "checksum" in err, err[-2000:]
+    assert "checksum" in err and f"applying {fallback} RBAC filter" in err, err[-2000:]
 
 
 def test_the_check_can_fail(wasm):
     """A broken copy of a shipped plugin config is refused by the filter, naming the field."""
-    _, where, plugin = CONFIGS[0]
+    _, _, plugin = CONFIGS[0]
     broken = json.loads(json.dumps(plugin))
     broken["rules"][0]["rate"] = "fast"
     cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=free_port(),
@@ -144,14 +143,14 @@ def test_sidecar_wasmplugin_and_envoyfilter_agree():
     by_file: dict[str, dict[str, dict]] = {}
     for f, where, cfg in CONFIGS:
         by_file.setdefault(f, {})[where.rsplit("/", 1)[1]] = cfg
-    wp = by_file["istio/wasmplugin-sidecar/wasmplugin.yaml"]
-    assert by_file["istio/envoyfilter-sidecar/envoyfilter.yaml"] == wp
-    assert by_file["istio/wasmplugin-waypoint/wasmplugin.yaml"] == wp
+    wp = by_file["istio/wasmplugin-sidecar"]
+    assert by_file["istio/envoyfilter-sidecar"] == wp
+    assert by_file["istio/wasmplugin-waypoint"] == wp
 
 
 def test_rule_names_unique_per_waypoint():
     """Istio leaves vm_id empty and proxy-wasm shared data is scoped by vm_id, so all
     throttle plugins on one waypoint share the schedule keys: rule names must differ."""
-    names = [r["name"] for f, _, cfg in CONFIGS if f == "istio/wasmplugin-waypoint/wasmplugin.yaml"
+    names = [r["name"] for f, _, cfg in CONFIGS if f == "istio/wasmplugin-waypoint"
              for r in cfg["rules"]]
     assert len(names) == len(set(names)), names

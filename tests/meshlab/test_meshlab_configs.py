@@ -4,7 +4,6 @@ and this session's certificates), and has the pieces each topology promises."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -39,6 +38,7 @@ def _throttle_plugins(cfg):
             if n.get("name") == "throttle" and "typed_config" in n]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_config_validates(case, certs, wasm, tmp_path):
     topo, qps, conns = case

@@ -17,9 +17,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from harness.procs import http_get, wait_until
-from rawclients import Crowd, request_bytes
-from dynamic import with_plugin
+from tests.support.dynamic import with_plugin
+from tests.support.rawclients import Crowd, request_bytes
+
+pytestmark = pytest.mark.reliability
 
 
 def codes_of(answers) -> dict:
@@ -30,7 +34,7 @@ def codes_of(answers) -> dict:
 
 
 def rule(name: str, rate: str, delay: str = "10s", prefix: str | None = None) -> dict:
-    r = {"name": name, "rate": rate, "max_queue_delay": delay}
+    r: dict[str, object] = {"name": name, "rate": rate, "max_queue_delay": delay}
     if prefix:
         r["match"] = {"path_prefix": prefix}
     return r
@@ -43,9 +47,15 @@ async def start_crowd(port: int, n: int, path: str = "/echo", timeout: float = 3
     return crowd
 
 
-async def wait_held(envoy, at_least: int, rule_name: str = "default", timeout: float = 5) -> None:
+async def wait_held(envoy, at_least: int, rule_name: str = "default", timeout: float = 5,
+                    exactly: bool = False) -> None:
+    """Polls the held gauge until it reaches `at_least` (or equals it, `exactly`), within `timeout`."""
     t0 = time.monotonic()
-    while envoy.rule_stats(rule_name).get("held", 0) < at_least:
+
+    def reached(held: int) -> bool:
+        return held == at_least if exactly else held >= at_least
+
+    while not reached(envoy.rule_stats(rule_name).get("held", 0)):
         assert time.monotonic() - t0 < timeout, envoy.rule_stats(rule_name)
         await asyncio.sleep(0.02)
 
@@ -123,7 +133,7 @@ def test_bad_config_is_refused_and_the_old_keeps_serving(dynamic_envoy):
         await wait_held(envoy, 30)
         outcome = envoy.update(with_plugin(envoy.listener, {"rules": [rule("default", "fast")]}))
         answers_a = await a.wait()
-        await asyncio.sleep(0.5)
+        await wait_held(envoy, 0, exactly=True)  # the old schedule has nothing left: B starts on an idle one
         b = await start_crowd(envoy.port, 100)
         return outcome, answers_a, await b.wait()
 

@@ -11,9 +11,12 @@ import time
 
 import pytest
 
-from conftest import env_int
 from harness.procs import http_get, wait_until
-from rawclients import Crowd, heap_allocated, raise_file_limit, request_bytes, rss_kib
+from harness.procstats import rss_kib
+from tests.support.env import env_int
+from tests.support.rawclients import Crowd, heap_allocated, raise_file_limit, request_bytes
+
+pytestmark = pytest.mark.reliability
 
 
 class Sampler:
@@ -21,7 +24,9 @@ class Sampler:
 
     def __init__(self, envoy, every: float = 0.2):
         self.envoy, self.every = envoy, every
-        self.samples: list[tuple[float, dict, int]] = []
+        assert envoy.proc is not None, "envoy not started"
+        self.pid: int = envoy.proc.pid
+        self.samples: list[tuple[float, dict, int, int]] = []  # (time, rule stats, RSS KiB, heap bytes)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -32,7 +37,7 @@ class Sampler:
                 st = self.envoy.rule_stats()
                 t = (t_before + time.monotonic()) / 2  # when the counters were read, within the poll
                 heap = heap_allocated(self.envoy.admin_port)
-                self.samples.append((t, st, rss_kib(self.envoy.proc.pid), heap))
+                self.samples.append((t, st, rss_kib(self.pid), heap))
             except (OSError, KeyError):
                 pass
             self._stop.wait(self.every)
@@ -53,7 +58,7 @@ class Sampler:
 
     def peak(self):
         """(max held, RSS KiB and heap bytes at that sample)."""
-        t, st, rss, heap = max(self.samples, key=lambda s: s[1].get("held", 0))
+        _, st, rss, heap = max(self.samples, key=lambda s: s[1].get("held", 0))
         return st.get("held", 0), rss, heap
 
 
@@ -74,23 +79,28 @@ def held_connections(envoy_to, upstream, n: int, rate: int) -> dict:
                       "max_held_per_worker": n})
     for _ in range(5):  # warm both workers' VMs
         assert http_get(envoy.url + "/", timeout=10)[0] == 200
+    assert envoy.proc is not None
     pid = envoy.proc.pid
-    rss_idle = settle_rss(pid), heap_allocated(envoy.admin_port)
+    idle = settle_rss(pid), heap_allocated(envoy.admin_port)
     base = wait_until(lambda: (s := envoy.rule_stats()) and s["held"] == 0 and s, 10, "warm-up done")
 
     async def run():
         crowd = Crowd(envoy.port, n, request_bytes("/echo"), timeout=delay_s + 20)
         await crowd.connect()
-        await asyncio.sleep(1.0)
-        rss_conns = rss_kib(pid), heap_allocated(envoy.admin_port)
+        # Envoy has accepted them all (its HTTP connection manager counts them) before they are weighed.
+        t_connect = time.monotonic()
+        while envoy.stats(prefix="http.ingress.").get("downstream_cx_active", 0) < n:
+            assert time.monotonic() - t_connect < 30, envoy.stats(prefix="http.ingress.")
+            await asyncio.sleep(0.05)
+        conns = rss_kib(pid), heap_allocated(envoy.admin_port)
         with Sampler(envoy) as sampler:
             t0 = time.monotonic()
             await crowd.send()
             answers = await crowd.wait()
             elapsed = time.monotonic() - t0
-        return crowd, answers, rss_conns, sampler, elapsed
+        return crowd, answers, conns, sampler, elapsed
 
-    crowd, answers, rss_conns, sampler, elapsed = asyncio.run(run())
+    _, answers, conns, sampler, elapsed = asyncio.run(run())
     stats = minus(wait_until(lambda: (s := envoy.rule_stats()) and s["held"] == 0 and s, 10, "held back to 0"), base)
     rss_after = settle_rss(pid, 2.0)
     codes: dict = {}
@@ -98,7 +108,7 @@ def held_connections(envoy_to, upstream, n: int, rate: int) -> dict:
         codes[a.status] = codes.get(a.status, 0) + 1
     errors = [a.error for a in answers if a.error][:5]
     peak_held, rss_peak, heap_peak = sampler.peak()
-    (rss_idle, heap_idle), (rss_conns, heap_conns) = rss_idle, rss_conns
+    (rss_idle, heap_idle), (rss_conns, heap_conns) = idle, conns
     out = {
         "n": n, "rate": rate, "codes": codes, "errors": errors, "stats": stats, "elapsed_s": round(elapsed, 2),
         "release_rate": round(sampler.release_rate(), 1), "peak_held": peak_held,

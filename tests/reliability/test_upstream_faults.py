@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from harness.procs import http_get, stop, wait_until
-from rawclients import Crowd, request_bytes
+from tests.support.rawclients import Crowd, request_bytes
+
+pytestmark = pytest.mark.reliability
 
 
 def codes_of(answers) -> dict:

@@ -7,7 +7,7 @@ Two dashboards, provisioned into Grafana by the `grafana-dashboards` ConfigMap:
 - throttle.json: the throttle's decisions per rule, held requests, wait-time quantiles;
 - mesh.json: request rate and p50/p90/p99 per workload from Istio's standard metrics.
 
-Every query uses only the template variables defined here; tests/k8s/test_dashboards.py
+Every query uses only the template variables defined here; tests/k8s/test_k8s_dashboards.py
 fills them in and runs each throttle query against a real Prometheus scraping a real Envoy.
 """
 

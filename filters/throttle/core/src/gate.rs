@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::queue::{HeldQueue, Released};
+use crate::queue::{Held, HeldQueue};
 use crate::schedule::{SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
 /// Outcome of entering the gate.
@@ -57,20 +57,27 @@ pub fn enter<C: SharedCell>(cell: &mut C, limit: u32, can_wait: bool) -> Enter {
     Enter::Contention
 }
 
-/// Counts one ticket as finished (a request's response ended, or an
-/// abandoned ticket's turn came).
-pub fn leave<C: SharedCell>(cell: &mut C, count: u64) -> Result<(), StoreError> {
+/// Counts `count` tickets as finished (a request's response ended, or
+/// abandoned tickets' turn came). Returns the cell as it was before.
+pub fn leave<C: SharedCell>(cell: &mut C, count: u64) -> Result<[u64; 2], StoreError> {
     if count == 0 {
-        return Ok(());
+        return Ok([0, 0]);
     }
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (state, token) = cell.load()?;
         let [next, done] = state.unwrap_or([0, 0]);
         if cell.store([next, done.saturating_add(count)], token)? {
-            return Ok(());
+            return Ok([next, done]);
         }
     }
     Err(StoreError(u32::MAX))
+}
+
+/// Whether returning one slot to a gate that was at `before` (as [`leave`]
+/// returns it) lets a waiting ticket go.
+pub fn lets_a_waiter_go(before: [u64; 2], limit: u32) -> bool {
+    let [next, done] = before;
+    next > done.saturating_add(limit.into())
 }
 
 /// The bound below which tickets may go now: `done + limit`.
@@ -193,7 +200,7 @@ impl GateWaiters {
     /// Waiters whose deadline passed at `now`: they are answered with a
     /// rejection, and their tickets are abandoned.
     pub fn expired(&mut self, now: u64, out: &mut Vec<Waiter>) {
-        let mut due: Vec<Released> = Vec::new();
+        let mut due: Vec<Held> = Vec::new();
         self.deadlines.pop_due(now, &mut due);
         for r in due {
             if let Some((rule, ticket)) = self.ticket_of.remove(&r.context_id) {

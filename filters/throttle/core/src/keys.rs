@@ -13,33 +13,48 @@
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 
-use crate::matcher::{strip_query, Request};
+use crate::matcher::{Facts, Request};
 
 /// Where the key of a per-key rule comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
-    /// A request header's value (name lower case).
+    /// A request header's value (name lower case); several lines joined with `,`.
     Header(String),
-    /// The downstream remote address, without port.
+    /// The downstream remote address as Envoy trusts it, without port.
     SourceAddress,
-    /// The request path, without query string.
+    /// The peer's mTLS identity (first URI SAN of its certificate).
+    Principal,
+    /// The normalised request path.
     Path,
-    /// The `:authority`, lower case.
+    /// The request's host: lower case, without port and trailing dot.
     Authority,
 }
 
 impl KeySource {
     /// The key value of a request; None: no value (the rule's unkeyed schedule applies).
-    pub fn extract(&self, req: &mut impl Request) -> Option<Vec<u8>> {
+    pub fn extract<R: Request>(&self, req: &mut Facts<R>) -> Option<Vec<u8>> {
         let v = match self {
-            KeySource::Header(name) => req.header(name),
+            KeySource::Header(name) => req.raw().header(name),
             KeySource::SourceAddress => req
+                .raw()
                 .source_address()
                 .map(|a| strip_port(&a).as_bytes().to_vec()),
-            KeySource::Path => req.path().map(|p| strip_query(&p).as_bytes().to_vec()),
-            KeySource::Authority => req.authority().map(|a| a.to_ascii_lowercase().into_bytes()),
+            KeySource::Principal => req.raw().principal().map(String::into_bytes),
+            KeySource::Path => req.path().map(|p| p.as_bytes().to_vec()),
+            KeySource::Authority => req.authority().map(|(host, _)| host.into_bytes()),
         };
         v.filter(|v| !v.is_empty())
+    }
+
+    /// For the log: `header x-user-id`, `source address`, ...
+    pub fn describe(&self) -> String {
+        match self {
+            KeySource::Header(h) => format!("header {h}"),
+            KeySource::SourceAddress => "source address".into(),
+            KeySource::Principal => "source principal".into(),
+            KeySource::Path => "path".into(),
+            KeySource::Authority => "authority".into(),
+        }
     }
 }
 
@@ -111,16 +126,19 @@ mod tests {
 
     #[test]
     fn key_values() {
-        let mut r = FakeRequest {
-            path: Some("/a/b?x=1".into()),
-            authority: Some("Shop.Example".into()),
+        let mut r = Facts::new(FakeRequest {
+            path: Some("//a/./b?x=1".into()),
+            authority: Some("Shop.Example.:8080".into()),
             headers: vec![
                 ("x-user-id".into(), b"u42".to_vec()),
                 ("x-empty".into(), vec![]),
+                ("x-two".into(), b"a".to_vec()),
+                ("x-two".into(), b"b".to_vec()),
             ],
             source: Some("192.0.2.7:40000".into()),
+            principal: Some("spiffe://cluster.local/ns/default/sa/client".into()),
             ..Default::default()
-        };
+        });
         assert_eq!(
             KeySource::Header("x-user-id".into()).extract(&mut r),
             Some(b"u42".to_vec())
@@ -132,14 +150,47 @@ mod tests {
             "empty is no value"
         );
         assert_eq!(
+            KeySource::Header("x-two".into()).extract(&mut r),
+            Some(b"a,b".to_vec()),
+            "every line counts"
+        );
+        assert_eq!(
             KeySource::SourceAddress.extract(&mut r),
             Some(b"192.0.2.7".to_vec())
+        );
+        assert_eq!(
+            KeySource::Principal.extract(&mut r),
+            Some(b"spiffe://cluster.local/ns/default/sa/client".to_vec())
         );
         assert_eq!(KeySource::Path.extract(&mut r), Some(b"/a/b".to_vec()));
         assert_eq!(
             KeySource::Authority.extract(&mut r),
             Some(b"shop.example".to_vec())
         );
+    }
+
+    #[test]
+    fn equivalent_paths_and_hosts_are_one_key() {
+        let key = |path: &str, host: &str, k: &KeySource| {
+            let mut r = Facts::new(FakeRequest {
+                path: Some(path.into()),
+                authority: Some(host.into()),
+                ..Default::default()
+            });
+            k.extract(&mut r)
+        };
+        let p = KeySource::Path;
+        assert_eq!(key("/path/x", "h", &p), key("/path/%78", "h", &p));
+        assert_eq!(
+            key("/path/x", "h", &p),
+            key("/path//x/", "h", &p).map(|mut v| {
+                v.pop();
+                v
+            })
+        );
+        let a = KeySource::Authority;
+        assert_eq!(key("/", "h1", &a), key("/", "h1:19003", &a));
+        assert_eq!(key("/", "h1", &a), key("/", "H1.", &a));
     }
 
     #[test]

@@ -1,18 +1,66 @@
-//! Which requests a rule applies to. The request is seen through [`Request`],
-//! so matching is tested without a host.
+//! Which requests a rule applies to. The host's view of a request comes
+//! through [`Request`] (raw bytes, fetched lazily); [`Facts`] adds what rules
+//! see of it (the normalised path and host, see [`crate::path`]), so matching
+//! is tested without a host.
 
-/// What a rule may look at in a request. Implementations fetch lazily.
+use crate::path::{normalize_authority, normalize_path};
+
+/// The raw request, as the host has it. Implementations fetch lazily.
 pub trait Request {
-    /// `:path` without the query string.
-    fn path(&mut self) -> Option<String>;
+    /// The raw `:path` value.
+    fn path(&mut self) -> Option<Vec<u8>>;
     /// `:method`.
-    fn method(&mut self) -> Option<String>;
-    /// `:authority` (Host).
-    fn authority(&mut self) -> Option<String>;
-    /// A request header's raw value (`name` is lower case).
+    fn method(&mut self) -> Option<Vec<u8>>;
+    /// The raw `:authority` (Host).
+    fn authority(&mut self) -> Option<Vec<u8>>;
+    /// A request header's value (`name` is lower case); a header sent on
+    /// several lines gives its values joined with `,`.
     fn header(&mut self, name: &str) -> Option<Vec<u8>>;
-    /// The downstream remote address as the host reports it (`ip:port`).
+    /// The downstream remote address as Envoy trusts it (`ip:port`).
     fn source_address(&mut self) -> Option<String>;
+    /// The peer's mTLS identity (first URI SAN of its certificate).
+    fn principal(&mut self) -> Option<String>;
+}
+
+/// A request as rules see it: the raw request plus its normalised path,
+/// computed at most once.
+pub struct Facts<R> {
+    raw: R,
+    path: Option<Option<String>>,
+}
+
+impl<R: Request> Facts<R> {
+    pub fn new(raw: R) -> Self {
+        Facts { raw, path: None }
+    }
+
+    /// The raw request.
+    pub fn raw(&mut self) -> &mut R {
+        &mut self.raw
+    }
+
+    /// The normalised path ([`normalize_path`]).
+    pub fn path(&mut self) -> Option<&str> {
+        let raw = &mut self.raw;
+        self.path
+            .get_or_insert_with(|| raw.path().map(|p| normalize_path(&p)))
+            .as_deref()
+    }
+
+    /// The request's host (normalised) and port.
+    pub fn authority(&mut self) -> Option<(String, Option<String>)> {
+        let a = self.raw.authority()?;
+        let a = String::from_utf8_lossy(&a);
+        let (host, port) = normalize_authority(&a);
+        (!host.is_empty()).then(|| (host, port.map(str::to_string)))
+    }
+
+    /// Whether the request is gRPC (`content-type: application/grpc...`).
+    pub fn is_grpc(&mut self) -> bool {
+        self.raw
+            .header("content-type")
+            .is_some_and(|v| v.starts_with(b"application/grpc"))
+    }
 }
 
 /// A condition on one header.
@@ -26,22 +74,26 @@ pub enum HeaderMatch {
     Absent,
 }
 
+/// A condition on the host: the host (normalised), and the port if one was
+/// configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorityMatch {
+    pub host: String,
+    pub port: Option<String>,
+}
+
 /// Conditions of a rule; all must hold. An empty match fits every request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Match {
+    /// Normalised.
     pub path_prefix: Option<String>,
+    /// Normalised.
     pub path_exact: Option<String>,
     /// Upper-case method names.
     pub methods: Vec<String>,
     /// Lower-case header names.
     pub headers: Vec<(String, HeaderMatch)>,
-    /// Lower-case authority.
-    pub authority: Option<String>,
-}
-
-/// The path part of a `:path` value (before `?` or `#`).
-pub fn strip_query(path: &str) -> &str {
-    path.find(['?', '#']).map_or(path, |i| &path[..i])
+    pub authority: Option<AuthorityMatch>,
 }
 
 impl Match {
@@ -55,7 +107,7 @@ impl Match {
     }
 
     /// Whether `req` fits every condition.
-    pub fn matches(&self, req: &mut impl Request) -> bool {
+    pub fn matches<R: Request>(&self, req: &mut Facts<R>) -> bool {
         if self.path_prefix.is_some() || self.path_exact.is_some() {
             let Some(path) = req.path() else { return false };
             if self
@@ -65,20 +117,20 @@ impl Match {
             {
                 return false;
             }
-            if self.path_exact.as_ref().is_some_and(|p| path != *p) {
+            if self.path_exact.as_ref().is_some_and(|p| path != p) {
                 return false;
             }
         }
         if !self.methods.is_empty() {
-            let Some(method) = req.method() else {
+            let Some(method) = req.raw().method() else {
                 return false;
             };
-            if !self.methods.contains(&method) {
+            if !self.methods.iter().any(|m| m.as_bytes() == method) {
                 return false;
             }
         }
         for (name, cond) in &self.headers {
-            let value = req.header(name);
+            let value = req.raw().header(name);
             let ok = match cond {
                 HeaderMatch::Exact(want) => value.as_deref() == Some(want.as_bytes()),
                 HeaderMatch::Present => value.is_some(),
@@ -89,10 +141,10 @@ impl Match {
             }
         }
         if let Some(want) = &self.authority {
-            if !req
-                .authority()
-                .is_some_and(|a| a.eq_ignore_ascii_case(want))
-            {
+            let Some((host, port)) = req.authority() else {
+                return false;
+            };
+            if host != want.host || (want.port.is_some() && port != want.port) {
                 return false;
             }
         }
@@ -106,35 +158,63 @@ pub struct FakeRequest {
     pub path: Option<String>,
     pub method: Option<String>,
     pub authority: Option<String>,
+    /// Header lines; a name may repeat.
     pub headers: Vec<(String, Vec<u8>)>,
     pub source: Option<String>,
+    pub principal: Option<String>,
     /// How many lookups were made (to test laziness).
     pub lookups: usize,
 }
 
+impl FakeRequest {
+    /// A GET of `path`.
+    pub fn get(path: &str) -> Self {
+        FakeRequest {
+            path: Some(path.into()),
+            method: Some("GET".into()),
+            authority: Some("example.com".into()),
+            ..Default::default()
+        }
+    }
+
+    /// With this header line added.
+    pub fn with_header(mut self, name: &str, value: &str) -> Self {
+        self.headers
+            .push((name.to_ascii_lowercase(), value.as_bytes().to_vec()));
+        self
+    }
+}
+
 impl Request for FakeRequest {
-    fn path(&mut self) -> Option<String> {
+    fn path(&mut self) -> Option<Vec<u8>> {
         self.lookups += 1;
-        self.path.as_deref().map(|p| strip_query(p).to_string())
+        self.path.as_ref().map(|p| p.as_bytes().to_vec())
     }
-    fn method(&mut self) -> Option<String> {
+    fn method(&mut self) -> Option<Vec<u8>> {
         self.lookups += 1;
-        self.method.clone()
+        self.method.as_ref().map(|m| m.as_bytes().to_vec())
     }
-    fn authority(&mut self) -> Option<String> {
+    fn authority(&mut self) -> Option<Vec<u8>> {
         self.lookups += 1;
-        self.authority.clone()
+        self.authority.as_ref().map(|a| a.as_bytes().to_vec())
     }
     fn header(&mut self, name: &str) -> Option<Vec<u8>> {
         self.lookups += 1;
-        self.headers
+        let values: Vec<&[u8]> = self
+            .headers
             .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.clone())
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+            .collect();
+        (!values.is_empty()).then(|| values.join(&b","[..]))
     }
     fn source_address(&mut self) -> Option<String> {
         self.lookups += 1;
         self.source.clone()
+    }
+    fn principal(&mut self) -> Option<String> {
+        self.lookups += 1;
+        self.principal.clone()
     }
 }
 
@@ -142,8 +222,8 @@ impl Request for FakeRequest {
 mod tests {
     use super::*;
 
-    fn req(path: &str, method: &str, host: &str, headers: &[(&str, &str)]) -> FakeRequest {
-        FakeRequest {
+    fn req(path: &str, method: &str, host: &str, headers: &[(&str, &str)]) -> Facts<FakeRequest> {
+        Facts::new(FakeRequest {
             path: Some(path.into()),
             method: Some(method.into()),
             authority: Some(host.into()),
@@ -152,6 +232,13 @@ mod tests {
                 .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
                 .collect(),
             ..Default::default()
+        })
+    }
+
+    fn prefix(p: &str) -> Match {
+        Match {
+            path_prefix: Some(normalize_path(p.as_bytes())),
+            ..Default::default()
         }
     }
 
@@ -159,7 +246,7 @@ mod tests {
     fn empty_match_fits_all_and_looks_at_nothing() {
         let mut r = req("/x", "GET", "h", &[]);
         assert!(Match::default().matches(&mut r));
-        assert_eq!(r.lookups, 0);
+        assert_eq!(r.raw().lookups, 0);
     }
 
     #[test]
@@ -170,12 +257,72 @@ mod tests {
         };
         assert!(m.matches(&mut req("/api/items?page=2", "GET", "h", &[])));
         assert!(!m.matches(&mut req("/api/items/1", "GET", "h", &[])));
-        let m = Match {
-            path_prefix: Some("/api/".into()),
+        let m = prefix("/api/");
+        assert!(m.matches(&mut req("/api/x?y", "GET", "h", &[])));
+        assert!(!m.matches(&mut req("/ap?/api/", "GET", "h", &[])));
+    }
+
+    #[test]
+    fn a_path_rule_cannot_be_escaped_by_spelling() {
+        let m = prefix("/admin");
+        for p in [
+            "/admin",
+            "/%61dmin",
+            "//admin",
+            "/./admin/x",
+            "/x/../admin",
+            "/%2e%2e/admin",
+            "/%2Fadmin",
+            "/\\admin",
+        ] {
+            assert!(m.matches(&mut req(p, "GET", "h", &[])), "{p} escaped");
+        }
+        assert!(!m.matches(&mut req("/web/admin", "GET", "h", &[])));
+        let exact = Match {
+            path_exact: Some(normalize_path(b"/login")),
             ..Default::default()
         };
-        assert!(m.matches(&mut req("/api/x", "GET", "h", &[])));
-        assert!(!m.matches(&mut req("/ap?/api/", "GET", "h", &[])));
+        assert!(exact.matches(&mut req("//log%69n?next=/", "POST", "h", &[])));
+    }
+
+    #[test]
+    fn the_host_matches_without_port_case_or_trailing_dot() {
+        let any_port = Match {
+            authority: Some(AuthorityMatch {
+                host: "example.com".into(),
+                port: None,
+            }),
+            ..Default::default()
+        };
+        for h in [
+            "example.com",
+            "Example.COM",
+            "example.com:8080",
+            "example.com.",
+        ] {
+            assert!(any_port.matches(&mut req("/", "GET", h, &[])), "{h}");
+        }
+        assert!(!any_port.matches(&mut req("/", "GET", "example.org", &[])));
+        let port = Match {
+            authority: Some(AuthorityMatch {
+                host: "example.com".into(),
+                port: Some("8080".into()),
+            }),
+            ..Default::default()
+        };
+        assert!(port.matches(&mut req("/", "GET", "EXAMPLE.com.:8080", &[])));
+        assert!(!port.matches(&mut req("/", "GET", "example.com", &[])));
+        assert!(!port.matches(&mut req("/", "GET", "example.com:9090", &[])));
+    }
+
+    #[test]
+    fn a_header_on_several_lines_matches_on_its_joined_value() {
+        let m = Match {
+            headers: vec![("x-env".into(), HeaderMatch::Exact("a,b".into()))],
+            ..Default::default()
+        };
+        assert!(m.matches(&mut req("/", "GET", "h", &[("x-env", "a"), ("x-env", "b")])));
+        assert!(!m.matches(&mut req("/", "GET", "h", &[("x-env", "a")])));
     }
 
     #[test]
@@ -188,7 +335,10 @@ mod tests {
                 ("x-debug".into(), HeaderMatch::Absent),
                 ("authorization".into(), HeaderMatch::Present),
             ],
-            authority: Some("shop.example.com".into()),
+            authority: Some(AuthorityMatch {
+                host: "shop.example.com".into(),
+                port: None,
+            }),
             ..Default::default()
         };
         let good = [("x-tenant", "gold"), ("authorization", "Bearer t")];
@@ -225,6 +375,19 @@ mod tests {
         };
         let mut r = req("/web", "GET", "h", &[]);
         assert!(!m.matches(&mut r));
-        assert_eq!(r.lookups, 1);
+        assert_eq!(r.raw().lookups, 1);
+    }
+
+    #[test]
+    fn grpc_is_told_by_content_type() {
+        assert!(req(
+            "/",
+            "POST",
+            "h",
+            &[("content-type", "application/grpc+proto")]
+        )
+        .is_grpc());
+        assert!(!req("/", "POST", "h", &[("content-type", "application/json")]).is_grpc());
+        assert!(!req("/", "POST", "h", &[]).is_grpc());
     }
 }

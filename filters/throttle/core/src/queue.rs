@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 /// A held request, as handed back when it is due or cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Released {
+pub struct Held {
     /// The host's id for the request's stream.
     pub context_id: u32,
     /// Index of the rule that held it.
@@ -27,7 +27,7 @@ pub struct HeldQueue {
     /// until they surface and are skipped; see [`HeldQueue::compact`].
     heap: BinaryHeap<Reverse<(u64, u64, u32)>>,
     /// Live entries by context id, with the sequence number of their heap entry.
-    live: HashMap<u32, (u64, Released)>,
+    live: HashMap<u32, (u64, Held)>,
     next_seq: u64,
 }
 
@@ -62,7 +62,7 @@ impl HeldQueue {
             context_id,
             (
                 seq,
-                Released {
+                Held {
                     context_id,
                     rule,
                     held_at,
@@ -75,7 +75,7 @@ impl HeldQueue {
 
     /// Removes a held request whose client went away. Returns it if it was
     /// still held (None: already released, or never held).
-    pub fn cancel(&mut self, context_id: u32) -> Option<Released> {
+    pub fn cancel(&mut self, context_id: u32) -> Option<Held> {
         let removed = self.live.remove(&context_id).map(|(_, r)| r);
         self.compact();
         removed
@@ -83,7 +83,7 @@ impl HeldQueue {
 
     /// Moves every request due at `now` (release_at <= now) into `out`, in
     /// release order.
-    pub fn pop_due(&mut self, now: u64, out: &mut Vec<Released>) {
+    pub fn pop_due(&mut self, now: u64, out: &mut Vec<Held>) {
         while let Some(Reverse((release_at, seq, id))) = self.heap.peek().copied() {
             if release_at > now {
                 break;
@@ -153,7 +153,7 @@ mod tests {
         q.pop_due(130, &mut out);
         assert_eq!(
             out,
-            vec![Released {
+            vec![Held {
                 context_id: 7,
                 rule: 0,
                 held_at: 100,

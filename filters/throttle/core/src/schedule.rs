@@ -1,5 +1,5 @@
 //! The virtual schedule (GCRA, "theoretical arrival time"), decided once at
-//! admission. See `design.md`: interval `T = 1/rate`, burst tolerance
+//! admission (as nginx `limit_req` and Sentinel's pacing controller): interval `T = 1/rate`, burst tolerance
 //! `tau = burst * T`; on arrival at `now`, `tat = max(stored, now)` and
 //! `release_at = tat - tau`:
 //!
@@ -8,7 +8,7 @@
 //! * otherwise: store `tat + T` and hold the request until `release_at`.
 //!
 //! The stored TAT is shared by all workers of the process and updated with
-//! compare-and-swap ([`TatStore`]), so the rate holds for the whole process.
+//! compare-and-swap ([`SharedCell`]), so the rate holds for the whole process.
 
 use crate::NS_PER_S;
 
@@ -118,10 +118,12 @@ pub enum Admission {
     Now { tat: u64 },
     /// Hold until `release_at` (monotonic ns).
     Hold { release_at: u64, tat: u64 },
-    /// Answer now with the reject status and `retry-after`.
+    /// Answer now with the reject status and `retry-after`. `tat`: the
+    /// schedule as it stands (for the rate-limit headers).
     Reject {
         retry_after_s: u64,
         queue_full: bool,
+        tat: u64,
     },
     /// The shared schedule could not be updated (store error, or
     /// [`MAX_CAS_ATTEMPTS`] lost races). The filter fails closed: it rejects.
@@ -146,6 +148,7 @@ fn decide(
                 Admission::Reject {
                     retry_after_s,
                     queue_full,
+                    tat: stored_tat.map_or(now, |t| t.max(now)),
                 },
                 None,
             )
@@ -283,22 +286,6 @@ pub fn admit_with_quota<C: SharedCell, T: KeyTable>(
     }
 }
 
-/// The draft rate-limit headers of a request: `(limit, remaining, reset_s)`.
-/// `limit`: requests per window as configured; `remaining`: requests that
-/// would pass at once right after this one; `reset_s`: seconds until the
-/// schedule is idle again (full burst available). `tat`: the schedule after
-/// this request (for a rejected request, the schedule as it stands).
-pub fn rate_limit_headers(schedule: &Schedule, limit: u64, tat: u64, now: u64) -> (u64, u64, u64) {
-    let horizon = now.saturating_add(schedule.tau_ns);
-    let remaining = if horizon >= tat && schedule.interval_ns > 0 {
-        (horizon - tat) / schedule.interval_ns + 1
-    } else {
-        0
-    };
-    let reset_s = tat.saturating_sub(now).div_ceil(NS_PER_S);
-    (limit, remaining, reset_s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +299,15 @@ mod tests {
         match a {
             Admission::Now { .. } => NOW,
             Admission::Hold { release_at, .. } => hold(release_at),
+            Admission::Reject {
+                retry_after_s,
+                queue_full,
+                ..
+            } => Admission::Reject {
+                retry_after_s,
+                queue_full,
+                tat: 0,
+            },
             other => other,
         }
     }
@@ -383,7 +379,8 @@ mod tests {
             k(admit(&mut c, &s, now, true)),
             Admission::Reject {
                 retry_after_s: 1,
-                queue_full: false
+                queue_full: false,
+                tat: 0
             }
         );
         // The rejection took no slot: 1 ms later the next is due at now+12ms = 11 ms away.
@@ -391,7 +388,8 @@ mod tests {
             k(admit(&mut c, &s, now + MS, true)),
             Admission::Reject {
                 retry_after_s: 1,
-                queue_full: false
+                queue_full: false,
+                tat: 0
             }
         );
         assert_eq!(
@@ -449,7 +447,8 @@ mod tests {
             k(admit(&mut c, &s500(), 100 * MS, false)),
             Admission::Reject {
                 retry_after_s: 1,
-                queue_full: true
+                queue_full: true,
+                tat: 0
             }
         );
         assert_eq!(c.tat, Some(104 * MS));
@@ -473,7 +472,8 @@ mod tests {
             k(admit(&mut c, &s, 0, true)),
             Admission::Reject {
                 retry_after_s: 8,
-                queue_full: false
+                queue_full: false,
+                tat: 0
             }
         );
     }
@@ -526,7 +526,8 @@ mod tests {
             k(admit(&mut c, &s, 50 * MS, true)),
             Admission::Reject {
                 retry_after_s: 1,
-                queue_full: false
+                queue_full: false,
+                tat: 0
             }
         );
         assert_eq!(c.tat, Some(104 * MS));
@@ -582,59 +583,36 @@ mod tests {
 #[cfg(test)]
 mod keyed_tests {
     use super::*;
-    use crate::testing::MemCell as SingleCell;
+    use crate::store::{CellId, Store};
+    use crate::testing::{MemCell as SingleCell, MemCells, MemStore};
     use crate::NS_PER_MS;
-    use std::collections::HashMap;
+    use std::cell::RefCell;
 
     const MS: u64 = NS_PER_MS;
 
-    /// Cells by slot: (value, version).
-    type Cells = std::rc::Rc<std::cell::RefCell<HashMap<u32, ([u64; 2], u32)>>>;
-
-    /// A key table in memory: slot -> (value, version).
-    #[derive(Default)]
+    /// Rule 0's key table in the crate's in-memory store.
     struct Table {
-        cells: Cells,
+        cells: &'static RefCell<MemCells>,
     }
 
-    struct TableCell {
-        slot: u32,
-        cells: Cells,
-    }
-
-    impl SharedCell for TableCell {
-        type Token = u32;
-        fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-            Ok(self
-                .cells
-                .borrow()
-                .get(&self.slot)
-                .map_or((None, 0), |&(v, ver)| (Some(v), ver)))
-        }
-        fn store(&mut self, v: [u64; 2], token: u32) -> Result<bool, StoreError> {
-            let mut cells = self.cells.borrow_mut();
-            let ver = cells.get(&self.slot).map_or(0, |&(_, ver)| ver);
-            if ver != token {
-                return Ok(false);
+    impl Default for Table {
+        fn default() -> Self {
+            Table {
+                cells: Box::leak(Box::default()),
             }
-            cells.insert(self.slot, (v, ver + 1));
-            Ok(true)
         }
     }
 
     impl KeyTable for Table {
-        type Cell = TableCell;
-        fn cell(&mut self, slot: u32) -> TableCell {
-            TableCell {
-                slot,
-                cells: self.cells.clone(),
-            }
+        type Cell = crate::store::Cell<MemStore<'static>>;
+        fn cell(&mut self, slot: u32) -> Self::Cell {
+            MemStore(self.cells).cell(CellId::Slot(0, slot))
         }
     }
 
     impl Table {
         fn get(&self, slot: u32) -> Option<[u64; 2]> {
-            self.cells.borrow().get(&slot).map(|&(v, _)| v)
+            self.cells.borrow().get(CellId::Slot(0, slot))
         }
     }
 
@@ -791,20 +769,5 @@ mod keyed_tests {
             Admission::Reject { .. }
         ));
         assert_eq!(t.get(2), None, "the rejected key's quota is untouched");
-    }
-
-    #[test]
-    fn rate_limit_header_values() {
-        // 10/s with burst 4: interval 100 ms, tau 400 ms.
-        let s = Schedule::new(100 * MS, 4, 1000 * MS);
-        let now = 10_000 * MS;
-        // First request after idle: tat = now + 100ms; 4 more could pass at once.
-        assert_eq!(rate_limit_headers(&s, 10, now + 100 * MS, now), (10, 4, 1));
-        // After the fifth at once: tat = now + 500 ms, none remain.
-        assert_eq!(rate_limit_headers(&s, 10, now + 500 * MS, now), (10, 0, 1));
-        // Deep in the queue: 2.5 s of schedule ahead.
-        assert_eq!(rate_limit_headers(&s, 10, now + 2500 * MS, now), (10, 0, 3));
-        // Idle: everything available, nothing to reset.
-        assert_eq!(rate_limit_headers(&s, 10, now - MS, now), (10, 5, 0));
     }
 }

@@ -1,60 +1,258 @@
-//! The names of the filter's per-rule statistics (Envoy:
-//! `wasmcustom.throttle.rule.<rule>.<stat>`).
+//! The filter's per-rule statistics: one table that gives each stat its name,
+//! type and meaning. The glue defines its metrics from it, the README's
+//! statistics table is generated from it (`throttle-config stats`), and the
+//! Prometheus relabelling and dashboards are tested against it.
 //!
-//! Through Istio, whose Prometheus endpoint has no tag extractor for custom
-//! Wasm stats, a name is flattened to `throttle_rule_<rule>_<stat>` and split
-//! back by a regex. That split is unambiguous, whatever the rule's name,
-//! because no stat name ends in `_<another stat name>` (tested below).
+//! Envoy names a stat `wasmcustom.throttle.rule.<rule>.<stat>`. Through Istio,
+//! whose Prometheus endpoint has no tag extractor for custom Wasm stats, a name
+//! is flattened to `throttle_rule_<rule>_<stat>` and split back by a regex.
+//! That split is unambiguous, whatever the rule's name, because no stat name
+//! ends in `_<another stat name>` (tested below).
 
-pub const ADMITTED: &str = "admitted";
-pub const QUEUED: &str = "queued";
-pub const RELEASED: &str = "released";
-pub const REJECTED: &str = "rejected";
-pub const CANCELLED: &str = "cancelled";
-pub const GONE: &str = "gone";
-pub const CONTENTION: &str = "contention";
-pub const WOULD_QUEUE: &str = "would_queue";
-pub const WOULD_REJECT: &str = "would_reject";
-pub const HELD: &str = "held";
-pub const IN_FLIGHT: &str = "in_flight";
-pub const WAIT_MS: &str = "wait_ms";
+/// What kind of metric a stat is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
 
-/// Every stat, in the order of the README's statistics table.
-pub const ALL: &[&str] = &[
-    ADMITTED,
-    QUEUED,
-    RELEASED,
-    REJECTED,
-    CANCELLED,
-    GONE,
-    CONTENTION,
-    WOULD_QUEUE,
-    WOULD_REJECT,
-    HELD,
-    IN_FLIGHT,
-    WAIT_MS,
+impl Kind {
+    /// The name used in the README and by Envoy.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "Counter",
+            Kind::Gauge => "Gauge",
+            Kind::Histogram => "Histogram",
+        }
+    }
+}
+
+/// One statistic of a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stat {
+    Admitted,
+    Queued,
+    Released,
+    Rejected,
+    Cancelled,
+    Gone,
+    TimedOut,
+    Contention,
+    WouldQueue,
+    WouldReject,
+    Held,
+    InFlight,
+    WaitMs,
+}
+
+/// A stat's name, kind and meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    pub stat: Stat,
+    pub name: &'static str,
+    pub kind: Kind,
+    pub doc: &'static str,
+}
+
+const fn spec(stat: Stat, name: &'static str, kind: Kind, doc: &'static str) -> Spec {
+    Spec {
+        stat,
+        name,
+        kind,
+        doc,
+    }
+}
+
+/// Every stat, in the order of [`Stat`] (tested) and of the README's table.
+pub const TABLE: [Spec; COUNT] = [
+    spec(Stat::Admitted, "admitted", Kind::Counter,
+        "Requests continued at once (within rate or burst, and a concurrency slot free). Under dry-run: requests that would have been continued at once."),
+    spec(Stat::Queued, "queued", Kind::Counter,
+        "Requests held (by the rate schedule or waiting for a concurrency slot)."),
+    spec(Stat::Released, "released", Kind::Counter,
+        "Held requests resumed at their turn."),
+    spec(Stat::Rejected, "rejected", Kind::Counter,
+        "Requests answered with `reject_status`: turn too far away, full worker queue, no concurrency slot within `max_queue_delay`, or contention."),
+    spec(Stat::Cancelled, "cancelled", Kind::Counter,
+        "Held requests whose client went away before their turn."),
+    spec(Stat::Gone, "gone", Kind::Counter,
+        "Held requests whose stream was already gone at their turn."),
+    spec(Stat::TimedOut, "timed_out", Kind::Counter,
+        "Held requests that Envoy answered itself before their turn (for example a 504 from `stream_idle_timeout` or a 408 from `request_timeout`): a timeout shorter than `max_queue_delay`."),
+    spec(Stat::Contention, "contention", Kind::Counter,
+        "Requests whose shared schedule or gate could not be updated (they are rejected; see failure policy)."),
+    spec(Stat::WouldQueue, "would_queue", Kind::Counter,
+        "Dry-run: requests that would have been held."),
+    spec(Stat::WouldReject, "would_reject", Kind::Counter,
+        "Dry-run: requests that would have been rejected."),
+    spec(Stat::Held, "held", Kind::Gauge,
+        "Requests held now, summed over workers."),
+    spec(Stat::InFlight, "in_flight", Kind::Gauge,
+        "Concurrency mode: requests holding a slot now."),
+    spec(Stat::WaitMs, "wait_ms", Kind::Histogram,
+        "Time released requests were held, in milliseconds."),
 ];
+
+/// Number of stats.
+pub const COUNT: usize = 13;
+
+impl Stat {
+    /// Every stat, in table order.
+    pub const ALL: [Stat; COUNT] = [
+        Stat::Admitted,
+        Stat::Queued,
+        Stat::Released,
+        Stat::Rejected,
+        Stat::Cancelled,
+        Stat::Gone,
+        Stat::TimedOut,
+        Stat::Contention,
+        Stat::WouldQueue,
+        Stat::WouldReject,
+        Stat::Held,
+        Stat::InFlight,
+        Stat::WaitMs,
+    ];
+
+    /// The stat's entry in [`TABLE`].
+    pub fn spec(self) -> &'static Spec {
+        const FIRST: &Spec = &TABLE[0];
+        TABLE.iter().find(|s| s.stat == self).unwrap_or(FIRST)
+    }
+
+    /// The stat's name (`admitted`, `wait_ms`, ...).
+    pub fn name(self) -> &'static str {
+        self.spec().name
+    }
+
+    /// Counter, gauge or histogram.
+    pub fn kind(self) -> Kind {
+        self.spec().kind
+    }
+}
+
+/// Changes to a rule's counters and gauges, returned with every decision so
+/// the glue can apply them (and tests can assert them exactly).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    deltas: [i32; COUNT],
+}
+
+impl Counts {
+    /// No change.
+    pub const NONE: Counts = Counts { deltas: [0; COUNT] };
+
+    /// These changes.
+    pub fn of(changes: &[(Stat, i32)]) -> Self {
+        let mut c = Counts::NONE;
+        for &(s, d) in changes {
+            c.add(s, d);
+        }
+        c
+    }
+
+    /// Adds `delta` to `stat`.
+    pub fn add(&mut self, stat: Stat, delta: i32) {
+        if let Some(d) = self.deltas.get_mut(stat as usize) {
+            *d = d.saturating_add(delta);
+        }
+    }
+
+    /// Adds 1 to `stat`.
+    pub fn inc(&mut self, stat: Stat) {
+        self.add(stat, 1);
+    }
+
+    /// Adds every change of `other`.
+    pub fn merge(&mut self, other: &Counts) {
+        for (s, d) in other.iter() {
+            self.add(s, d);
+        }
+    }
+
+    /// The change of `stat`.
+    pub fn get(&self, stat: Stat) -> i32 {
+        self.deltas.get(stat as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether nothing changes.
+    pub fn is_empty(&self) -> bool {
+        self.deltas.iter().all(|&d| d == 0)
+    }
+
+    /// The non-zero changes, in table order.
+    pub fn iter(&self) -> impl Iterator<Item = (Stat, i32)> + '_ {
+        Stat::ALL
+            .iter()
+            .zip(self.deltas.iter())
+            .filter(|(_, &d)| d != 0)
+            .map(|(&s, &d)| (s, d))
+    }
+}
+
+/// The README's statistics table (Markdown).
+pub fn reference_table() -> String {
+    let mut out = String::from("| name | type | description |\n|---|---|---|\n");
+    for s in &TABLE {
+        out.push_str(&format!(
+            "| `{}` | {} | {} |\n",
+            s.name,
+            s.kind.name(),
+            s.doc
+        ));
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {
-    use super::ALL;
+    use super::*;
+
+    #[test]
+    fn the_table_is_in_enum_order() {
+        for (i, s) in TABLE.iter().enumerate() {
+            assert_eq!(s.stat as usize, i, "{}", s.name);
+            assert_eq!(Stat::ALL[i], s.stat);
+        }
+    }
 
     #[test]
     fn no_stat_name_ends_in_another_after_an_underscore() {
-        for a in ALL {
-            for b in ALL {
-                assert!(a == b || !a.ends_with(&format!("_{b}")), "{a} ends in _{b}");
+        for a in &TABLE {
+            for b in &TABLE {
+                assert!(
+                    a.name == b.name || !a.name.ends_with(&format!("_{}", b.name)),
+                    "{} ends in _{}",
+                    a.name,
+                    b.name
+                );
             }
         }
     }
 
     #[test]
-    fn names_are_prometheus_safe() {
-        for s in ALL {
+    fn names_are_prometheus_safe_and_unique() {
+        for s in &TABLE {
             assert!(
-                s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
-                "{s}"
+                s.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{}",
+                s.name
             );
+            assert_eq!(TABLE.iter().filter(|t| t.name == s.name).count(), 1);
         }
+    }
+
+    #[test]
+    fn counts_add_up_and_list_only_changes() {
+        let mut c = Counts::of(&[(Stat::Queued, 1), (Stat::Held, 1)]);
+        c.merge(&Counts::of(&[(Stat::Held, -1), (Stat::Released, 1)]));
+        assert_eq!(
+            c.iter().collect::<Vec<_>>(),
+            vec![(Stat::Queued, 1), (Stat::Released, 1)]
+        );
+        assert_eq!(c.get(Stat::Held), 0);
+        assert!(!c.is_empty());
+        assert!(Counts::NONE.is_empty());
     }
 }

@@ -1,9 +1,14 @@
-//! Test support: an in-memory [`SharedCell`] with compare-and-swap.
+//! Test support, shared by the unit tests, the property tests and the
+//! benches (feature `testing`): in-memory shared cells with compare-and-swap.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 
 use crate::schedule::{SharedCell, StoreError};
+use crate::store::{CellId, Store};
 
 /// One shared cell in memory; `store` fails when the token is stale.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct MemCell {
     pub v: Option<[u64; 2]>,
     pub version: u32,
@@ -20,6 +25,60 @@ impl SharedCell for MemCell {
         }
         self.v = Some(v);
         self.version += 1;
+        Ok(true)
+    }
+}
+
+/// The cells of a [`MemStore`], with faults to inject.
+#[derive(Debug, Default)]
+pub struct MemCells {
+    pub cells: BTreeMap<CellId, ([u64; 2], u32)>,
+    next_version: u32,
+    /// Every load and store fails (the host's shared data is broken).
+    pub broken: bool,
+    /// The next this-many stores lose their race (another worker wrote first).
+    pub lost_races: u32,
+}
+
+impl MemCells {
+    /// The value of a cell.
+    pub fn get(&self, id: CellId) -> Option<[u64; 2]> {
+        self.cells.get(&id).map(|(v, _)| *v)
+    }
+}
+
+/// A [`Store`] in memory: `MemStore(&cells)`.
+#[derive(Debug, Clone, Copy)]
+pub struct MemStore<'a>(pub &'a RefCell<MemCells>);
+
+impl Store for MemStore<'_> {
+    fn load(&self, id: CellId) -> Result<(Option<[u64; 2]>, u32), StoreError> {
+        let c = self.0.borrow();
+        if c.broken {
+            return Err(StoreError(10));
+        }
+        Ok(match c.cells.get(&id) {
+            Some((v, version)) => (Some(*v), *version),
+            None => (None, 0),
+        })
+    }
+
+    fn store(&self, id: CellId, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
+        let mut c = self.0.borrow_mut();
+        if c.broken {
+            return Err(StoreError(10));
+        }
+        if c.lost_races > 0 {
+            c.lost_races -= 1;
+            return Ok(false);
+        }
+        let current = c.cells.get(&id).map_or(0, |(_, v)| *v);
+        if token != current {
+            return Ok(false);
+        }
+        c.next_version += 1;
+        let version = c.next_version;
+        c.cells.insert(id, (value, version));
         Ok(true)
     }
 }

@@ -9,26 +9,73 @@ pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
 /// Lowest accepted rate: one request per hour.
 pub const MIN_RATE_PER_S: f64 = 1.0 / 3600.0;
 
-/// A rate as the user wrote it: `count` requests per `window_s` seconds
-/// (for the `x-ratelimit-limit` header).
+/// A rate as a quota per window, for the `RateLimit-Policy` header: exactly
+/// `quota` requests per `window_s` seconds, in the unit the user wrote
+/// (`"30/m"` → 30 per 60 s) with the window stretched just enough to make a
+/// fractional count whole (`"0.5/s"` → 1 per 2 s, `"2.5/m"` → 5 per 120 s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateWindow {
-    /// Requests per window, rounded down, at least 1.
+    /// Requests per window (at least 1).
     pub count: u64,
-    /// Window in seconds: 1, 60 or 3600.
+    /// Window in seconds.
     pub window_s: u64,
+}
+
+impl RateWindow {
+    /// `count`/`window_s` as written, e.g. `1/2s`.
+    pub fn describe(&self) -> String {
+        format!("{}/{}s", self.count, self.window_s)
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The exact quota per window of a plain decimal `count` per `unit_s`
+/// seconds. Falls back to the count rounded down (at least 1) per unit when
+/// the window would exceed a day.
+fn rate_window(count: &str, per_second: f64, unit_s: u64) -> RateWindow {
+    exact_window(count, unit_s).unwrap_or(RateWindow {
+        count: (per_second * unit_s as f64).floor().max(1.0) as u64,
+        window_s: unit_s,
+    })
+}
+
+fn exact_window(count: &str, unit_s: u64) -> Option<RateWindow> {
+    let count = count.trim();
+    let (int, frac) = count.split_once('.').unwrap_or((count, ""));
+    let frac = frac.trim_end_matches('0');
+    if frac.len() > 9 || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let m: u64 = format!("{int}{frac}")
+        .trim_start_matches('0')
+        .parse()
+        .ok()?;
+    let scale = 10u64.pow(frac.len() as u32);
+    let g = gcd(m, scale).max(1);
+    let window_s = (scale / g).checked_mul(unit_s)?;
+    (window_s <= 86_400).then_some(RateWindow {
+        count: m / g,
+        window_s,
+    })
 }
 
 /// Parses a rate. Returns the interval between two requests in nanoseconds,
 /// rounded up (so the effective rate never exceeds the setting), and the rate
-/// as written.
+/// as a quota per window.
 pub fn parse_rate(value: &serde_json::Value) -> Result<(u64, RateWindow), String> {
-    let (per_second, window_s) = match value {
-        serde_json::Value::Number(n) => (
-            n.as_f64()
-                .ok_or_else(|| format!("expected a positive number, got {n}"))?,
-            1,
-        ),
+    let (per_second, count, unit_s) = match value {
+        serde_json::Value::Number(n) => {
+            let v = n
+                .as_f64()
+                .ok_or_else(|| format!("expected a positive number, got {n}"))?;
+            (v, n.to_string(), 1)
+        }
         serde_json::Value::String(s) => parse_rate_str(s)?,
         other => {
             return Err(format!(
@@ -49,56 +96,53 @@ pub fn parse_rate(value: &serde_json::Value) -> Result<(u64, RateWindow), String
         return Err(format!("must be at least 1/h, got {per_second}/s"));
     }
     let interval = (NS_PER_S as f64 / per_second).ceil();
-    let count = (per_second * window_s as f64).floor().max(1.0);
     // Bounded by the checks above: between 1_000 ns and 3_600 s.
-    Ok((
-        interval as u64,
-        RateWindow {
-            count: count as u64,
-            window_s,
-        },
-    ))
+    Ok((interval as u64, rate_window(&count, per_second, unit_s)))
 }
 
-fn parse_rate_str(s: &str) -> Result<(f64, u64), String> {
+fn parse_rate_str(s: &str) -> Result<(f64, String, u64), String> {
     let bad =
         || format!("expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got \"{s}\"");
     let (count, unit) = s.trim().split_once('/').ok_or_else(bad)?;
-    let count: f64 = parse_plain_number(count).ok_or_else(bad)?;
+    let n: f64 = parse_plain_number(count).ok_or_else(bad)?;
     let seconds = match unit.trim() {
         "s" => 1,
         "m" => 60,
         "h" => 3600,
         _ => return Err(bad()),
     };
-    Ok((count / seconds as f64, seconds))
+    Ok((n / seconds as f64, count.to_string(), seconds))
 }
 
-/// Parses a duration string with a unit (`ms`, `s`, `m`) into nanoseconds.
+/// Parses a duration string with a unit (`ms`, `s`, `m`, `h`) into nanoseconds,
+/// from 0 to [`MAX_DURATION_NS`].
 pub fn parse_duration(value: &serde_json::Value) -> Result<u64, String> {
     let s = match value {
         serde_json::Value::String(s) => s.trim(),
         other => {
             return Err(format!(
-                "expected a string with a unit such as \"250ms\", \"2s\" or \"1m\", got {}",
+                "expected a string with a unit such as \"250ms\", \"2s\", \"1m\" or \"1h\", got {}",
                 describe(other)
             ))
         }
     };
-    let bad = || format!("expected a duration such as \"250ms\", \"2s\" or \"1m\", got \"{s}\"");
+    let bad =
+        || format!("expected a duration such as \"250ms\", \"2s\", \"1m\" or \"1h\", got \"{s}\"");
     let (number, unit_ns) = if let Some(n) = s.strip_suffix("ms") {
         (n, 1_000_000.0)
     } else if let Some(n) = s.strip_suffix('s') {
         (n, NS_PER_S as f64)
     } else if let Some(n) = s.strip_suffix('m') {
         (n, 60.0 * NS_PER_S as f64)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0 * NS_PER_S as f64)
     } else {
         return Err(bad());
     };
     let number = parse_plain_number(number).ok_or_else(bad)?;
     let ns = (number * unit_ns).round();
     if ns > MAX_DURATION_NS as f64 {
-        return Err(format!("must be at most 1h, got \"{s}\""));
+        return Err(format!("must be from 0 to 1h, got \"{s}\""));
     }
     Ok(ns as u64)
 }
@@ -146,10 +190,22 @@ mod tests {
         assert_eq!(parse_rate(&json!(200.0)), Ok((5_000_000, w(200, 1))));
         assert_eq!(parse_rate(&json!("30/m")), Ok((2 * NS_PER_S, w(30, 60))));
         assert_eq!(parse_rate(&json!("2/h")), Ok((1800 * NS_PER_S, w(2, 3600))));
-        assert_eq!(parse_rate(&json!("0.5/s")), Ok((2 * NS_PER_S, w(1, 1))));
+        // Fractional counts: the window stretches until the count is whole.
+        assert_eq!(parse_rate(&json!("0.5/s")), Ok((2 * NS_PER_S, w(1, 2))));
+        assert_eq!(parse_rate(&json!(0.5)), Ok((2 * NS_PER_S, w(1, 2))));
+        assert_eq!(parse_rate(&json!("2.5/m")), Ok((24 * NS_PER_S, w(5, 120))));
+        assert_eq!(parse_rate(&json!("1.25/s")), Ok((800_000_000, w(5, 4))));
+        assert_eq!(parse_rate(&json!("10.0/s")), Ok((100_000_000, w(10, 1))));
         // 1/3 s is rounded up to the next whole nanosecond: never faster than set.
         assert_eq!(parse_rate(&json!("3/s")), Ok((333_333_334, w(3, 1))));
         assert_eq!(parse_rate(&json!(" 10 / s ")), Ok((100_000_000, w(10, 1))));
+        // A window beyond a day is not useful to a client: the count is rounded down.
+        assert_eq!(
+            parse_rate(&json!("0.0001234/s")).map(|r| r.1),
+            Err("must be at least 1/h, got 0.0001234/s".into())
+        );
+        assert_eq!(parse_rate(&json!("1.000001/s")).map(|r| r.1), Ok(w(1, 1)));
+        assert_eq!(w(1, 2).describe(), "1/2s");
     }
 
     #[test]
@@ -195,6 +251,7 @@ mod tests {
         assert_eq!(parse_duration(&json!("1m")), Ok(60 * NS_PER_S));
         assert_eq!(parse_duration(&json!("0s")), Ok(0));
         assert_eq!(parse_duration(&json!("60m")), Ok(3600 * NS_PER_S));
+        assert_eq!(parse_duration(&json!("1h")), Ok(3600 * NS_PER_S));
     }
 
     #[test]
@@ -202,7 +259,6 @@ mod tests {
         for bad in [
             json!("1"),
             json!(1),
-            json!("1h"),
             json!("-1s"),
             json!("s"),
             json!("1 sec"),
@@ -213,7 +269,14 @@ mod tests {
         }
         assert_eq!(
             parse_duration(&json!(5)),
-            Err("expected a string with a unit such as \"250ms\", \"2s\" or \"1m\", got 5".into())
+            Err(
+                "expected a string with a unit such as \"250ms\", \"2s\", \"1m\" or \"1h\", got 5"
+                    .into()
+            )
+        );
+        assert_eq!(
+            parse_duration(&json!("2h")),
+            Err("must be from 0 to 1h, got \"2h\"".into())
         );
     }
 }

@@ -3,7 +3,7 @@
 //! inputs. Bounded runs (PROPTEST_CASES, default 256 per property) keep CI short;
 //! `make fuzz-long` runs many more cases.
 //!
-//! Invariants (issue 4):
+//! Invariants:
 //! * nothing panics, whatever the input;
 //! * no request is released before its `release_at`;
 //! * no request is held longer than `max_queue_delay` plus one tick;
@@ -18,16 +18,15 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
-use std::rc::Rc;
 
 use proptest::prelude::*;
 use throttle_core::config;
 use throttle_core::keys::candidate_slots;
 use throttle_core::schedule::{
-    admit, admit_keyed, admit_with_quota, Admission, KeyTable, Schedule, SharedCell, Step,
-    StoreError,
+    admit, admit_keyed, admit_with_quota, Admission, Schedule, SharedCell, Step, StoreError,
 };
-use throttle_core::HeldQueue;
+use throttle_core::testing::{MemCells, MemStore};
+use throttle_core::{HeldQueue, Store};
 
 const MS: u64 = 1_000_000;
 
@@ -471,49 +470,6 @@ proptest! {
 
 // ---------------------------------------------------------------- per-key schedules
 
-/// A key table of a few slots (cells shared by the handles `cell()` returns).
-#[derive(Clone, Default)]
-struct Table {
-    slots: Rc<RefCell<HashMap<u32, (Option<[u64; 2]>, u32)>>>,
-}
-
-struct Slot {
-    table: Table,
-    slot: u32,
-}
-
-impl SharedCell for Slot {
-    type Token = u32;
-    fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-        Ok(self
-            .table
-            .slots
-            .borrow()
-            .get(&self.slot)
-            .copied()
-            .unwrap_or((None, 0)))
-    }
-    fn store(&mut self, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
-        let mut slots = self.table.slots.borrow_mut();
-        let entry = slots.entry(self.slot).or_insert((None, 0));
-        if entry.1 != token {
-            return Ok(false);
-        }
-        *entry = (Some(value), token.wrapping_add(1));
-        Ok(true)
-    }
-}
-
-impl KeyTable for Table {
-    type Cell = Slot;
-    fn cell(&mut self, slot: u32) -> Slot {
-        Slot {
-            table: self.clone(),
-            slot,
-        }
-    }
-}
-
 proptest! {
     /// Keys an attacker chooses, more keys than slots: memory stays at the table's
     /// size, every decision respects max_queue_delay, and each key that always
@@ -536,7 +492,8 @@ proptest! {
         slots in 1u32..8,
     ) {
         let s = Schedule::new(interval, burst, max_delay);
-        let mut table = Table::default();
+        let cells = RefCell::new(MemCells::default());
+        let mut table = MemStore(&cells).table(0);
         let mut passes: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut shared = std::collections::HashSet::new();
         let mut now = 1_000 * MS;
@@ -558,12 +515,12 @@ proptest! {
             if let Some(t) = passed {
                 passes.entry(key).or_default().push(t);
                 // Did it pass on a schedule of its own, or on another key's?
-                let own = table.slots.borrow().values().any(|(v, _)| v.is_some_and(|[f, _]| f == fp));
+                let own = cells.borrow().cells.values().any(|([f, _], _)| *f == fp);
                 if !own {
                     shared.insert(key);
                 }
             }
-            prop_assert!(table.slots.borrow().len() <= slots as usize);
+            prop_assert!(cells.borrow().cells.len() <= slots as usize);
         }
         for (key, times) in passes.iter_mut() {
             if !shared.contains(key) {
@@ -583,7 +540,8 @@ proptest! {
         let quota = Schedule::new(interval.saturating_mul(quota_factor), 0, max_delay);
         let mut shared = Cell { tat: None, version: 0, race_bits: 0, schedule: s, now: 0,
                                 others: Vec::new(), fail_load: false };
-        let mut table = Table::default();
+        let cells = RefCell::new(MemCells::default());
+        let mut table = MemStore(&cells).table(0);
         let mut passes = Vec::new();
         let mut now = 1_000 * MS;
         for (key, gap) in arrivals {

@@ -1,29 +1,42 @@
-//! The throttle filter: proxy-wasm glue around `throttle-core`.
-//!
-//! * [`root::ThrottleRoot`] (one per worker VM and one on the main thread):
-//!   parses and validates the configuration, owns the worker's queue of held
-//!   requests, and releases due requests from `on_tick`.
-//! * [`http::ThrottleHttp`] (one per request): picks the rule, admits the
-//!   request against the process-wide schedule in shared data, and continues,
-//!   holds or rejects it.
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+//! The throttle filter: proxy-wasm glue around `throttle-core`. Modules
+//! import one way: `context` (the SDK's traits, wasm32 only) → `root` →
+//! `http` → `local`, `plugin`, `request`, `shared` → `host` (the ABI, all
+//! `unsafe`).
+//! Everything but `context` and `host::abi` also builds natively, where the
+//! glue is tested against a fake host.
 
+#[cfg(target_arch = "wasm32")]
+mod context;
 mod host;
 mod http;
-mod metrics;
+mod local;
 mod plugin;
 mod request;
 mod root;
+mod shared;
+#[cfg(test)]
+mod tests;
 
-use proxy_wasm::traits::RootContext;
-use proxy_wasm::types::LogLevel;
-
+#[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{
-    proxy_wasm::set_log_level(LogLevel::Info);
+    use proxy_wasm::traits::RootContext;
+    use crate::host::{abi::Abi, Host, Level};
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
     std::panic::set_hook(Box::new(|info| {
         // Log at critical before the VM traps (release builds abort on panic).
-        let _ = proxy_wasm::hostcalls::log(LogLevel::Critical, &format!("throttle: panic: {info}"));
+        Abi.log(Level::Critical, &format!("throttle: panic: {info}"));
     }));
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
-        Box::new(root::ThrottleRoot::new(context_id))
+        Box::new(context::RootCtx(root::Root::new(Abi, context_id)))
     });
 }}

@@ -1,44 +1,56 @@
-//! The request as rules see it: headers read lazily from the host, as bytes
-//! (never assuming UTF-8), with `:path` cached (matching and keys may both
-//! need it).
+//! The request as the core's [`Request`] sees it: read lazily from the host,
+//! as bytes (never assuming UTF-8).
 
-use throttle_core::matcher::{strip_query, Request};
+use throttle_core::matcher::Request;
 
-use crate::host;
+use crate::host::Host;
 
-#[derive(Default)]
-pub struct HostRequest {
-    path: Option<Option<String>>,
+/// The effective stream's request.
+pub struct HostRequest<H> {
+    host: H,
 }
 
-fn lossy(bytes: Vec<u8>) -> String {
+impl<H: Host> HostRequest<H> {
+    pub fn new(host: H) -> Self {
+        HostRequest { host }
+    }
+}
+
+fn text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
-impl Request for HostRequest {
-    fn path(&mut self) -> Option<String> {
-        self.path
-            .get_or_insert_with(|| {
-                host::request_header(":path").map(|p| strip_query(&lossy(p)).to_string())
-            })
-            .clone()
+impl<H: Host> Request for HostRequest<H> {
+    fn path(&mut self) -> Option<Vec<u8>> {
+        self.host.request_header(":path")
     }
 
-    fn method(&mut self) -> Option<String> {
-        host::request_header(":method").map(lossy)
+    fn method(&mut self) -> Option<Vec<u8>> {
+        self.host.request_header(":method")
     }
 
-    fn authority(&mut self) -> Option<String> {
-        host::request_header(":authority")
-            .map(lossy)
-            .filter(|a| !a.is_empty())
+    fn authority(&mut self) -> Option<Vec<u8>> {
+        self.host.request_header(":authority")
     }
 
     fn header(&mut self, name: &str) -> Option<Vec<u8>> {
-        host::request_header(name)
+        // Envoy's `request.headers` attribute joins a header's lines with
+        // ','; the plain header call would give the first line only.
+        self.host.property(&["request", "headers", name])
     }
 
     fn source_address(&mut self) -> Option<String> {
-        host::source_address()
+        self.host.property(&["source", "address"]).map(text)
+    }
+
+    fn principal(&mut self) -> Option<String> {
+        self.host
+            .property(&["connection", "uri_san_peer_certificate"])
+            .or_else(|| {
+                self.host
+                    .property(&["filter_state", "io.istio.peer_principal"])
+            })
+            .map(text)
+            .filter(|p| !p.is_empty())
     }
 }

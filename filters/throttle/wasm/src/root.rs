@@ -1,236 +1,88 @@
-//! Root context: configuration, and the tick that releases held requests.
+//! The root context's glue (one per VM: each worker thread, and the main
+//! thread): configuration, the tick that carries out the core's plan, and
+//! the wake queue through which a returned concurrency slot reaches a waiter
+//! at once.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{ContextType, LogLevel};
-use throttle_core::gate::{self, Enter, Waiter};
-use throttle_core::{config, Released, NS_PER_MS};
+use throttle_core::config;
+use throttle_core::stream::Env;
+use throttle_core::worker::{TickAction, TickPlan};
 
-use crate::host::{self, SharedData};
-use crate::http::{send_rejection, ThrottleHttp};
-use crate::metrics::RuleMetrics;
-use crate::plugin::{Plugin, Worker, SEED_KEY};
+use crate::host::{Host, Level};
+use crate::http::HttpStream;
+use crate::local::Local;
+use crate::plugin::Plugin;
+use crate::shared::{add_wake_queue, shared_seed, SharedStore};
 
-/// Tick period while requests are held. Envoy fires a 1 ms tick about every
-/// 4 ms here; every request due by then is released at once, and the
-/// schedule lives in virtual time, so late ticks shift no later release.
-pub const TICK_MS: u32 = 1;
-
-/// One per VM (per worker thread, plus the main thread).
-pub struct ThrottleRoot {
+/// The glue of one root context.
+pub struct Root<H: Host> {
+    host: H,
     id: u32,
     plugin: Option<Rc<Plugin>>,
-    worker: Rc<RefCell<Worker>>,
+    local: Rc<RefCell<Local>>,
+    /// This VM's wake queue, once registered.
+    queue: Option<u32>,
 }
 
-/// What the tick does to one held request, decided while the worker state is
-/// borrowed and carried out after (a resume can re-enter the VM).
-enum Act {
-    /// Resume it; it was held since `since`.
-    Resume { id: u32, rule: usize, since: u64 },
-    /// Answer it with the rule's reject status.
-    Reject { id: u32, rule: usize },
-}
-
-impl ThrottleRoot {
-    pub fn new(id: u32) -> Self {
-        ThrottleRoot {
+impl<H: Host> Root<H> {
+    pub fn new(host: H, id: u32) -> Self {
+        Root {
+            host,
             id,
             plugin: None,
-            worker: Rc::default(),
+            local: Rc::default(),
+            queue: None,
         }
     }
 
-    fn log(&self, level: LogLevel, msg: &str) {
-        let _ = proxy_wasm::hostcalls::log(level, &format!("throttle[root {}]: {msg}", self.id));
+    fn log(&self, level: Level, msg: &str) {
+        self.host
+            .log(level, &format!("throttle[root {}]: {msg}", self.id));
     }
 
-    /// Rate releases: requests whose turn came. A rule that also has a
-    /// concurrency limit sends them on to its gate.
-    fn rate_releases(&self, plugin: &Plugin, w: &mut Worker, now: u64, acts: &mut Vec<Act>) {
-        let mut due: Vec<Released> = Vec::new();
-        w.queue.pop_due(now, &mut due);
-        for r in due {
-            let Some(rule) = plugin.config.rules.get(r.rule) else {
-                continue;
-            };
-            let (Some(limit), Some(rt)) = (rule.concurrency, plugin.rules.get(r.rule)) else {
-                acts.push(Act::Resume {
-                    id: r.context_id,
-                    rule: r.rule,
-                    since: r.held_at,
-                });
-                continue;
-            };
-            match gate::enter(&mut SharedData { key: &rt.gate_key }, limit, true) {
-                Enter::Go => {
-                    w.in_flight.insert(r.context_id, r.rule);
-                    RuleMetrics::add(rt.metrics.in_flight, 1);
-                    acts.push(Act::Resume {
-                        id: r.context_id,
-                        rule: r.rule,
-                        since: r.held_at,
-                    });
-                }
-                Enter::Wait { ticket } => {
-                    let deadline = r.held_at.saturating_add(rule.max_delay_ns);
-                    w.gate
-                        .wait(r.context_id, r.rule, ticket, r.held_at, deadline);
-                }
-                Enter::Full | Enter::Contention => {
-                    RuleMetrics::inc(rt.metrics.contention);
-                    acts.push(Act::Reject {
-                        id: r.context_id,
-                        rule: r.rule,
-                    });
-                }
-            }
-        }
-    }
-
-    /// Gate turns: waiters whose ticket may go; abandoned tickets whose turn
-    /// came are counted as done. Then waiters past their deadline.
-    fn gate_turns(&self, plugin: &Plugin, w: &mut Worker, now: u64, acts: &mut Vec<Act>) {
-        let mut ready: Vec<Waiter> = Vec::new();
-        for index in w.gate.rules() {
-            let (Some(rule), Some(rt)) = (plugin.config.rules.get(index), plugin.rules.get(index))
-            else {
-                continue;
-            };
-            let Some(limit) = rule.concurrency else {
-                continue;
-            };
-            let mut cell = SharedData { key: &rt.gate_key };
-            let Ok(bound) = gate::go_bound(&mut cell, limit) else {
-                continue;
-            };
-            let abandoned = w.gate.turn_came(index, bound, &mut ready);
-            if gate::leave(&mut cell, abandoned).is_err() {
-                self.log(
-                    LogLevel::Warn,
-                    &format!(
-                        "rule {}: could not return {abandoned} abandoned slot(s)",
-                        rule.name
-                    ),
-                );
-            }
-            for waiter in ready.drain(..) {
-                w.in_flight.insert(waiter.context_id, index);
-                RuleMetrics::add(rt.metrics.in_flight, 1);
-                acts.push(Act::Resume {
-                    id: waiter.context_id,
-                    rule: index,
-                    since: waiter.since,
-                });
-            }
-        }
-        let mut expired: Vec<Waiter> = Vec::new();
-        w.gate.expired(now, &mut expired);
-        acts.extend(expired.into_iter().map(|x| Act::Reject {
-            id: x.context_id,
-            rule: x.rule,
-        }));
-    }
-
-    /// Carries out one act, with no borrow of the worker held.
-    fn act(&self, plugin: &Plugin, act: Act, now: u64) {
-        match act {
-            Act::Resume { id, rule, since } => {
-                let metrics = plugin.rules.get(rule).map(|rt| &rt.metrics);
-                let waited = now.saturating_sub(since);
-                if let Ok(mut w) = self.worker.try_borrow_mut() {
-                    w.waited.insert(id, waited / NS_PER_MS);
-                }
-                match host::resume_request(id) {
-                    Ok(()) => {
-                        if let Some(m) = metrics {
-                            RuleMetrics::inc(m.released);
-                            m.record_wait(waited);
-                        }
-                    }
-                    Err(status) => {
-                        self.log(
-                            LogLevel::Debug,
-                            &format!("request {id} was gone at its turn (status {status})"),
-                        );
-                        if let Some(m) = metrics {
-                            RuleMetrics::inc(m.gone);
-                        }
-                        self.forget(plugin, id);
-                    }
-                }
-                if let Some(m) = metrics {
-                    m.on_unhold();
-                }
-            }
-            Act::Reject { id, rule } => {
-                let metrics = plugin.rules.get(rule).map(|rt| &rt.metrics);
-                let status = plugin
-                    .config
-                    .rules
-                    .get(rule)
-                    .map_or(429, |r| r.reject_status);
-                if host::set_effective_context_checked(id) {
-                    send_rejection(status, 1, None);
-                    if let Some(m) = metrics {
-                        RuleMetrics::inc(m.rejected);
-                    }
-                } else if let Some(m) = metrics {
-                    RuleMetrics::inc(m.gone);
-                }
-                if let Some(m) = metrics {
-                    m.on_unhold();
-                }
-            }
-        }
-    }
-
-    /// A stream gone before its resume: drop its wait record and return any
-    /// concurrency slot it was given.
-    fn forget(&self, plugin: &Plugin, id: u32) {
-        let slot = self.worker.try_borrow_mut().ok().and_then(|mut w| {
-            w.waited.remove(&id);
-            w.in_flight.remove(&id)
-        });
-        if let Some(index) = slot {
-            crate::http::leave_gate(plugin, index);
-        }
-    }
-}
-
-impl Context for ThrottleRoot {}
-
-impl RootContext for ThrottleRoot {
-    fn on_configure(&mut self, _size: usize) -> bool {
-        let bytes = self.get_plugin_configuration().unwrap_or_default();
-        let config = match config::parse(&bytes) {
+    /// A new plugin configuration. False refuses it (Envoy keeps the old one
+    /// or refuses to start); nothing is half-applied.
+    pub fn on_configure(&mut self, bytes: &[u8]) -> bool {
+        let config = match config::parse(bytes) {
             Ok(c) => c,
             Err(errors) => {
                 for e in &errors {
-                    self.log(LogLevel::Error, &format!("config refused: {e}"));
+                    self.log(Level::Error, &format!("config refused: {e}"));
                 }
                 return false;
             }
         };
-        let Some(seed) = host::shared_seed(SEED_KEY) else {
+        let Some(seed) = shared_seed(self.host) else {
             self.log(
-                LogLevel::Error,
+                Level::Error,
                 "config refused: no key-hashing seed (shared data or randomness unavailable)",
             );
             return false;
         };
-        let plugin = Plugin::new(config, seed);
-        for name in plugin.init_cells() {
+        let plugin = Plugin::new(self.host, config, seed);
+        for name in plugin.init_cells(self.host) {
             self.log(
-                LogLevel::Warn,
+                Level::Warn,
                 &format!("rule {name}: could not initialise its shared cells"),
             );
         }
-        let summary: Vec<String> = plugin.config.rules.iter().map(describe_rule).collect();
+        if self.queue.is_none() && plugin.config.rules.iter().any(|r| r.concurrency.is_some()) {
+            let mut tag = [0u8; 8];
+            let _ = self.host.random(&mut tag);
+            let name = format!("throttle/v2/wake/{:016x}", u64::from_le_bytes(tag));
+            self.queue = self.host.register_queue(&name);
+            if !self.queue.is_some_and(|q| add_wake_queue(self.host, q)) {
+                self.log(
+                    Level::Warn,
+                    "no wake queue: freed concurrency slots reach waiters at the next tick",
+                );
+            }
+        }
+        let summary: Vec<String> = plugin.config.rules.iter().map(|r| r.describe()).collect();
         self.log(
-            LogLevel::Info,
+            Level::Info,
             &format!(
                 "configured {} rule(s): {}",
                 summary.len(),
@@ -241,63 +93,122 @@ impl RootContext for ThrottleRoot {
         true
     }
 
-    fn on_tick(&mut self) {
-        let now = host::monotonic_ns();
+    /// The worker's state (tests hold it to simulate a busy borrow).
+    #[cfg(test)]
+    pub fn local(&self) -> Rc<RefCell<Local>> {
+        Rc::clone(&self.local)
+    }
+
+    /// Hands pending counters to the host now (tests; the tick does it).
+    #[cfg(test)]
+    pub fn flush(&self) {
+        if let (Some(plugin), Ok(mut l)) = (&self.plugin, self.local.try_borrow_mut()) {
+            l.flush(self.host, plugin);
+        }
+    }
+
+    /// A new HTTP context of this root.
+    pub fn create_stream(&self, id: u32) -> HttpStream<H> {
+        HttpStream::new(self.host, id, self.plugin.clone(), Rc::clone(&self.local))
+    }
+
+    pub fn on_tick(&mut self) {
         let Some(plugin) = self.plugin.clone() else {
-            host::set_tick_period_ms(0);
+            self.host.set_tick_period_ms(0);
             return;
         };
-        let mut acts: Vec<Act> = Vec::new();
-        if let Ok(mut w) = self.worker.try_borrow_mut() {
-            self.rate_releases(&plugin, &mut w, now, &mut acts);
-            self.gate_turns(&plugin, &mut w, now, &mut acts);
+        let now = self.host.monotonic_ns();
+        let plan = match self.local.try_borrow_mut() {
+            Ok(mut l) => l.worker.plan_tick(&plugin.config, self.store(&plugin), now),
+            Err(_) => TickPlan::default(),
+        };
+        self.carry_out(&plugin, plan);
+        if let Ok(mut l) = self.local.try_borrow_mut() {
+            let had_traffic = l.dirty();
+            l.flush(self.host, &plugin);
+            l.after_tick(self.host, had_traffic);
         }
-        // No borrow is held while acting: a resume can re-enter this VM
-        // (a local reply ends the stream and runs its callbacks at once).
-        for act in acts {
-            self.act(&plugin, act, now);
+    }
+
+    /// A concurrency slot went back somewhere in the process: the waiters
+    /// whose turn came go now, not at the next tick.
+    pub fn on_queue_ready(&mut self, queue: u32) {
+        while self.host.dequeue(queue).is_some() {}
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        let now = self.host.monotonic_ns();
+        let plan = match self.local.try_borrow_mut() {
+            Ok(mut l) => l.worker.plan_gate(&plugin.config, self.store(&plugin), now),
+            Err(_) => TickPlan::default(),
+        };
+        self.carry_out(&plugin, plan);
+    }
+
+    fn store<'p>(&self, plugin: &'p Plugin) -> SharedStore<'p, H> {
+        SharedStore {
+            host: self.host,
+            plugin,
         }
-        host::set_effective_context(self.id);
-        if let Ok(mut w) = self.worker.try_borrow_mut() {
-            if w.ticking && !w.needs_ticks() {
-                w.ticking = !host::set_tick_period_ms(0);
+    }
+
+    /// Carries out a plan. No borrow of the worker is held while acting: a
+    /// resume or a reply can re-enter this VM (the stream's own callbacks run
+    /// at once).
+    fn carry_out(&self, plugin: &Plugin, plan: TickPlan) {
+        let host = self.host;
+        let env = Env {
+            config: &plugin.config,
+            hasher: &plugin.hasher,
+            store: self.store(plugin),
+        };
+        let count = |rule: usize, counts| {
+            if let Ok(mut l) = self.local.try_borrow_mut() {
+                l.count(host, rule, &counts);
+            }
+        };
+        for (rule, counts) in plan.counts {
+            count(rule, counts);
+        }
+        for action in plan.actions {
+            match action {
+                TickAction::Resume {
+                    id,
+                    rule,
+                    waited_ns,
+                } => {
+                    if let Ok(mut l) = self.local.try_borrow_mut() {
+                        l.worker.resuming(id, waited_ns);
+                    }
+                    let ok = host.resume_request(id).is_ok();
+                    if !ok {
+                        self.log(Level::Debug, &format!("request {id} was gone at its turn"));
+                    }
+                    let counts = self
+                        .local
+                        .try_borrow_mut()
+                        .ok()
+                        .map(|mut l| l.worker.resumed(env.config, env.store, id, ok));
+                    if let Some(c) = counts {
+                        count(rule, c);
+                    }
+                    if ok {
+                        plugin.record_wait(host, rule, waited_ns);
+                    }
+                }
+                TickAction::Reply { id, rule, reply } => {
+                    let ok = host.set_effective_context(id) && host.send_reply(&reply);
+                    let counts = self
+                        .local
+                        .try_borrow_mut()
+                        .ok()
+                        .map(|mut l| l.worker.replied(id, ok));
+                    if let Some(c) = counts {
+                        count(rule, c);
+                    }
+                }
             }
         }
+        host.set_effective_context(self.id);
     }
-
-    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(ThrottleHttp::new(
-            context_id,
-            self.plugin.clone(),
-            Rc::clone(&self.worker),
-        )))
-    }
-
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
-    }
-}
-
-fn describe_rule(r: &throttle_core::Rule) -> String {
-    let mut parts = vec![r.name.clone()];
-    if let (Some(s), Some(w)) = (&r.schedule, &r.rate_window) {
-        parts.push(format!(
-            "rate {}/{}s (interval {}ns), burst {}",
-            w.count,
-            w.window_s,
-            s.interval_ns,
-            s.tau_ns.checked_div(s.interval_ns).unwrap_or(0)
-        ));
-    }
-    if let Some(n) = r.concurrency {
-        parts.push(format!("concurrency {n}"));
-    }
-    parts.push(format!("max_queue_delay {}ms", r.max_delay_ns / NS_PER_MS));
-    if r.key.is_some() {
-        parts.push(format!("keyed ({} slots)", r.key_slots));
-    }
-    if r.dry_run {
-        parts.push("dry-run".into());
-    }
-    parts.join(", ")
 }

@@ -1,13 +1,15 @@
 //! `throttle-config`: the filter's own configuration parser on the command line.
 //!
-//!   throttle-config check [FILE]   validate a plugin configuration (JSON; stdin if no FILE)
+//!   throttle-config check \[FILE\]   validate a plugin configuration (JSON; stdin if no FILE)
 //!   throttle-config schema         print the JSON Schema (filters/throttle/config.schema.json)
 //!   throttle-config reference      print the README's configuration reference table
+//!   throttle-config stats          print the README's statistics table
 
 use std::io::Read;
 use std::process::ExitCode;
 
 use throttle_core::config::{self, spec};
+use throttle_core::stats;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,8 +29,12 @@ fn main() -> ExitCode {
             print!("{}", spec::reference_table());
             ExitCode::SUCCESS
         }
+        Some("stats") => {
+            print!("{}", stats::reference_table());
+            ExitCode::SUCCESS
+        }
         _ => {
-            eprintln!("usage: throttle-config check [FILE] | schema | reference");
+            eprintln!("usage: throttle-config check [FILE] | schema | reference | stats");
             ExitCode::from(2)
         }
     }
@@ -49,8 +55,10 @@ fn check(path: Option<&str>) -> ExitCode {
     }
     match config::parse(&bytes) {
         Ok(c) => {
-            let names: Vec<&str> = c.rules.iter().map(|r| r.name.as_str()).collect();
-            println!("ok: {} rule(s): {}", names.len(), names.join(", "));
+            println!("ok: {} rule(s)", c.rules.len());
+            for r in &c.rules {
+                println!("  {}", r.describe());
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {

@@ -9,6 +9,7 @@
 //! ```
 
 pub mod spec;
+mod strict_json;
 mod validate;
 
 #[cfg(test)]
@@ -18,13 +19,12 @@ use std::fmt;
 
 use crate::keys::KeySource;
 use crate::matcher::Match;
+pub use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
 pub use crate::units::RateWindow;
+use crate::NS_PER_MS;
 
-pub use validate::{
-    parse, DEFAULT_ENGINE_DOMAIN, DEFAULT_ENGINE_TIMEOUT_NS, DEFAULT_FALLBACK_AFTER_NS,
-    DEFAULT_KEY_SLOTS, DEFAULT_MAX_CLOCK_SKEW_NS, DEFAULT_MAX_QUEUE_DELAY_NS,
-};
+pub use validate::parse;
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,8 +33,10 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// Cap on requests held at once by one worker.
     pub max_held_per_worker: u32,
-    /// Whether responses of rate rules carry the draft `x-ratelimit-*` headers.
-    pub rate_limit_headers: bool,
+    /// Which rate-limit headers responses of rate rules carry.
+    pub rate_limit_headers: HeaderStyle,
+    /// Whether clients see dry runs (`x-throttle-dry-run`, rate-limit headers).
+    pub dry_run_headers: bool,
     /// The rate limit service of cluster-scope rules (required by them).
     pub engine: Option<EngineConfig>,
 }
@@ -101,6 +103,39 @@ pub struct Rule {
     pub dry_run: bool,
     /// `scope: "cluster"`: one rate across all proxies (None: per process).
     pub cluster: Option<ClusterScope>,
+}
+
+impl Rule {
+    /// One line for the log: `default: rate 500/1s (interval 2000000ns), burst 0, max_queue_delay 1000ms`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let (Some(s), Some(w)) = (&self.schedule, &self.rate_window) {
+            parts.push(format!(
+                "rate {} (interval {}ns), burst {}",
+                w.describe(),
+                s.interval_ns,
+                s.tau_ns.checked_div(s.interval_ns).unwrap_or(0)
+            ));
+        }
+        if let Some(n) = self.concurrency {
+            parts.push(format!("concurrency {n}"));
+        }
+        parts.push(format!(
+            "max_queue_delay {}ms",
+            self.max_delay_ns / NS_PER_MS
+        ));
+        if let Some(k) = &self.key {
+            parts.push(format!(
+                "keyed by {} ({} slots)",
+                k.describe(),
+                self.key_slots
+            ));
+        }
+        if self.dry_run {
+            parts.push("dry-run".into());
+        }
+        format!("{}: {}", self.name, parts.join(", "))
+    }
 }
 
 impl Config {

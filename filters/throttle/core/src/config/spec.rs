@@ -12,6 +12,8 @@ use serde_json::{json, Map, Value};
 pub enum Kind {
     /// An object with these fields.
     Object(&'static [Field]),
+    /// An object with exactly one of these fields.
+    OneOf(&'static [Field]),
     /// A non-empty list of objects with these fields.
     List(&'static [Field]),
     /// An integer in `min..=max`.
@@ -32,12 +34,56 @@ pub enum Kind {
     HeaderMatches,
     /// A non-empty string (header name, host name).
     Text,
-    /// Exactly this string.
-    Literal(&'static str),
+    /// One of these strings.
+    Choice(&'static [&'static str]),
+    /// `true`, `false`, or one of these strings.
+    BoolOrChoice(&'static [&'static str]),
     /// Exactly `true`.
     True,
-    /// One of these strings.
-    OneOf(&'static [&'static str]),
+}
+
+/// A field's default, typed once here: the validator uses these values and
+/// the docs show them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Default {
+    /// The field is required.
+    Required,
+    /// Optional; absent means the feature is off.
+    Absent,
+    /// An integer.
+    Int(u64),
+    /// A boolean.
+    Bool(bool),
+    /// A duration, as shown and in nanoseconds.
+    Duration(&'static str, u64),
+    /// A string choice.
+    Choice(&'static str),
+    /// Described in words ("matches every request", "the global `dry_run`").
+    Words(&'static str),
+}
+
+impl Default {
+    /// The default as the docs show it.
+    pub fn shown(&self) -> String {
+        match self {
+            Default::Required => "required".into(),
+            Default::Absent => "—".into(),
+            Default::Int(n) => format!("`{n}`"),
+            Default::Bool(b) => format!("`{b}`"),
+            Default::Duration(d, _) | Default::Choice(d) => format!("`\"{d}\"`"),
+            Default::Words(w) => (*w).into(),
+        }
+    }
+
+    /// The default as a JSON value, for the schema.
+    pub fn json(&self) -> Option<Value> {
+        match self {
+            Default::Int(n) => Some(json!(n)),
+            Default::Bool(b) => Some(json!(b)),
+            Default::Duration(d, _) | Default::Choice(d) => Some(json!(d)),
+            _ => None,
+        }
+    }
 }
 
 /// One configuration field.
@@ -45,61 +91,90 @@ pub enum Kind {
 pub struct Field {
     pub name: &'static str,
     pub kind: Kind,
-    /// The default as shown to users; None: required or no default.
-    pub default: Option<&'static str>,
-    pub required: bool,
+    /// The default (typed; the validator reads it).
+    pub default: Default,
     /// What it means, its unit and its scope.
     pub doc: &'static str,
 }
 
-const fn field(
-    name: &'static str,
-    kind: Kind,
-    default: Option<&'static str>,
-    doc: &'static str,
-) -> Field {
+impl Field {
+    /// Whether the field must be present.
+    pub fn required(&self) -> bool {
+        matches!(self.default, Default::Required)
+    }
+
+    /// The default of an integer field (0 if it has none).
+    pub fn int_default(&self) -> u64 {
+        match self.default {
+            Default::Int(n) => n,
+            _ => 0,
+        }
+    }
+
+    /// The default of a boolean field (false if it has none).
+    pub fn bool_default(&self) -> bool {
+        matches!(self.default, Default::Bool(true))
+    }
+
+    /// The default of a duration field, in nanoseconds (0 if it has none).
+    pub fn duration_default_ns(&self) -> u64 {
+        match self.default {
+            Default::Duration(_, ns) => ns,
+            _ => 0,
+        }
+    }
+
+    /// The bounds of an integer field.
+    pub fn bounds(&self) -> (u64, u64) {
+        match self.kind {
+            Kind::Integer { min, max } => (min, max),
+            _ => (0, u64::MAX),
+        }
+    }
+}
+
+const fn field(name: &'static str, kind: Kind, default: Default, doc: &'static str) -> Field {
     Field {
         name,
         kind,
         default,
-        required: false,
         doc,
     }
 }
 
 const fn required(name: &'static str, kind: Kind, doc: &'static str) -> Field {
-    Field {
-        name,
-        kind,
-        default: None,
-        required: true,
-        doc,
-    }
+    field(name, kind, Default::Required, doc)
 }
 
 pub const MAX_HELD_PER_WORKER: Field = field(
     "max_held_per_worker",
     Kind::Integer { min: 1, max: 1_000_000 },
-    Some("10000"),
+    Default::Int(10_000),
     "Requests one worker thread may hold at once (bounds memory; per worker, not shared). Beyond it, a request that would be held is rejected.",
 );
 pub const REJECT_STATUS: Field = field(
     "reject_status",
     Kind::Integer { min: 400, max: 599 },
-    Some("429"),
-    "HTTP status of rejections. They carry `retry-after` (whole seconds, at least 1).",
+    Default::Int(429),
+    "HTTP status of rejections. They carry `retry-after` (whole seconds, at least 1). gRPC requests (`content-type: application/grpc...`) are answered with `grpc-status: 8` (RESOURCE_EXHAUSTED), which gRPC clients and Istio's default retry policy do not retry at once.",
 );
 pub const DRY_RUN: Field = field(
     "dry_run",
     Kind::Bool,
-    Some("false"),
-    "Decide and count everything, but hold and reject nothing; the response header `x-throttle-dry-run` tells what would have happened. Rules may override it.",
+    Default::Bool(false),
+    "Decide and count everything, but hold and reject nothing (counters `would_queue`, `would_reject`). Rules may override it.",
+);
+pub const DRY_RUN_HEADERS: Field = field(
+    "dry_run_headers",
+    Kind::Bool,
+    Default::Bool(false),
+    "Let clients see a dry run: responses under dry-run rules carry `x-throttle-dry-run` (what would have happened) and the rate-limit headers. Off by default, so a trial is invisible to clients.",
 );
 pub const RATE_LIMIT_HEADERS: Field = field(
     "rate_limit_headers",
-    Kind::Bool,
-    Some("false"),
-    "Add the draft `x-ratelimit-limit`, `x-ratelimit-remaining` and `x-ratelimit-reset` headers to responses of rate rules (per key for keyed rules).",
+    Kind::BoolOrChoice(&["ietf", "legacy"]),
+    Default::Bool(false),
+    "Rate-limit headers on responses of rate rules (per key for keyed rules): `true` or `\"ietf\"` for `RateLimit-Policy` and `RateLimit` (IETF draft), `\"legacy\"` for `x-ratelimit-limit`/`-remaining`/`-reset`. They replace any the upstream sent.",
 );
 pub const RULES: Field = required(
     "rules",
@@ -109,7 +184,7 @@ pub const RULES: Field = required(
 pub const ENGINE: Field = field(
     "engine",
     Kind::Object(ENGINE_FIELDS),
-    None,
+    Default::Absent,
     "The rate limit service (envoyproxy/ratelimit + Redis) that rules with `scope: \"cluster\"` share one rate through. Required by such rules.",
 );
 pub const CONFIG_FIELDS: &[Field] = &[
@@ -117,6 +192,7 @@ pub const CONFIG_FIELDS: &[Field] = &[
     MAX_HELD_PER_WORKER,
     REJECT_STATUS,
     DRY_RUN,
+    DRY_RUN_HEADERS,
     RATE_LIMIT_HEADERS,
     ENGINE,
 ];
@@ -129,25 +205,25 @@ pub const ENGINE_CLUSTER: Field = required(
 pub const ENGINE_TIMEOUT: Field = field(
     "timeout",
     Kind::Duration,
-    Some("\"50ms\""),
+    Default::Duration("50ms", 50 * crate::NS_PER_MS),
     "Bounds each call to the service (1ms to 1s). A call answered later counts as a failure; its slots are never used.",
 );
 pub const ENGINE_FALLBACK_AFTER: Field = field(
     "fallback_after",
     Kind::Duration,
-    Some("\"250ms\""),
+    Default::Duration("250ms", 250 * crate::NS_PER_MS),
     "How long calls must keep failing (transport error, non-200, timeout, nonsense) before cluster rules fall back per `on_engine_failure` (0 to 1m). Slots already granted stay valid; the first good answer returns the rules to the shared schedule.",
 );
 pub const ENGINE_DOMAIN: Field = field(
     "domain",
     Kind::Text,
-    Some("\"envoy_throttle\""),
+    Default::Choice("envoy_throttle"),
     "Rate limit domain of the service configuration (engine/config/throttle.yaml).",
 );
 pub const ENGINE_MAX_CLOCK_SKEW: Field = field(
     "max_clock_skew",
     Kind::Duration,
-    Some("\"100ms\""),
+    Default::Duration("100ms", 100 * crate::NS_PER_MS),
     "Largest difference between the wall clocks of any two proxies or service replicas (0 to 10s). Claims are never sent within this much (plus `timeout`) of the service's hourly counter boundary, so every claim on one epoch lands on the same counter.",
 );
 pub const ENGINE_FIELDS: &[Field] = &[
@@ -166,79 +242,79 @@ pub const NAME: Field = required(
 pub const RATE: Field = field(
     "rate",
     Kind::Rate,
-    None,
+    Default::Absent,
     "Requests released per second/minute/hour, shared by all worker threads of the Envoy process (per key value with `key`). 1/h to 1,000,000/s; the interval is rounded up to whole nanoseconds, so the rate never exceeds the setting. A rule needs `rate`, `concurrency`, or both.",
 );
 pub const BURST: Field = field(
     "burst",
     Kind::Integer { min: 0, max: 1_000_000 },
-    Some("0"),
+    Default::Int(0),
     "Extra requests let through at once above the rate after an idle period (GCRA burst tolerance). Requires `rate`.",
 );
 pub const MAX_QUEUE_DELAY: Field = field(
     "max_queue_delay",
     Kind::Duration,
-    Some("\"1s\""),
-    "Longest a request may be held (0 to 1h). With `rate`, a request whose turn is further away is rejected at once; with `concurrency`, a request still waiting for a slot after this long is rejected then. `\"0s\"` makes the rule a plain rejecting limiter.",
+    Default::Duration("1s", crate::NS_PER_S),
+    "Longest a request may be held, from 0 to 1h. With `rate`, a request whose turn is further away is rejected at once; with `concurrency`, a request still waiting for a slot after this long is rejected then. `\"0s\"` makes the rule a plain rejecting limiter.",
 );
 pub const CONCURRENCY: Field = field(
     "concurrency",
     Kind::Integer { min: 1, max: 1_000_000 },
-    None,
+    Default::Absent,
     "At most this many requests of the rule in flight to the upstream at once, across all worker threads; the rest wait in arrival order. A slot frees when the response ends or the stream ends for any reason. Cannot be combined with `key`.",
 );
 pub const RULE_REJECT_STATUS: Field = field(
     "reject_status",
     Kind::Integer { min: 400, max: 599 },
-    Some("the global `reject_status`"),
+    Default::Words("the global `reject_status`"),
     "HTTP status of this rule's rejections.",
 );
 pub const RULE_DRY_RUN: Field = field(
     "dry_run",
     Kind::Bool,
-    Some("the global `dry_run`"),
+    Default::Words("the global `dry_run`"),
     "Dry-run for this rule only.",
 );
 pub const MATCH: Field = field(
     "match",
     Kind::Object(MATCH_FIELDS),
-    Some("matches every request"),
+    Default::Words("matches every request"),
     "Conditions that must all hold.",
 );
 pub const KEY: Field = field(
     "key",
-    Kind::Object(KEY_FIELDS),
-    Some("one schedule for everyone"),
+    Kind::OneOf(KEY_FIELDS),
+    Default::Words("one schedule for everyone"),
     "Apply the rule per value of this key instead of once for everyone: exactly one of its fields. A request without a value (header absent) uses the rule's shared \"unkeyed\" schedule.",
 );
 pub const KEY_QUOTA: Field = field(
     "key_quota",
     Kind::Rate,
-    None,
-    "Fairness under one shared rate: with `key_quota`, `rate` is the rule's rate for all keys together (one exactly paced schedule) and `key_quota` caps each key's share of it: a key may hold at most `key_quota` x `max_queue_delay` + 1 places of the shared queue and gets at most `key_quota` on average, so one noisy key cannot fill the shared schedule. Requests without a key value count as one key. Requires `key` and `rate`.",
+    Default::Absent,
+    "Fairness under one shared rate: with `key_quota`, `rate` is the rule's rate for all keys together (one exactly paced schedule) and `key_quota` caps each key's share of it: a key may hold at most `key_quota` x `max_queue_delay` + 1 places of the shared queue and gets at most `key_quota` on average, so one noisy key cannot fill the shared schedule. Requests without a key value count as one key. Requires `key` and `rate`, and may not exceed `rate`.",
 );
 pub const KEY_SLOTS: Field = field(
     "key_slots",
     Kind::Integer { min: 1, max: 1_000_000 },
-    Some("4096"),
+    Default::Int(4096),
     "Size of the rule's key table in Envoy's shared data (memory stays bounded whatever keys clients send). A slot is reused once its schedule lies in the past; two active keys that land on the same slots share a rate (the safe side). Requires `key`.",
 );
 pub const SCOPE: Field = field(
     "scope",
-    Kind::OneOf(&["process", "cluster"]),
-    Some("\"process\""),
+    Kind::Choice(&["process", "cluster"]),
+    Default::Choice("process"),
     "`\"process\"`: the rate holds for one Envoy process (all its worker threads). `\"cluster\"`: the rate holds for all proxies together (every proxy whose rule has the same name and rate), through the top-level `engine`; needs a rate of at least 1/s, and no `key` or `concurrency` (process-only).",
 );
 pub const EXPECTED_REPLICAS: Field = field(
     "expected_replicas",
     Kind::Integer { min: 1, max: 10_000 },
-    Some("1"),
+    Default::Int(1),
     "Proxies expected to share a cluster rule: while the engine fails, `local_share` paces each at `rate` / this, or / the most proxies the engine counted in the last ~5 s if that is more. Requires `scope: \"cluster\"`.",
 );
 pub const ON_ENGINE_FAILURE: Field = field(
     "on_engine_failure",
-    Kind::OneOf(&["local_share", "deny", "local_full"]),
-    Some("\"local_share\""),
+    Kind::Choice(&["local_share", "deny", "local_full"]),
+    Default::Choice("local_share"),
     "What a cluster rule does while the engine fails (see `engine.fallback_after`): `\"local_share\"` paces each proxy at `rate` / max(`expected_replicas`, proxies recently counted); `\"deny\"` rejects with `reject_status` and `retry-after`; `\"local_full\"` paces each proxy at the full `rate`. Requires `scope: \"cluster\"`.",
 );
 pub const RULE_FIELDS: &[Field] = &[
@@ -261,58 +337,58 @@ pub const RULE_FIELDS: &[Field] = &[
 pub const PATH_PREFIX: Field = field(
     "path_prefix",
     Kind::Path,
-    None,
-    "The request path (without query string) starts with this.",
+    Default::Absent,
+    "The normalised request path starts with this (also normalised). Normalised: without query string, unreserved percent-escapes decoded, `%2F`, `%5C` and `\\` read as `/`, repeated slashes merged, `.` and `..` segments resolved; so `/%61dmin`, `//admin` and `/x/../admin` are `/admin`. `\"/\"` matches every request (also `OPTIONS *` and CONNECT, which have no such path).",
 );
 pub const PATH_EXACT: Field = field(
     "path_exact",
     Kind::Path,
-    None,
-    "The request path (without query string) is exactly this.",
+    Default::Absent,
+    "The normalised request path is exactly this (also normalised; see `path_prefix`).",
 );
 pub const METHODS: Field = field(
     "methods",
     Kind::Methods,
-    None,
+    Default::Absent,
     "The request method is one of these (e.g. `[\"GET\", \"HEAD\"]`).",
 );
 pub const HEADERS: Field = field(
     "headers",
     Kind::HeaderMatches,
-    None,
-    "Request headers: name -> exact value (string), present (`true`) or absent (`false`). Names are case-insensitive.",
+    Default::Absent,
+    "Request headers: name -> exact value (string), present (`true`) or absent (`false`). Names are case-insensitive. A header sent on several lines is matched on its values joined with `,` (as Envoy's own header matchers do).",
 );
 pub const AUTHORITY: Field = field(
     "authority",
     Kind::Text,
-    None,
-    "The `:authority` (Host) is exactly this, ignoring case.",
+    Default::Absent,
+    "The request's host is this, ignoring case and a trailing dot. Without a port here, any port matches (`example.com` matches `Host: example.com:8080`); with one (`example.com:8080`), the port must match too.",
 );
 pub const MATCH_FIELDS: &[Field] = &[PATH_PREFIX, PATH_EXACT, METHODS, HEADERS, AUTHORITY];
 
 pub const KEY_HEADER: Field = field(
     "header",
     Kind::Text,
-    None,
-    "Key by the value of this request header.",
+    Default::Absent,
+    "Key by the value of this request header; a header sent on several lines is keyed on its values joined with `,`. Clients choose header values: use a header a trusted hop sets (overwriting what the client sent).",
 );
 pub const KEY_SOURCE: Field = field(
     "source",
-    Kind::Literal("address"),
-    None,
-    "`\"address\"`: key by the downstream remote address, without port.",
+    Kind::Choice(&["address", "principal"]),
+    Default::Absent,
+    "`\"address\"`: the client address Envoy trusts, without port: the peer of the connection with `use_remote_address: true`, else an `X-Forwarded-For` entry chosen by `xff_num_trusted_hops` (which a client can forge unless a trusted hop overwrites it; the shipped configs set `use_remote_address: true`). `\"principal\"`: the caller's mTLS identity (the first URI SAN of the peer certificate, e.g. Istio's SPIFFE ID `spiffe://cluster.local/ns/<ns>/sa/<sa>`; on waypoints, Istio's `io.istio.peer_principal` filter state), which no client can forge.",
 );
 pub const KEY_PATH: Field = field(
     "path",
     Kind::True,
-    None,
-    "`true`: key by the request path (without query string).",
+    Default::Absent,
+    "`true`: key by the normalised request path (see `match.path_prefix`).",
 );
 pub const KEY_AUTHORITY: Field = field(
     "authority",
     Kind::True,
-    None,
-    "`true`: key by the `:authority` (Host), lower-cased.",
+    Default::Absent,
+    "`true`: key by the request's host: lower case, without port and trailing dot (`H1`, `h1:19003` and `h1.` are one key).",
 );
 pub const KEY_FIELDS: &[Field] = &[KEY_HEADER, KEY_SOURCE, KEY_PATH, KEY_AUTHORITY];
 
@@ -352,7 +428,7 @@ fn object_schema(fields: &[Field]) -> Value {
     }
     let required: Vec<&str> = fields
         .iter()
-        .filter(|f| f.required)
+        .filter(|f| f.required())
         .map(|f| f.name)
         .collect();
     let mut o = Map::new();
@@ -361,10 +437,6 @@ fn object_schema(fields: &[Field]) -> Value {
     o.insert("properties".into(), Value::Object(props));
     if !required.is_empty() {
         o.insert("required".into(), json!(required));
-    }
-    if std::ptr::eq(fields, KEY_FIELDS) {
-        o.insert("minProperties".into(), json!(1));
-        o.insert("maxProperties".into(), json!(1));
     }
     Value::Object(o)
 }
@@ -375,10 +447,7 @@ fn field_schema(f: &Field) -> Value {
         other => Map::from_iter([("allOf".to_string(), json!([other]))]),
     };
     s.insert("description".into(), json!(f.doc));
-    if let Some(d) = f
-        .default
-        .and_then(|d| serde_json::from_str::<Value>(d).ok())
-    {
+    if let Some(d) = f.default.json() {
         s.insert("default".into(), d);
     }
     Value::Object(s)
@@ -387,16 +456,24 @@ fn field_schema(f: &Field) -> Value {
 fn kind_schema(kind: Kind) -> Value {
     match kind {
         Kind::Object(fields) => object_schema(fields),
+        Kind::OneOf(fields) => {
+            let mut o = object_schema(fields);
+            if let Value::Object(m) = &mut o {
+                m.insert("minProperties".into(), json!(1));
+                m.insert("maxProperties".into(), json!(1));
+            }
+            o
+        }
         Kind::List(fields) => {
             json!({"type": "array", "minItems": 1, "items": object_schema(fields)})
         }
         Kind::Integer { min, max } => json!({"type": "integer", "minimum": min, "maximum": max}),
         Kind::Bool => json!({"type": "boolean"}),
         Kind::Rate => json!({"oneOf": [
-            {"type": "number", "exclusiveMinimum": 0, "maximum": 1_000_000},
+            {"type": "number", "exclusiveMinimum": 0, "maximum": crate::units::MAX_RATE_PER_S},
             {"type": "string", "pattern": "^\\s*[0-9]*\\.?[0-9]+\\s*/\\s*[smh]\\s*$"}]}),
         Kind::Duration => {
-            json!({"type": "string", "pattern": "^\\s*[0-9]*\\.?[0-9]+(ms|s|m)\\s*$"})
+            json!({"type": "string", "pattern": "^\\s*[0-9]*\\.?[0-9]+(ms|s|m|h)\\s*$"})
         }
         Kind::Name => json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}),
         Kind::Path => json!({"type": "string", "pattern": "^/"}),
@@ -406,33 +483,37 @@ fn kind_schema(kind: Kind) -> Value {
         Kind::HeaderMatches => json!({"type": "object", "minProperties": 1,
             "additionalProperties": {"type": ["string", "boolean"]}}),
         Kind::Text => json!({"type": "string", "minLength": 1}),
-        Kind::Literal(v) => json!({"const": v}),
+        Kind::Choice(v) => json!({"enum": v}),
+        Kind::BoolOrChoice(v) => json!({"oneOf": [{"type": "boolean"}, {"enum": v}]}),
         Kind::True => json!({"const": true}),
-        Kind::OneOf(values) => json!({"enum": values}),
     }
 }
 
 fn kind_text(kind: Kind) -> String {
     match kind {
         Kind::Object(_) => "object".into(),
+        Kind::OneOf(_) => "object with exactly one field".into(),
         Kind::List(_) => "list of objects, 1 or more".into(),
         Kind::Integer { min, max } => format!("integer {}–{}", group(min), group(max)),
         Kind::Bool => "boolean".into(),
         Kind::Rate => "`\"<n>/s\"`, `\"<n>/m\"`, `\"<n>/h\"`, or a number per second".into(),
-        Kind::Duration => "duration: `\"250ms\"`, `\"2s\"`, `\"1m\"`".into(),
+        Kind::Duration => "duration: `\"250ms\"`, `\"2s\"`, `\"1m\"`, `\"1h\"`".into(),
         Kind::Name => "string, 1–64 of `A-Za-z0-9_-`, unique".into(),
         Kind::Path => "string starting with `/`".into(),
         Kind::Methods => "list of strings".into(),
         Kind::HeaderMatches => "object: name → string or boolean".into(),
         Kind::Text => "string".into(),
-        Kind::Literal(v) => format!("`\"{v}\"`"),
+        Kind::Choice(v) => quoted(v),
+        Kind::BoolOrChoice(v) => format!("`true`, `false`, {}", quoted(v)),
         Kind::True => "`true`".into(),
-        Kind::OneOf(values) => values
-            .iter()
-            .map(|v| format!("`\"{v}\"`"))
-            .collect::<Vec<_>>()
-            .join(", "),
     }
+}
+
+fn quoted(v: &[&str]) -> String {
+    v.iter()
+        .map(|c| format!("`\"{c}\"`"))
+        .collect::<Vec<_>>()
+        .join(" or ")
 }
 
 fn group(n: u64) -> String {
@@ -457,23 +538,14 @@ pub fn reference_table() -> String {
 fn rows(prefix: &str, fields: &[Field], out: &mut String) {
     for f in fields {
         let path = format!("{prefix}{}", f.name);
-        let default = match (f.required, f.default) {
-            (true, _) => "required".to_string(),
-            (false, Some(d))
-                if d.starts_with('"') || d.chars().all(|c| c.is_ascii_alphanumeric()) =>
-            {
-                format!("`{d}`")
-            }
-            (false, Some(d)) => d.to_string(),
-            (false, None) => "—".to_string(),
-        };
+        let default = f.default.shown();
         out.push_str(&format!(
             "| `{path}` | {} | {default} | {} |\n",
             kind_text(f.kind),
             f.doc
         ));
         match f.kind {
-            Kind::Object(sub) => rows(&format!("{path}."), sub, out),
+            Kind::Object(sub) | Kind::OneOf(sub) => rows(&format!("{path}."), sub, out),
             Kind::List(sub) => rows(&format!("{path}[]."), sub, out),
             _ => {}
         }

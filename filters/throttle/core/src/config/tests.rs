@@ -1,5 +1,6 @@
 use super::*;
 use crate::matcher::HeaderMatch;
+use crate::ratelimit::HeaderStyle;
 use crate::{NS_PER_MS, NS_PER_S};
 
 fn errors(json: &str) -> Vec<String> {
@@ -34,7 +35,9 @@ fn the_contract_example_parses() {
             window_s: 1
         })
     );
-    assert_eq!(r.matcher.path_prefix.as_deref(), Some("/"));
+    // "/" is every request: no condition at all, and no header is read.
+    assert!(r.matcher.is_empty());
+    assert!(c.first_rule_takes_all());
     assert_eq!((r.concurrency, &r.key, r.dry_run), (None, &None, false));
 }
 
@@ -42,7 +45,8 @@ fn the_contract_example_parses() {
 fn defaults() {
     let c = ok(r#"{"rules": [{"name": "a", "rate": 10}]}"#);
     assert_eq!(c.max_held_per_worker, 10_000);
-    assert!(!c.rate_limit_headers);
+    assert_eq!(c.rate_limit_headers, HeaderStyle::Off);
+    assert!(!c.dry_run_headers);
     let r = &c.rules[0];
     assert_eq!(r.reject_status, 429);
     assert_eq!(
@@ -50,11 +54,11 @@ fn defaults() {
         Some(Schedule::new(
             100 * NS_PER_MS,
             0,
-            DEFAULT_MAX_QUEUE_DELAY_NS
+            spec::MAX_QUEUE_DELAY.duration_default_ns()
         ))
     );
     assert_eq!(r.max_delay_ns, NS_PER_S);
-    assert_eq!(r.key_slots, DEFAULT_KEY_SLOTS);
+    assert_eq!(r.key_slots, 4096);
     assert!(r.matcher.is_empty());
     assert!(c.first_rule_takes_all());
 }
@@ -66,7 +70,7 @@ fn global_settings_and_rule_overrides() {
         {"name": "a", "rate": 1},
         {"name": "b", "rate": 1, "reject_status": 429, "dry_run": false}]}"#,
     );
-    assert!(c.rate_limit_headers);
+    assert_eq!(c.rate_limit_headers, HeaderStyle::Ietf);
     assert_eq!((c.rules[0].reject_status, c.rules[0].dry_run), (503, true));
     assert_eq!((c.rules[1].reject_status, c.rules[1].dry_run), (429, false));
 }
@@ -92,7 +96,13 @@ fn every_match_condition_and_key() {
             ("x-debug".to_string(), HeaderMatch::Absent),
         ]
     );
-    assert_eq!(m.authority.as_deref(), Some("shop.example"));
+    assert_eq!(
+        m.authority,
+        Some(crate::matcher::AuthorityMatch {
+            host: "shop.example".into(),
+            port: None
+        })
+    );
     assert_eq!(c.rules[0].key, Some(KeySource::Header("x-tenant".into())));
     assert_eq!(c.rules[0].key_slots, 16);
     assert_eq!(c.rules[1].key, Some(KeySource::SourceAddress));
@@ -145,11 +155,11 @@ fn bad_configs_name_the_field() {
         (r#"{"rules": [{"name": "a", "rate": 10, "key": {"path": true}, "key_quota": "often"}]}"#,
          &["rules[0].key_quota: expected \"<n>/s\", \"<n>/m\", \"<n>/h\" or a number per second, got \"often\""]),
         (r#"{"rules": [{"name": "a", "rate": 1}], "": 5}"#,
-         &["\"\": unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, rate_limit_headers, engine)"]),
+         &["\"\": unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, dry_run_headers, rate_limit_headers, engine)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "": 5}]}"#,
          &["rules[0].\"\": unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure)"]),
         (r#"{"rules": [{"name": "a", "rate": 1}], "max_held": 5}"#,
-         &["max_held: unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, rate_limit_headers, engine)"]),
+         &["max_held: unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, dry_run_headers, rate_limit_headers, engine)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "burst": -1}]}"#,
          &["rules[0].burst: must be an integer from 0 to 1000000, got -1"]),
         (r#"{"rules": [{"name": "a", "rate": "fast"}]}"#,
@@ -165,7 +175,17 @@ fn bad_configs_name_the_field() {
         (r#"{"rules": [{"name": "a", "rate": 1}, {"name": "a", "rate": 2}]}"#,
          &["rules[1].name: duplicate rule name \"a\""]),
         (r#"{"rules": [{"name": "a", "rate": 1, "max_queue_delay": 5}]}"#,
-         &["rules[0].max_queue_delay: expected a string with a unit such as \"250ms\", \"2s\" or \"1m\", got 5"]),
+         &["rules[0].max_queue_delay: expected a string with a unit such as \"250ms\", \"2s\", \"1m\" or \"1h\", got 5"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "max_queue_delay": "2h"}]}"#,
+         &["rules[0].max_queue_delay: must be from 0 to 1h, got \"2h\""]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "rate": 2}]}"#,
+         &["rules[0].rate: duplicate field (JSON objects must not repeat a name; which one would win is unclear)"]),
+        (r#"{"rules": [{"name": "a", "rate": "10/s", "key": {"path": true}, "key_quota": "20/s"}]}"#,
+         &["rules[0].key_quota: must not exceed `rate` (a key's share of the shared rate cannot be larger than the rate)"]),
+        (r#"{"rules": [{"name": "a", "rate": 1, "match": {"headers": {"": true}}}]}"#,
+         &["rules[0].match.headers.\"\": must be a header name"]),
+        (r#"{"rules": [{"name": "a", "rate": 1}], "rate_limit_headers": "draft"}"#,
+         &["rate_limit_headers: must be true, false, \"ietf\" or \"legacy\", got \"draft\""]),
         (r#"{"rules": [{"name": "a", "rate": 1, "match": {"path_prefix": "api"}}]}"#,
          &["rules[0].match.path_prefix: must be a string starting with '/', got \"api\""]),
         (r#"{"rules": [{"name": "a", "rate": 1, "match": {"path": "/"}}]}"#,
@@ -185,7 +205,7 @@ fn bad_configs_name_the_field() {
         (r#"{"rules": [{"name": "a", "rate": 1, "key": {"header": "x", "path": true}}]}"#,
          &["rules[0].key: must have exactly one of: header, source, path, authority"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "key": {"source": "port"}}]}"#,
-         &["rules[0].key.source: must be \"address\", got \"port\""]),
+         &["rules[0].key.source: must be \"address\" or \"principal\", got \"port\""]),
         (r#"{"rules": [{"name": "a", "rate": 1, "key": {"path": "yes"}}]}"#,
          &["rules[0].key.path: must be true, got \"yes\""]),
         (r#"{"rules": [{"name": "a", "rate": 1, "key": {"cookie": "s"}}]}"#,
@@ -207,7 +227,7 @@ fn bad_configs_name_the_field() {
         (r#"{"rules": [{"name": "a", "rate": 1}], "max_held_per_worker": 1.5}"#,
          &["max_held_per_worker: must be an integer from 1 to 1000000, got 1.5"]),
         (r#"{"rules": [{"name": "a", "rate": 1}], "rate_limit_headers": 1}"#,
-         &["rate_limit_headers: must be true or false, got 1"]),
+         &["rate_limit_headers: must be true, false, \"ietf\" or \"legacy\", got 1"]),
         // Every problem is reported, one line each.
         (r#"{"rules": [{"name": "a", "rate": "fast", "burst": -1}, "x"], "reject_status": "429"}"#,
          &["reject_status: must be an integer from 400 to 599, got \"429\"",
@@ -231,50 +251,69 @@ fn invalid_json_is_one_clear_error() {
     );
 }
 
-/// The validator accepts exactly the fields the spec lists (so the schema and
-/// README, generated from the spec, describe what is accepted).
+/// A value of the wrong type for a field of this kind.
+fn wrong_value(kind: spec::Kind) -> serde_json::Value {
+    use serde_json::json;
+    match kind {
+        // An object field given a list, a list field given an object.
+        spec::Kind::Object(_) | spec::Kind::OneOf(_) | spec::Kind::HeaderMatches => {
+            json!(["wrong"])
+        }
+        spec::Kind::List(_) => json!({"wrong": true}),
+        // Everything else refuses an object.
+        _ => json!({"wrong": true}),
+    }
+}
+
+/// Where a field list lives in a config: 0 top level, 1 a rule, 2 its
+/// match, 3 its key.
+fn with_field(level: usize, name: &str, value: serde_json::Value) -> serde_json::Value {
+    use serde_json::json;
+    let mut cfg = json!({"rules": [{"name": "a", "rate": 1}]});
+    let target = match level {
+        0 => &mut cfg,
+        1 => &mut cfg["rules"][0],
+        2 => {
+            cfg["rules"][0]["match"] = json!({});
+            &mut cfg["rules"][0]["match"]
+        }
+        _ => {
+            cfg["rules"][0]["key"] = json!({});
+            &mut cfg["rules"][0]["key"]
+        }
+    };
+    target[name] = value;
+    cfg
+}
+
+/// Every field the spec lists is read by the validator: set to a value of
+/// the wrong type, each one is refused with an error naming it. (A field in
+/// the spec that the validator never reads would pass silently, and the
+/// schema and README would promise what the filter ignores.)
 #[test]
-fn the_validator_knows_exactly_the_spec_fields() {
-    for (fields, wrap) in [
-        (spec::CONFIG_FIELDS, "{}"),
-        (spec::RULE_FIELDS, r#"{"rules": [{}]}"#),
-        (
-            spec::MATCH_FIELDS,
-            r#"{"rules": [{"name": "a", "rate": 1, "match": {}}]}"#,
-        ),
-        (
-            spec::KEY_FIELDS,
-            r#"{"rules": [{"name": "a", "rate": 1, "key": {}}]}"#,
-        ),
-    ] {
-        let _ = wrap;
-        for f in fields {
-            // A field named in the spec is never reported as unknown.
-            let cfg = match fields {
-                x if std::ptr::eq(x, spec::CONFIG_FIELDS) => format!(
-                    r#"{{"rules": [{{"name": "a", "rate": 1}}], "{}": null}}"#,
-                    f.name
-                ),
-                x if std::ptr::eq(x, spec::RULE_FIELDS) => format!(
-                    r#"{{"rules": [{{"name": "a", "rate": 1, "{}": null}}]}}"#,
-                    f.name
-                ),
-                x if std::ptr::eq(x, spec::MATCH_FIELDS) => format!(
-                    r#"{{"rules": [{{"name": "a", "rate": 1, "match": {{"{}": null}}}}]}}"#,
-                    f.name
-                ),
-                _ => format!(
-                    r#"{{"rules": [{{"name": "a", "rate": 1, "key": {{"{}": null}}}}]}}"#,
-                    f.name
-                ),
-            };
+fn every_spec_field_is_validated() {
+    let prefix = ["", "rules[0].", "rules[0].match.", "rules[0].key."];
+    let mut checked = 0;
+    let levels = [
+        spec::CONFIG_FIELDS,
+        spec::RULE_FIELDS,
+        spec::MATCH_FIELDS,
+        spec::KEY_FIELDS,
+    ];
+    for (level, fields) in levels.iter().enumerate() {
+        for f in *fields {
+            let cfg = with_field(level, f.name, wrong_value(f.kind)).to_string();
             let errs = parse(cfg.as_bytes()).err().unwrap_or_default();
+            let want = format!("{}{}", prefix[level], f.name);
             assert!(
-                errs.iter().all(|e| !e.reason.starts_with("unknown field")),
-                "{cfg}: {errs:?}"
+                errs.iter()
+                    .any(|e| e.field == want || e.field.starts_with(&format!("{want}."))),
+                "{cfg}: no error names {want}: {errs:?}"
             );
+            checked += 1;
         }
     }
+    assert_eq!(checked, 7 + 14 + 5 + 4);
 }
 
 /// The committed JSON Schema and README table are exactly what the spec
@@ -318,7 +357,7 @@ fn the_cluster_contract_example_parses() {
         Some(EngineConfig {
             cluster: "throttle_engine".into(),
             timeout_ns: 50 * NS_PER_MS,
-            fallback_after_ns: DEFAULT_FALLBACK_AFTER_NS,
+            fallback_after_ns: 250 * NS_PER_MS,
             domain: "envoy_throttle".into(),
             max_clock_skew_ns: 100 * NS_PER_MS,
         })
@@ -348,11 +387,7 @@ fn cluster_defaults_and_every_engine_field() {
     let e = c.engine.unwrap();
     assert_eq!(
         (e.timeout_ns, e.fallback_after_ns, e.max_clock_skew_ns),
-        (
-            DEFAULT_ENGINE_TIMEOUT_NS,
-            DEFAULT_FALLBACK_AFTER_NS,
-            DEFAULT_MAX_CLOCK_SKEW_NS
-        )
+        (50 * NS_PER_MS, 250 * NS_PER_MS, 100 * NS_PER_MS)
     );
     let c = ok(
         r#"{"engine": {"cluster": "rl", "timeout": "20ms", "fallback_after": "1s", "domain": "d", "max_clock_skew": "10ms"},
@@ -420,7 +455,7 @@ fn bad_cluster_configs_name_the_field() {
         (r#"{"engine": {"cluster": "rl", "timeout": "2s"}, "rules": [{"name": "a", "rate": 10}]}"#,
          &["engine.timeout: must be from 1ms to 1s, got \"2s\""]),
         (r#"{"engine": {"cluster": "rl", "timeout": 50}, "rules": [{"name": "a", "rate": 10}]}"#,
-         &["engine.timeout: expected a string with a unit such as \"250ms\", \"2s\" or \"1m\", got 50"]),
+         &["engine.timeout: expected a string with a unit such as \"250ms\", \"2s\", \"1m\" or \"1h\", got 50"]),
         (r#"{"engine": {"cluster": "rl", "fallback_after": "2m"}, "rules": [{"name": "a", "rate": 10}]}"#,
          &["engine.fallback_after: must be from 0s to 1m, got \"2m\""]),
         (r#"{"engine": {"cluster": "rl", "max_clock_skew": "11s"}, "rules": [{"name": "a", "rate": 10}]}"#,
@@ -448,4 +483,22 @@ fn the_validator_knows_exactly_the_engine_fields() {
             "{cfg}: {errs:?}"
         );
     }
+}
+
+/// The README's statistics table is what the stat table generates.
+#[test]
+fn the_statistics_table_has_not_drifted() {
+    let readme = include_str!("../../../README.md");
+    let start = "<!-- stats-reference:start (generated by `make config-docs`) -->";
+    let i = readme
+        .find(start)
+        .expect("README has the stats start marker")
+        + start.len();
+    let j = readme
+        .find("<!-- stats-reference:end -->")
+        .expect("README has the stats end marker");
+    assert!(
+        readme[i..j].trim() == crate::stats::reference_table().trim(),
+        "filters/throttle/README.md statistics table is stale: run `make config-docs`"
+    );
 }

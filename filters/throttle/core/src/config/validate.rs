@@ -4,32 +4,30 @@
 use serde_json::{Map, Value};
 
 use super::spec::{self, Field, Kind};
+use super::strict_json;
 use super::{ClusterScope, Config, ConfigError, EngineConfig, OnEngineFailure, Rule};
 use crate::keys::KeySource;
-use crate::matcher::{HeaderMatch, Match};
+use crate::matcher::{AuthorityMatch, HeaderMatch, Match};
+use crate::path::{normalize_authority, normalize_path};
+use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
 use crate::units::{describe, parse_duration, parse_rate};
 
-/// Default of `key_slots`.
-pub const DEFAULT_KEY_SLOTS: u32 = 4096;
-/// Default of `max_queue_delay`.
-pub const DEFAULT_MAX_QUEUE_DELAY_NS: u64 = crate::NS_PER_S;
-
-/// Defaults of the `engine` block.
-pub const DEFAULT_ENGINE_TIMEOUT_NS: u64 = 50 * crate::NS_PER_MS;
-pub const DEFAULT_FALLBACK_AFTER_NS: u64 = 250 * crate::NS_PER_MS;
-pub const DEFAULT_ENGINE_DOMAIN: &str = "envoy_throttle";
-pub const DEFAULT_MAX_CLOCK_SKEW_NS: u64 = 100 * crate::NS_PER_MS;
-
 /// Parses and validates a configuration. Returns every problem found.
 pub fn parse(bytes: &[u8]) -> Result<Config, Vec<ConfigError>> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+    let (value, duplicates) = strict_json::parse(bytes).map_err(|e| {
         vec![ConfigError {
             field: "(config)".into(),
             reason: format!("invalid JSON: {e}"),
         }]
     })?;
     let mut v = Validator::default();
+    for path in duplicates {
+        v.error(
+            &path,
+            "duplicate field (JSON objects must not repeat a name; which one would win is unclear)",
+        );
+    }
     match v.config(&value) {
         Some(c) if v.errors.is_empty() => Ok(c),
         _ => Err(v.errors),
@@ -100,7 +98,9 @@ impl Validator {
         v
     }
 
-    /// An integer field; `default` when absent. Bounds come from the spec.
+    /// An integer field; `default` when absent (the spec's own default for
+    /// most fields; rule overrides pass the global value). Bounds come from
+    /// the spec.
     fn integer(
         &mut self,
         path: &str,
@@ -151,13 +151,29 @@ impl Validator {
 
     fn config(&mut self, value: &Value) -> Option<Config> {
         let obj = self.object("", value, spec::CONFIG_FIELDS)?;
-        let max_held = self.integer("", obj, &spec::MAX_HELD_PER_WORKER, 10_000);
-        let reject_status = self.integer("", obj, &spec::REJECT_STATUS, 429);
-        let dry_run = self.boolean("", obj, &spec::DRY_RUN, false);
-        let headers = self.boolean("", obj, &spec::RATE_LIMIT_HEADERS, false);
+        let max_held = self.integer(
+            "",
+            obj,
+            &spec::MAX_HELD_PER_WORKER,
+            spec::MAX_HELD_PER_WORKER.int_default(),
+        );
+        let reject_status = self.integer(
+            "",
+            obj,
+            &spec::REJECT_STATUS,
+            spec::REJECT_STATUS.int_default(),
+        );
+        let dry_run = self.boolean("", obj, &spec::DRY_RUN, spec::DRY_RUN.bool_default());
+        let dry_run_headers = self.boolean(
+            "",
+            obj,
+            &spec::DRY_RUN_HEADERS,
+            spec::DRY_RUN_HEADERS.bool_default(),
+        );
+        let headers = self.header_style(obj);
         let defaults = RuleDefaults {
-            reject_status: reject_status.unwrap_or(429),
-            dry_run: dry_run.unwrap_or(false),
+            reject_status: reject_status.unwrap_or(spec::REJECT_STATUS.int_default()),
+            dry_run: dry_run.unwrap_or(spec::DRY_RUN.bool_default()),
         };
         let engine = match obj.get(spec::ENGINE.name) {
             None => Some(None),
@@ -182,8 +198,28 @@ impl Validator {
             rules,
             max_held_per_worker: u32::try_from(max_held?).ok()?,
             rate_limit_headers: headers?,
+            dry_run_headers: dry_run_headers?,
             engine,
         })
+    }
+
+    fn header_style(&mut self, obj: &Map<String, Value>) -> Option<HeaderStyle> {
+        match obj.get(spec::RATE_LIMIT_HEADERS.name) {
+            None | Some(Value::Bool(false)) => Some(HeaderStyle::Off),
+            Some(Value::Bool(true)) => Some(HeaderStyle::Ietf),
+            Some(Value::String(s)) if s == "ietf" => Some(HeaderStyle::Ietf),
+            Some(Value::String(s)) if s == "legacy" => Some(HeaderStyle::Legacy),
+            Some(other) => {
+                self.error(
+                    spec::RATE_LIMIT_HEADERS.name,
+                    format!(
+                        "must be true, false, \"ietf\" or \"legacy\", got {}",
+                        describe(other)
+                    ),
+                );
+                None
+            }
+        }
     }
 
     fn rules(&mut self, obj: &Map<String, Value>, defaults: &RuleDefaults) -> Option<Vec<Rule>> {
@@ -233,7 +269,7 @@ impl Validator {
                 }
             },
         };
-        let burst = self.integer(path, obj, &spec::BURST, 0);
+        let burst = self.integer(path, obj, &spec::BURST, spec::BURST.int_default());
         let quota = match obj.get(spec::KEY_QUOTA.name) {
             None => None,
             Some(v) => match parse_rate(v) {
@@ -245,7 +281,7 @@ impl Validator {
             },
         };
         let max_delay = match obj.get(spec::MAX_QUEUE_DELAY.name) {
-            None => Some(DEFAULT_MAX_QUEUE_DELAY_NS),
+            None => Some(spec::MAX_QUEUE_DELAY.duration_default_ns()),
             Some(v) => parse_duration(v)
                 .map_err(|e| self.error(&join(path, "max_queue_delay"), e))
                 .ok(),
@@ -264,7 +300,7 @@ impl Validator {
             None => None,
             Some(v) => self.key(&join(path, "key"), v),
         };
-        let key_slots = self.integer(path, obj, &spec::KEY_SLOTS, DEFAULT_KEY_SLOTS.into());
+        let key_slots = self.integer(path, obj, &spec::KEY_SLOTS, spec::KEY_SLOTS.int_default());
         let reject_status =
             self.integer(path, obj, &spec::RULE_REJECT_STATUS, defaults.reject_status);
         let dry_run = self.boolean(path, obj, &spec::RULE_DRY_RUN, defaults.dry_run);
@@ -286,6 +322,15 @@ impl Validator {
         }
         if has(&spec::KEY_QUOTA) && !(has(&spec::KEY) && has(&spec::RATE)) {
             self.error(&join(path, "key_quota"), "requires `key` and `rate`");
+        }
+        if let (Some(q), Some((interval, _))) = (quota, rate) {
+            // A longer interval is a lower rate.
+            if q < interval {
+                self.error(
+                    &join(path, "key_quota"),
+                    "must not exceed `rate` (a key's share of the shared rate cannot be larger than the rate)",
+                );
+            }
         }
         if has(&spec::CONCURRENCY) && has(&spec::KEY) {
             self.error(
@@ -322,7 +367,7 @@ impl Validator {
         f: &Field,
         default: &'a str,
     ) -> Option<&'a str> {
-        let Kind::OneOf(values) = f.kind else {
+        let Kind::Choice(values) = f.kind else {
             return None;
         };
         match obj.get(f.name) {
@@ -446,25 +491,25 @@ impl Validator {
             path,
             obj,
             &spec::ENGINE_TIMEOUT,
-            DEFAULT_ENGINE_TIMEOUT_NS,
+            spec::ENGINE_TIMEOUT.duration_default_ns(),
             (ms, s, "from 1ms to 1s"),
         );
         let fallback_after = self.duration(
             path,
             obj,
             &spec::ENGINE_FALLBACK_AFTER,
-            DEFAULT_FALLBACK_AFTER_NS,
+            spec::ENGINE_FALLBACK_AFTER.duration_default_ns(),
             (0, 60 * s, "from 0s to 1m"),
         );
         let skew = self.duration(
             path,
             obj,
             &spec::ENGINE_MAX_CLOCK_SKEW,
-            DEFAULT_MAX_CLOCK_SKEW_NS,
+            spec::ENGINE_MAX_CLOCK_SKEW.duration_default_ns(),
             (0, 10 * s, "from 0s to 10s"),
         );
         let domain = match obj.get(spec::ENGINE_DOMAIN.name) {
-            None => Some(DEFAULT_ENGINE_DOMAIN.to_string()),
+            None => Some("envoy_throttle".to_string()),
             Some(v) => self.text(&join(path, "domain"), v),
         };
         if self.errors.len() != before {
@@ -540,10 +585,17 @@ impl Validator {
         let before = self.errors.len();
         let mut m = Match::default();
         if let Some(v) = obj.get(spec::PATH_PREFIX.name) {
-            m.path_prefix = self.path_string(&join(path, "path_prefix"), v);
+            // "/" is every request: no condition, so the request's path is not
+            // even read (the fast path reads no header).
+            m.path_prefix = self
+                .path_string(&join(path, "path_prefix"), v)
+                .map(|p| normalize_path(p.as_bytes()))
+                .filter(|p| p != "/");
         }
         if let Some(v) = obj.get(spec::PATH_EXACT.name) {
-            m.path_exact = self.path_string(&join(path, "path_exact"), v);
+            m.path_exact = self
+                .path_string(&join(path, "path_exact"), v)
+                .map(|p| normalize_path(p.as_bytes()));
         }
         if let Some(v) = obj.get(spec::METHODS.name) {
             m.methods = self.methods(&join(path, "methods"), v).unwrap_or_default();
@@ -554,9 +606,13 @@ impl Validator {
                 .unwrap_or_default();
         }
         if let Some(v) = obj.get(spec::AUTHORITY.name) {
-            m.authority = self
-                .text(&join(path, "authority"), v)
-                .map(|a| a.to_ascii_lowercase());
+            m.authority = self.text(&join(path, "authority"), v).map(|a| {
+                let (host, port) = normalize_authority(&a);
+                AuthorityMatch {
+                    host,
+                    port: port.map(str::to_string),
+                }
+            });
         }
         (self.errors.len() == before).then_some(m)
     }
@@ -610,7 +666,12 @@ impl Validator {
         };
         let mut out = Vec::with_capacity(obj.len());
         for (name, v) in obj {
-            let field = join(path, name);
+            let shown = if name.is_empty() {
+                "\"\""
+            } else {
+                name.as_str()
+            };
+            let field = join(path, shown);
             if !is_header_name(name) {
                 self.error(&field, "must be a header name");
                 continue;
@@ -648,10 +709,14 @@ impl Validator {
                 .text(&field, v)
                 .map(|h| KeySource::Header(h.to_ascii_lowercase())),
             ("source", Value::String(s)) if s == "address" => Some(KeySource::SourceAddress),
+            ("source", Value::String(s)) if s == "principal" => Some(KeySource::Principal),
             ("source", other) => {
                 self.error(
                     &field,
-                    format!("must be \"address\", got {}", describe(other)),
+                    format!(
+                        "must be \"address\" or \"principal\", got {}",
+                        describe(other)
+                    ),
                 );
                 None
             }

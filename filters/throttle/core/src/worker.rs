@@ -1,0 +1,242 @@
+//! One worker's state (its held requests, waiters at concurrency gates, slots
+//! in flight) and the plan for each tick, returned as data: which requests to
+//! resume and which to answer. The glue carries out the plan and reports each
+//! outcome back ([`Worker::resumed`], [`Worker::replied`]), which returns the
+//! counters to move.
+//!
+//! Only the worker that paused a request can resume it, so each worker has
+//! its own state; the schedules and gates it consults are process-wide
+//! ([`Store`]).
+
+use std::collections::{HashMap, HashSet};
+
+use crate::config::Config;
+use crate::gate::{self, Enter, GateWaiters, Waiter};
+use crate::queue::{Held, HeldQueue};
+use crate::reply::{rejection, Reply};
+use crate::stats::{Counts, Stat};
+use crate::store::{CellId, Store};
+use crate::NS_PER_MS;
+
+/// State of one worker.
+#[derive(Debug, Default)]
+pub struct Worker {
+    /// Requests held by a rate schedule until their release time.
+    pub queue: HeldQueue,
+    /// Requests waiting for a concurrency slot.
+    pub gate: GateWaiters,
+    /// Requests holding a concurrency slot: context id -> rule index.
+    pub in_flight: HashMap<u32, usize>,
+    /// Resumed requests: context id -> milliseconds held (`x-throttle-wait-ms`).
+    pub waited: HashMap<u32, u64>,
+    /// Held gRPC requests (a tick-time rejection answers them the gRPC way).
+    pub grpc: HashSet<u32>,
+}
+
+/// What a tick does to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TickAction {
+    /// Resume it (it was held `waited_ns`); then report [`Worker::resumed`].
+    Resume {
+        id: u32,
+        rule: usize,
+        waited_ns: u64,
+    },
+    /// Answer it with this reply; then report [`Worker::replied`].
+    Reply { id: u32, rule: usize, reply: Reply },
+}
+
+/// A tick's plan: the actions, and per-rule counters already moved while
+/// planning (slots handed out, contention).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TickPlan {
+    pub actions: Vec<TickAction>,
+    pub counts: Vec<(usize, Counts)>,
+}
+
+impl TickPlan {
+    fn count(&mut self, rule: usize, stat: Stat, delta: i32) {
+        match self.counts.iter_mut().find(|(r, _)| *r == rule) {
+            Some((_, c)) => c.add(stat, delta),
+            None => self.counts.push((rule, Counts::of(&[(stat, delta)]))),
+        }
+    }
+}
+
+impl Worker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requests held now, by rate or by gate.
+    pub fn held(&self) -> usize {
+        self.queue.len() + self.gate.len()
+    }
+
+    /// Whether `id` is held now.
+    pub fn holds(&self, id: u32) -> bool {
+        self.queue.contains(id) || self.gate.contains(id)
+    }
+
+    /// Whether anything needs the tick.
+    pub fn needs_ticks(&self) -> bool {
+        !self.queue.is_empty() || self.gate.needs_ticks()
+    }
+
+    /// Stops holding `id` (its stream ended, or Envoy answered it): removes it
+    /// from the queue or gate (an abandoned ticket is counted at its turn).
+    /// Returns whether it was held.
+    pub fn unhold(&mut self, id: u32) -> bool {
+        let from_queue = self.queue.cancel(id).is_some();
+        let from_gate = self.gate.cancel(id).is_some();
+        self.grpc.remove(&id);
+        from_queue || from_gate
+    }
+
+    /// Returns `id`'s concurrency slot, if it holds one (idempotent). Returns
+    /// the rule and whether a waiter's turn has come (so the glue can wake
+    /// the workers at once instead of at their next tick).
+    pub fn return_slot<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        id: u32,
+    ) -> Option<(usize, bool)> {
+        let rule = self.in_flight.remove(&id)?;
+        let limit = cfg.rules.get(rule).and_then(|r| r.concurrency).unwrap_or(0);
+        let woke = gate::leave(&mut store.cell(CellId::Gate(rule)), 1)
+            .is_ok_and(|before| gate::lets_a_waiter_go(before, limit));
+        Some((rule, woke))
+    }
+
+    /// The plan for a tick at `now`: requests whose turn came are resumed
+    /// (rules with a concurrency limit send them on to their gate first);
+    /// waiters whose ticket may go are resumed; waiters past their deadline
+    /// are answered with a rejection.
+    pub fn plan_tick<S: Store>(&mut self, cfg: &Config, store: S, now: u64) -> TickPlan {
+        let mut plan = TickPlan::default();
+        self.rate_releases(cfg, store, now, &mut plan);
+        self.gate_turns(cfg, store, now, &mut plan);
+        plan
+    }
+
+    /// Only the gate part of a tick: waiters whose turn came (a slot was
+    /// returned somewhere in the process) and expired waiters.
+    pub fn plan_gate<S: Store>(&mut self, cfg: &Config, store: S, now: u64) -> TickPlan {
+        let mut plan = TickPlan::default();
+        self.gate_turns(cfg, store, now, &mut plan);
+        plan
+    }
+
+    fn reject(&self, cfg: &Config, id: u32, rule: usize) -> TickAction {
+        let status = cfg.rules.get(rule).map_or(429, |r| r.reject_status);
+        TickAction::Reply {
+            id,
+            rule,
+            reply: rejection(status, 1, self.grpc.contains(&id), Vec::new()),
+        }
+    }
+
+    fn rate_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64, plan: &mut TickPlan) {
+        let mut due: Vec<Held> = Vec::new();
+        self.queue.pop_due(now, &mut due);
+        for r in due {
+            let (id, index) = (r.context_id, r.rule);
+            let Some(rule) = cfg.rules.get(index) else {
+                continue;
+            };
+            let resume = TickAction::Resume {
+                id,
+                rule: index,
+                waited_ns: now.saturating_sub(r.held_at),
+            };
+            let Some(limit) = rule.concurrency else {
+                plan.actions.push(resume);
+                continue;
+            };
+            match gate::enter(&mut store.cell(CellId::Gate(index)), limit, true) {
+                Enter::Go => {
+                    self.in_flight.insert(id, index);
+                    plan.count(index, Stat::InFlight, 1);
+                    plan.actions.push(resume);
+                }
+                Enter::Wait { ticket } => {
+                    let deadline = r.held_at.saturating_add(rule.max_delay_ns);
+                    self.gate.wait(id, index, ticket, r.held_at, deadline);
+                }
+                Enter::Full | Enter::Contention => {
+                    plan.count(index, Stat::Contention, 1);
+                    plan.actions.push(self.reject(cfg, id, index));
+                }
+            }
+        }
+    }
+
+    fn gate_turns<S: Store>(&mut self, cfg: &Config, store: S, now: u64, plan: &mut TickPlan) {
+        let mut ready: Vec<Waiter> = Vec::new();
+        for index in self.gate.rules() {
+            let Some(limit) = cfg.rules.get(index).and_then(|r| r.concurrency) else {
+                continue;
+            };
+            let mut cell = store.cell(CellId::Gate(index));
+            // Abandoned tickets whose turn came count as done, which may let
+            // later tickets go: repeat until none is left below the bound.
+            while let Ok(bound) = gate::go_bound(&mut cell, limit) {
+                let abandoned = self.gate.turn_came(index, bound, &mut ready);
+                // If this fails, the abandoned tickets stay counted as in
+                // flight: the gate errs on the closed side.
+                if abandoned == 0 || gate::leave(&mut cell, abandoned).is_err() {
+                    break;
+                }
+            }
+            for waiter in ready.drain(..) {
+                self.in_flight.insert(waiter.context_id, index);
+                plan.count(index, Stat::InFlight, 1);
+                plan.actions.push(TickAction::Resume {
+                    id: waiter.context_id,
+                    rule: index,
+                    waited_ns: now.saturating_sub(waiter.since),
+                });
+            }
+        }
+        let mut expired: Vec<Waiter> = Vec::new();
+        self.gate.expired(now, &mut expired);
+        for x in expired {
+            plan.actions.push(self.reject(cfg, x.context_id, x.rule));
+        }
+    }
+
+    /// Call just before carrying out a [`TickAction::Resume`]: records the
+    /// wait for the response's `x-throttle-wait-ms` (the response may come
+    /// while the resume is still running).
+    pub fn resuming(&mut self, id: u32, waited_ns: u64) {
+        self.waited.insert(id, waited_ns / NS_PER_MS);
+    }
+
+    /// The outcome of a [`TickAction::Resume`]: `ok` if the host resumed the
+    /// stream, false if it was gone (its slot, if any, is returned).
+    pub fn resumed<S: Store>(&mut self, cfg: &Config, store: S, id: u32, ok: bool) -> Counts {
+        self.grpc.remove(&id);
+        let mut c = Counts::of(&[(Stat::Held, -1)]);
+        if ok {
+            c.inc(Stat::Released);
+        } else {
+            c.inc(Stat::Gone);
+            self.waited.remove(&id);
+            if self.return_slot(cfg, store, id).is_some() {
+                c.add(Stat::InFlight, -1);
+            }
+        }
+        c
+    }
+
+    /// The outcome of a [`TickAction::Reply`]: `ok` if the reply was sent,
+    /// false if the stream was gone.
+    pub fn replied(&mut self, id: u32, ok: bool) -> Counts {
+        self.grpc.remove(&id);
+        Counts::of(&[
+            (Stat::Held, -1),
+            (if ok { Stat::Rejected } else { Stat::Gone }, 1),
+        ])
+    }
+}

@@ -1,0 +1,222 @@
+//! A host in memory, for native tests of the glue (as Kuadrant's mock host):
+//! shared data with compare-and-swap tokens, streams with their headers,
+//! properties, replies and resumes, metrics by name, ticks and queues.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use throttle_core::reply::Reply;
+use throttle_core::stats::Kind;
+
+use super::{Host, Level};
+
+/// What the fake host holds and records.
+#[derive(Debug, Default)]
+pub struct State {
+    /// The monotonic clock.
+    pub now: u64,
+    /// How often the clock was read.
+    pub clock_reads: usize,
+    /// The effective context.
+    pub current: u32,
+    pub shared: HashMap<String, (Vec<u8>, u32)>,
+    next_cas: u32,
+    /// Shared data fails (as a broken host would).
+    pub shared_broken: bool,
+    /// Request header lines by stream.
+    pub request: HashMap<u32, Vec<(String, Vec<u8>)>>,
+    /// Other properties by stream (`source.address`, ...), path joined with '.'.
+    pub properties: HashMap<(u32, String), Vec<u8>>,
+    /// Response headers set, by stream (replacing).
+    pub response: HashMap<u32, BTreeMap<String, String>>,
+    /// Local replies sent, by stream.
+    pub replies: HashMap<u32, Reply>,
+    /// Streams resumed, in order.
+    pub resumed: Vec<u32>,
+    /// Streams that are gone (resume and effective context fail).
+    pub gone: HashSet<u32>,
+    /// The tick period last set.
+    pub tick_ms: u32,
+    /// Metrics: name, kind, value (histograms: the last value recorded).
+    pub metrics: Vec<(String, Kind, i64)>,
+    /// Every histogram value recorded, by metric name.
+    pub recorded: Vec<(String, u64)>,
+    pub queues: Vec<(String, VecDeque<Vec<u8>>)>,
+    pub logs: Vec<(Level, String)>,
+}
+
+impl State {
+    /// A metric's value (0 if undefined).
+    pub fn metric(&self, name: &str) -> i64 {
+        self.metrics
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map_or(0, |(_, _, v)| *v)
+    }
+}
+
+/// A handle to a fake host (leaked: lives for the test).
+#[derive(Debug, Clone, Copy)]
+pub struct Fake(pub &'static RefCell<State>);
+
+impl Fake {
+    pub fn new() -> Self {
+        Fake(Box::leak(Box::default()))
+    }
+
+    pub fn state(&self) -> std::cell::RefMut<'_, State> {
+        self.0.borrow_mut()
+    }
+}
+
+impl Host for Fake {
+    fn log(&self, level: Level, msg: &str) {
+        self.state().logs.push((level, msg.to_string()));
+    }
+
+    fn monotonic_ns(&self) -> u64 {
+        let mut s = self.state();
+        s.clock_reads += 1;
+        s.now
+    }
+
+    fn random(&self, buf: &mut [u8]) -> bool {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = i as u8 ^ 0x5a;
+        }
+        true
+    }
+
+    fn shared_get(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), u32> {
+        let s = self.state();
+        if s.shared_broken {
+            return Err(10);
+        }
+        Ok(match s.shared.get(key) {
+            Some((v, cas)) => (Some(v.clone()), *cas),
+            None => (None, 0),
+        })
+    }
+
+    fn shared_set(&self, key: &str, value: &[u8], cas: u32) -> Result<bool, u32> {
+        let mut s = self.state();
+        if s.shared_broken {
+            return Err(10);
+        }
+        let current = s.shared.get(key).map(|(_, c)| *c);
+        if cas != 0 && current.is_some_and(|c| c != cas) {
+            return Ok(false);
+        }
+        s.next_cas += 1;
+        let next = s.next_cas;
+        s.shared.insert(key.to_string(), (value.to_vec(), next));
+        Ok(true)
+    }
+
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        let s = self.state();
+        s.request
+            .get(&s.current)?
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        let s = self.state();
+        if let ["request", "headers", name] = path {
+            let lines: Vec<&[u8]> = s
+                .request
+                .get(&s.current)?
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, v)| v.as_slice())
+                .collect();
+            return (!lines.is_empty()).then(|| lines.join(&b","[..]));
+        }
+        s.properties.get(&(s.current, path.join("."))).cloned()
+    }
+
+    fn set_response_header(&self, name: &str, value: &str) {
+        let mut s = self.state();
+        let id = s.current;
+        s.response
+            .entry(id)
+            .or_default()
+            .insert(name.to_string(), value.to_string());
+    }
+
+    fn send_reply(&self, reply: &Reply) -> bool {
+        let mut s = self.state();
+        let id = s.current;
+        if s.gone.contains(&id) {
+            return false;
+        }
+        s.replies.insert(id, reply.clone());
+        true
+    }
+
+    fn set_effective_context(&self, id: u32) -> bool {
+        let mut s = self.state();
+        s.current = id;
+        !s.gone.contains(&id)
+    }
+
+    fn resume_request(&self, id: u32) -> Result<(), u32> {
+        let mut s = self.state();
+        s.current = id;
+        if s.gone.contains(&id) {
+            return Err(2);
+        }
+        s.resumed.push(id);
+        Ok(())
+    }
+
+    fn set_tick_period_ms(&self, ms: u32) -> bool {
+        self.state().tick_ms = ms;
+        true
+    }
+
+    fn define_metric(&self, kind: Kind, name: &str) -> Option<u32> {
+        let mut s = self.state();
+        if let Some(i) = s.metrics.iter().position(|(n, _, _)| n == name) {
+            return u32::try_from(i).ok();
+        }
+        s.metrics.push((name.to_string(), kind, 0));
+        u32::try_from(s.metrics.len() - 1).ok()
+    }
+
+    fn increment_metric(&self, id: u32, delta: i64) {
+        if let Some(m) = self.state().metrics.get_mut(id as usize) {
+            m.2 += delta;
+        }
+    }
+
+    fn record_metric(&self, id: u32, value: u64) {
+        let mut s = self.state();
+        let Some(name) = s.metrics.get(id as usize).map(|m| m.0.clone()) else {
+            return;
+        };
+        s.recorded.push((name, value));
+    }
+
+    fn register_queue(&self, name: &str) -> Option<u32> {
+        let mut s = self.state();
+        s.queues.push((name.to_string(), VecDeque::new()));
+        u32::try_from(s.queues.len() - 1).ok()
+    }
+
+    fn enqueue(&self, queue: u32, data: &[u8]) -> bool {
+        match self.state().queues.get_mut(queue as usize) {
+            Some((_, q)) => {
+                q.push_back(data.to_vec());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn dequeue(&self, queue: u32) -> Option<Vec<u8>> {
+        self.state().queues.get_mut(queue as usize)?.1.pop_front()
+    }
+}

@@ -1,0 +1,708 @@
+//! The glue's every path against a fake host, natively and fast: hold, tick,
+//! resume; cancel while queued and at the gate; gone at its turn; timed out;
+//! dry-run; rate and concurrency together; slot return on each kind of end;
+//! a busy worker state; replies and headers exactly; the wake queue.
+
+use std::collections::HashMap;
+
+use throttle_core::reply::Reply;
+use throttle_core::NS_PER_MS;
+
+use crate::host::fake::Fake;
+use crate::host::Host;
+use crate::http::{Flow, HttpStream};
+use crate::root::Root;
+
+const MS: u64 = NS_PER_MS;
+
+/// One worker (a root context and its streams) on a fake host.
+struct Worker {
+    host: Fake,
+    root: Root<Fake>,
+    streams: HashMap<u32, HttpStream<Fake>>,
+}
+
+impl Worker {
+    fn new(host: Fake, root_id: u32, config: &str) -> Self {
+        let mut root = Root::new(host, root_id);
+        host.state().current = root_id;
+        assert!(
+            root.on_configure(config.as_bytes()),
+            "config refused: {:?}",
+            host.state().logs
+        );
+        Worker {
+            host,
+            root,
+            streams: HashMap::new(),
+        }
+    }
+
+    fn at(&self, ms: u64) {
+        self.host.state().now = 1_000_000 * MS + ms * MS;
+    }
+
+    fn request(&mut self, id: u32, headers: &[(&str, &str)]) -> Flow {
+        {
+            let mut s = self.host.state();
+            s.current = id;
+            let mut lines = vec![
+                (":path".to_string(), b"/".to_vec()),
+                (":method".to_string(), b"GET".to_vec()),
+                (":authority".to_string(), b"example.com".to_vec()),
+            ];
+            for (n, v) in headers {
+                lines.retain(|(name, _)| !(n.starts_with(':') && name == n));
+                lines.push((n.to_string(), v.as_bytes().to_vec()));
+            }
+            s.request.insert(id, lines);
+        }
+        let mut stream = self.root.create_stream(id);
+        let flow = stream.on_request_headers();
+        self.streams.insert(id, stream);
+        flow
+    }
+
+    fn with<T>(&mut self, id: u32, f: impl FnOnce(&mut HttpStream<Fake>) -> T) -> T {
+        self.host.state().current = id;
+        let stream = self.streams.get_mut(&id).expect("a stream");
+        f(stream)
+    }
+
+    fn respond(&mut self, id: u32, end_of_stream: bool) -> Flow {
+        self.with(id, |s| s.on_response_headers(end_of_stream))
+    }
+
+    fn response_end(&mut self, id: u32) -> Flow {
+        self.with(id, |s| s.on_response_end())
+    }
+
+    fn done(&mut self, id: u32) {
+        self.with(id, |s| s.on_done());
+        self.streams.remove(&id);
+    }
+
+    fn tick(&mut self) {
+        self.host.state().current = 1;
+        self.root.on_tick();
+    }
+}
+
+impl Worker {
+    /// A metric's value, after handing the pending counts to the host.
+    fn metric(&self, rule: &str, stat: &str) -> i64 {
+        self.root.flush();
+        self.host
+            .state()
+            .metric(&format!("throttle.rule.{rule}.{stat}"))
+    }
+
+    /// Every counter and gauge of a rule that is not zero, after handing the
+    /// pending counts to the host.
+    fn stats(&self, rule: &str) -> Vec<(String, i64)> {
+        self.root.flush();
+        let prefix = format!("throttle.rule.{rule}.");
+        self.host
+            .state()
+            .metrics
+            .iter()
+            .filter(|(n, _, v)| n.starts_with(&prefix) && *v != 0)
+            .map(|(n, _, v)| (n.trim_start_matches(&prefix).to_string(), *v))
+            .collect()
+    }
+}
+
+fn s(pairs: &[(&str, i64)]) -> Vec<(String, i64)> {
+    pairs.iter().map(|(n, v)| (n.to_string(), *v)).collect()
+}
+
+fn reply(host: Fake, id: u32) -> Option<Reply> {
+    host.state().replies.get(&id).cloned()
+}
+
+fn response_headers(host: Fake, id: u32) -> Vec<(String, String)> {
+    host.state()
+        .response
+        .get(&id)
+        .map(|h| h.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
+const RATE: &str = r#"{"rules": [{"name": "r", "rate": "10/s", "max_queue_delay": "250ms"}]}"#;
+
+#[test]
+fn within_the_rate_continues_and_counts_once() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    assert_eq!(w.respond(10, true), Flow::Continue);
+    w.done(10);
+    assert!(response_headers(host, 10).is_empty());
+    // Counters are handed to Envoy by a slow tick, not per request.
+    let admitted = || host.state().metric("throttle.rule.r.admitted");
+    assert_eq!(admitted(), 0, "not yet");
+    assert_eq!(
+        host.state().tick_ms,
+        100,
+        "nothing held: a slow tick hands the counts over"
+    );
+    w.tick();
+    assert_eq!(admitted(), 1);
+    assert_eq!(
+        host.state().tick_ms,
+        100,
+        "traffic in the last period: keep the slow tick"
+    );
+    w.tick();
+    assert_eq!(host.state().tick_ms, 0, "a quiet period: no tick at all");
+    assert_eq!(w.stats("r"), s(&[("admitted", 1)]));
+}
+
+#[test]
+fn held_then_released_at_its_turn_with_its_wait() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    assert_eq!(w.request(11, &[]), Flow::Pause);
+    assert_eq!(host.state().tick_ms, 1, "holding starts the tick");
+    assert_eq!(
+        w.stats("r"),
+        s(&[("admitted", 1), ("queued", 1), ("held", 1)])
+    );
+    // A body of a held request waits with it.
+    assert_eq!(w.with(11, |s| s.on_request_body()), Flow::Pause);
+    // 99 ms: not yet.
+    w.at(99);
+    w.tick();
+    assert!(host.state().resumed.is_empty());
+    // Its turn (100 ms); the tick runs 4 ms late.
+    w.at(104);
+    w.tick();
+    assert_eq!(host.state().resumed, vec![11]);
+    assert_eq!(
+        host.state().tick_ms,
+        100,
+        "nothing held: back to the slow tick"
+    );
+    assert_eq!(
+        w.stats("r"),
+        s(&[("admitted", 1), ("queued", 1), ("released", 1)])
+    );
+    assert_eq!(
+        host.state().recorded,
+        vec![("throttle.rule.r.wait_ms".to_string(), 104)]
+    );
+    assert_eq!(w.with(11, |s| s.on_request_body()), Flow::Continue);
+    w.respond(11, true);
+    assert_eq!(
+        response_headers(host, 11),
+        vec![("x-throttle-wait-ms".to_string(), "104".to_string())]
+    );
+}
+
+#[test]
+fn beyond_max_queue_delay_is_rejected_at_once_exactly() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    for id in 10..13 {
+        w.request(id, &[]);
+    }
+    // Turns at 0, 100, 200 ms; the fourth (300 ms) is beyond 250 ms.
+    assert_eq!(w.request(13, &[]), Flow::Pause);
+    assert_eq!(
+        reply(host, 13),
+        Some(Reply {
+            status: 429,
+            grpc_status: None,
+            headers: vec![
+                ("retry-after", "1".to_string()),
+                ("content-type", "text/plain".to_string())
+            ],
+            body: "throttled: retry later\n",
+            details: "throttle_rejected",
+        })
+    );
+    // The reply passes through the filter's own response callback: nothing added twice.
+    w.respond(13, true);
+    assert!(response_headers(host, 13).is_empty());
+    w.done(13);
+    assert_eq!(
+        w.stats("r"),
+        s(&[("admitted", 1), ("queued", 2), ("rejected", 1), ("held", 2)])
+    );
+}
+
+#[test]
+fn grpc_requests_get_resource_exhausted_without_a_newline() {
+    let host = Fake::new();
+    let cfg = r#"{"rules": [{"name": "g", "rate": "1/s", "max_queue_delay": "0s"}], "rate_limit_headers": true}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    let grpc = [("content-type", "application/grpc")];
+    assert_eq!(w.request(10, &grpc), Flow::Continue);
+    assert_eq!(w.request(11, &grpc), Flow::Pause);
+    let r = reply(host, 11).expect("a reply");
+    assert_eq!(
+        (r.status, r.grpc_status, r.body),
+        (429, Some(8), "throttled: retry later")
+    );
+    assert_eq!(
+        r.headers,
+        vec![
+            ("retry-after", "1".to_string()),
+            ("ratelimit-policy", "\"g\";q=1;w=1".to_string()),
+            ("ratelimit", "\"g\";r=0;t=1".to_string())
+        ]
+    );
+    w.respond(11, true);
+    assert!(response_headers(host, 11).is_empty(), "not added twice");
+}
+
+#[test]
+fn rate_limit_headers_replace_the_upstreams_and_are_computed_when_the_response_leaves() {
+    let host = Fake::new();
+    let cfg = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "1s"}], "rate_limit_headers": true}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    w.request(10, &[]);
+    w.request(11, &[]);
+    // The upstream's own header is replaced, not appended.
+    host.state()
+        .response
+        .entry(10)
+        .or_default()
+        .insert("ratelimit".into(), "\"upstream\";r=5".into());
+    w.respond(10, true);
+    // As this request left the schedule (tat = 100 ms): one interval owed, 9
+    // left; the whole quota is back in 100 ms (rounded up: 1 s).
+    assert_eq!(
+        response_headers(host, 10),
+        vec![
+            ("ratelimit".to_string(), "\"api\";r=9;t=1".to_string()),
+            (
+                "ratelimit-policy".to_string(),
+                "\"api\";q=10;w=1".to_string()
+            )
+        ]
+    );
+    // The held one's response leaves 350 ms later: the schedule has moved on.
+    w.at(100);
+    w.tick();
+    w.at(350);
+    w.respond(11, true);
+    assert_eq!(
+        response_headers(host, 11).first(),
+        Some(&("ratelimit".to_string(), "\"api\";r=10;t=0".to_string()))
+    );
+}
+
+#[test]
+fn legacy_names_when_asked() {
+    let host = Fake::new();
+    let cfg = r#"{"rules": [{"name": "api", "rate": "30/m"}], "rate_limit_headers": "legacy"}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    w.request(10, &[]);
+    w.respond(10, true);
+    assert_eq!(
+        response_headers(host, 10),
+        vec![
+            ("x-ratelimit-limit".to_string(), "30".to_string()),
+            ("x-ratelimit-remaining".to_string(), "29".to_string()),
+            ("x-ratelimit-reset".to_string(), "2".to_string())
+        ]
+    );
+}
+
+#[test]
+fn a_client_that_leaves_while_queued_is_cancelled_and_never_resumed() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    w.request(10, &[]);
+    w.request(11, &[]);
+    w.done(11);
+    assert_eq!(
+        w.stats("r"),
+        s(&[("admitted", 1), ("queued", 1), ("cancelled", 1)])
+    );
+    w.at(200);
+    w.tick();
+    assert!(host.state().resumed.is_empty());
+    assert_eq!(
+        host.state().tick_ms,
+        0,
+        "nothing held, nothing counted since"
+    );
+}
+
+#[test]
+fn a_stream_gone_at_its_turn_is_counted_gone() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    w.request(10, &[]);
+    w.request(11, &[]);
+    host.state().gone.insert(11);
+    w.at(100);
+    w.tick();
+    assert_eq!(
+        w.stats("r"),
+        s(&[("admitted", 1), ("queued", 1), ("gone", 1)])
+    );
+    assert!(
+        host.state().recorded.is_empty(),
+        "no wait recorded for a gone stream"
+    );
+}
+
+#[test]
+fn envoy_answering_a_held_request_counts_as_timed_out_not_cancelled() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    w.request(10, &[]);
+    w.request(11, &[]);
+    // stream_idle_timeout: Envoy's 504 passes through the response callback.
+    w.at(50);
+    w.respond(11, true);
+    w.done(11);
+    assert_eq!(
+        w.stats("r"),
+        s(&[("admitted", 1), ("queued", 1), ("timed_out", 1)])
+    );
+    w.at(100);
+    w.tick();
+    assert!(host.state().resumed.is_empty());
+}
+
+const GATE: &str = r#"{"rules": [{"name": "c", "concurrency": 1, "max_queue_delay": "1s"}]}"#;
+
+#[test]
+fn the_gate_lets_one_in_and_hands_the_slot_over_on_response_end() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, GATE);
+    w.at(0);
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    assert_eq!(w.request(11, &[]), Flow::Pause);
+    assert_eq!(
+        w.stats("c"),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("held", 1),
+            ("in_flight", 1)
+        ])
+    );
+    // Headers without end: the slot is still in use; the body's end returns it.
+    w.respond(10, false);
+    assert_eq!(w.metric("c", "in_flight"), 1);
+    w.response_end(10);
+    // The returned slot wakes the worker through its queue, at once.
+    let queue = host.state().queues.len() as u32 - 1;
+    assert_eq!(host.state().queues[queue as usize].1.len(), 1);
+    w.root.on_queue_ready(queue);
+    assert_eq!(host.state().resumed, vec![11]);
+    assert_eq!(
+        w.stats("c"),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("released", 1),
+            ("in_flight", 1)
+        ])
+    );
+    // Trailers end the next one's response.
+    w.with(11, |s| s.on_response_end()); // trailers
+    assert_eq!(w.metric("c", "in_flight"), 0);
+    w.done(10);
+    w.done(11);
+    assert_eq!(w.metric("c", "in_flight"), 0, "returned once only");
+}
+
+#[test]
+fn a_slot_goes_back_when_the_stream_ends_without_a_response() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, GATE);
+    w.at(0);
+    w.request(10, &[]);
+    assert_eq!(w.metric("c", "in_flight"), 1);
+    w.done(10);
+    assert_eq!(w.metric("c", "in_flight"), 0);
+    assert_eq!(w.request(11, &[]), Flow::Continue, "the slot is free again");
+}
+
+#[test]
+fn a_waiter_that_leaves_abandons_its_ticket_until_its_turn() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, GATE);
+    w.at(0);
+    w.request(10, &[]);
+    w.request(11, &[]);
+    w.request(12, &[]);
+    w.done(11);
+    assert_eq!(w.metric("c", "cancelled"), 1);
+    // 10's response ends: ticket 1 (gone) is counted done at its turn, 12 goes.
+    w.respond(10, true);
+    w.tick();
+    assert_eq!(host.state().resumed, vec![12]);
+    assert_eq!(w.metric("c", "in_flight"), 1);
+}
+
+#[test]
+fn a_waiter_past_max_queue_delay_is_rejected_on_tick() {
+    let host = Fake::new();
+    let cfg = r#"{"rules": [{"name": "c", "concurrency": 1, "max_queue_delay": "100ms"}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    w.request(10, &[]);
+    w.request(11, &[("content-type", "application/grpc")]);
+    w.at(101);
+    w.tick();
+    let r = reply(host, 11).expect("rejected");
+    assert_eq!((r.status, r.grpc_status), (429, Some(8)));
+    assert_eq!(
+        w.stats("c"),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("rejected", 1),
+            ("in_flight", 1)
+        ])
+    );
+}
+
+#[test]
+fn rate_and_concurrency_together_take_the_slot_at_release() {
+    let host = Fake::new();
+    let cfg =
+        r#"{"rules": [{"name": "rc", "rate": "10/s", "concurrency": 1, "max_queue_delay": "1s"}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    assert_eq!(w.request(11, &[]), Flow::Pause);
+    // At 100 ms 11's rate turn comes, but 10 still holds the slot: it waits at the gate.
+    w.at(100);
+    w.tick();
+    assert!(host.state().resumed.is_empty());
+    w.respond(10, true);
+    w.tick();
+    assert_eq!(host.state().resumed, vec![11]);
+    assert_eq!(
+        w.stats("rc"),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("released", 1),
+            ("in_flight", 1)
+        ])
+    );
+    // Gone at its turn gives its slot back.
+    w.at(200);
+    w.request(12, &[]);
+    w.respond(11, true);
+    host.state().gone.insert(12);
+    w.at(300);
+    w.tick();
+    assert_eq!(w.metric("rc", "gone"), 1);
+    assert_eq!(
+        w.metric("rc", "in_flight"),
+        0,
+        "the gone stream's slot went back"
+    );
+}
+
+#[test]
+fn dry_run_decides_counts_and_stays_invisible_by_default() {
+    let host = Fake::new();
+    let cfg = r#"{"dry_run": true, "rules": [{"name": "d", "rate": "10/s", "max_queue_delay": "150ms"}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    for id in 10..14 {
+        assert_eq!(w.request(id, &[]), Flow::Continue);
+        w.respond(id, true);
+    }
+    // 1 admitted, 1 would queue (100 ms), 2 would be rejected (200, 300 ms > 150 ms):
+    // the counters add up to the requests.
+    assert_eq!(
+        w.stats("d"),
+        s(&[("admitted", 1), ("would_queue", 1), ("would_reject", 2)])
+    );
+    for id in 10..14 {
+        assert!(
+            response_headers(host, id).is_empty(),
+            "{id}: a trial is invisible"
+        );
+    }
+    assert!(host.state().replies.is_empty() && host.state().resumed.is_empty());
+}
+
+#[test]
+fn dry_run_headers_show_each_decision_when_asked() {
+    let host = Fake::new();
+    let cfg = r#"{"dry_run": true, "dry_run_headers": true, "rate_limit_headers": true,
+                  "rules": [{"name": "d", "rate": "10/s", "max_queue_delay": "150ms"}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    for id in 10..13 {
+        w.request(id, &[]);
+        w.respond(id, true);
+    }
+    let note = |id| {
+        response_headers(host, id)
+            .into_iter()
+            .find(|(n, _)| n == "x-throttle-dry-run")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(note(10), None);
+    assert_eq!(note(11).as_deref(), Some("queued; wait_ms=100"));
+    assert_eq!(
+        note(12).as_deref(),
+        Some("rejected; status=429; retry_after=1")
+    );
+    assert!(response_headers(host, 12)
+        .iter()
+        .any(|(n, _)| n == "ratelimit"));
+}
+
+#[test]
+fn dry_run_at_the_gate_goes_at_once_but_keeps_in_flight_true() {
+    let host = Fake::new();
+    let cfg = r#"{"rules": [{"name": "c", "concurrency": 1, "dry_run": true}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    assert_eq!(w.request(11, &[]), Flow::Continue);
+    assert_eq!(
+        w.stats("c"),
+        s(&[("admitted", 1), ("would_queue", 1), ("in_flight", 2)])
+    );
+    w.respond(10, true);
+    w.respond(11, true);
+    assert_eq!(w.metric("c", "in_flight"), 0);
+}
+
+#[test]
+fn a_busy_worker_state_never_strands_a_request() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    w.request(10, &[]);
+    // Something holds the worker state (cannot happen in one thread): a
+    // request that would be held is rejected instead of paused unrecorded.
+    let worker = w.root.local();
+    let guard = worker.borrow_mut();
+    assert_eq!(w.request(11, &[]), Flow::Pause);
+    drop(guard);
+    assert_eq!(reply(host, 11).map(|r| r.status), Some(429));
+    assert!(host
+        .state()
+        .logs
+        .iter()
+        .any(|(_, m)| m.contains("worker state busy")));
+    assert_eq!(w.stats("r"), s(&[("admitted", 1), ("rejected", 1)]));
+
+    // A gate cannot record a slot without the worker state: rejected, counted as contention.
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, GATE);
+    let worker = w.root.local();
+    let guard = worker.borrow_mut();
+    assert_eq!(w.request(10, &[]), Flow::Pause);
+    drop(guard);
+    assert_eq!(w.stats("c"), s(&[("rejected", 1), ("contention", 1)]));
+}
+
+#[test]
+fn broken_shared_data_fails_closed() {
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    host.state().shared_broken = true;
+    assert_eq!(w.request(10, &[]), Flow::Pause);
+    assert_eq!(reply(host, 10).map(|r| r.status), Some(429));
+    assert_eq!(w.stats("r"), s(&[("rejected", 1), ("contention", 1)]));
+}
+
+#[test]
+fn a_waiter_on_another_worker_is_woken_through_its_queue() {
+    let host = Fake::new();
+    let mut a = Worker::new(host, 1, GATE);
+    let mut b = Worker::new(host, 2, GATE);
+    a.at(0);
+    assert_eq!(a.request(10, &[]), Flow::Continue);
+    assert_eq!(b.request(20, &[]), Flow::Pause);
+    a.respond(10, true);
+    // Both workers' queues got a wake; b's resumes its waiter without a tick.
+    let queues: Vec<usize> = host.state().queues.iter().map(|(_, q)| q.len()).collect();
+    assert_eq!(queues, vec![1, 1]);
+    a.root.on_queue_ready(0);
+    assert!(host.state().resumed.is_empty(), "a has no waiter");
+    b.root.on_queue_ready(1);
+    assert_eq!(host.state().resumed, vec![20]);
+}
+
+#[test]
+fn requests_matching_no_rule_pass_untouched_and_read_no_clock() {
+    let host = Fake::new();
+    let cfg = r#"{"rules": [{"name": "admin", "rate": "1/s", "max_queue_delay": "0s",
+                  "match": {"path_prefix": "/admin"}}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    assert_eq!(w.request(10, &[(":path", "/public")]), Flow::Continue);
+    assert_eq!(host.state().clock_reads, 0, "no rule, no clock");
+    assert_eq!(w.request(11, &[(":path", "/%61dmin/x")]), Flow::Continue);
+    assert_eq!(
+        w.request(12, &[(":path", "//admin")]),
+        Flow::Pause,
+        "same rule, second request"
+    );
+    assert_eq!(w.stats("admin"), s(&[("admitted", 1), ("rejected", 1)]));
+}
+
+#[test]
+fn keys_by_principal_and_by_header_lines() {
+    let host = Fake::new();
+    let cfg = r#"{"rules": [{"name": "p", "rate": "1/h", "max_queue_delay": "0s", "key": {"source": "principal"}}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    w.at(0);
+    for (id, who) in [(10, "sa/a"), (11, "sa/b"), (12, "sa/a")] {
+        host.state().properties.insert(
+            (id, "connection.uri_san_peer_certificate".into()),
+            format!("spiffe://cluster.local/ns/default/{who}").into_bytes(),
+        );
+    }
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    assert_eq!(w.request(11, &[]), Flow::Continue);
+    assert_eq!(w.request(12, &[]), Flow::Pause, "sa/a's second request");
+    // A forged X-Forwarded-For changes nothing: the key is the identity.
+    assert_eq!(
+        w.request(13, &[("x-forwarded-for", "10.0.0.1")]),
+        Flow::Continue,
+        "no identity: unkeyed"
+    );
+    assert_eq!(
+        w.request(14, &[("x-forwarded-for", "10.0.0.2")]),
+        Flow::Pause
+    );
+}
+
+#[test]
+fn a_bad_configuration_is_refused_and_logged_by_field() {
+    let host = Fake::new();
+    let mut root = Root::new(host, 1);
+    assert!(!root.on_configure(br#"{"rules": [{"name": "a", "rate": "fast", "rate": 2}]}"#));
+    let logs: Vec<String> = host.state().logs.iter().map(|(_, m)| m.clone()).collect();
+    assert_eq!(
+        logs,
+        vec![
+            "throttle[root 1]: config refused: rules[0].rate: duplicate field (JSON objects must not repeat a name; which one would win is unclear)".to_string(),
+        ]
+    );
+    // A stream of an unconfigured root passes.
+    let mut s = root.create_stream(5);
+    assert_eq!(s.on_request_headers(), Flow::Continue);
+    assert!(host.monotonic_ns() == 0);
+}

@@ -1,0 +1,1 @@
+"""The reliability suite: faults, floods, reloads, bad input (marker `reliability`, `make reliability`)."""

@@ -1,0 +1,82 @@
+"""Paths and tool runners shared by the Istio/Kubernetes checks (tests/k8s)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tools import wasm_image
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+OVERLAYS = sorted(p.name for p in (ROOT / "k8s" / "overlays").iterdir() if (p / "kustomization.yaml").exists())
+# The istio/ kustomizations that hold WasmPlugins or EnvoyFilters (all take the image from istio/image/).
+PLUGIN_KUSTOMIZATIONS = sorted(
+    f"istio/{p.parent.name}" for p in (ROOT / "istio").glob("*/kustomization.yaml")
+    if re.search(r"^kind: (WasmPlugin|EnvoyFilter)$", "".join(f.read_text() for f in p.parent.glob("*.yaml")), re.M))
+# Everything `kustomize build` must render and the validators must accept: the overlays, the
+# monitoring stack, and the waypoint Gateway example (not used by an overlay).
+KUSTOMIZATIONS = [f"k8s/overlays/{o}" for o in OVERLAYS] + ["k8s/monitoring", "istio/wasmplugin-waypoint-gateway"]
+TOOLS_JSON = ROOT / "build" / "k8s" / "tools.json"
+# The image the tests configure, as an operator would (`tools/wasm_image.py set-url`). The
+# `.test` domain never resolves (RFC 6761); Istio's fetcher is pointed at the local registry.
+TEST_IMAGE_URL = "oci://registry.test/envoy-throttle:0.1.0"
+
+
+def run(cmd: list[str], timeout: float = 300, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def kubeconform(tools: dict[str, str], schemas: Path, files: list[Path]) -> subprocess.CompletedProcess[str]:
+    return run([tools["kubeconform"], "-strict", "-summary", "-output", "text",
+                "-schema-location", str(schemas / "kubernetes" / "{{.ResourceKind}}{{.KindSuffix}}.json"),
+                "-schema-location", str(schemas / "crds" / "{{.Group}}" / "{{.ResourceKind}}_{{.ResourceAPIVersion}}.json"),
+                *map(str, files)])
+
+
+def configured_copy(dest: Path, url: str) -> Path:
+    """A copy of istio/ and k8s/ under `dest` whose image.env names `url` (sha256 as shipped)."""
+    for top in ("istio", "k8s"):
+        shutil.copytree(ROOT / top, dest / top, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    wasm_image.set_image(url=url, env=dest / wasm_image.IMAGE_ENV.relative_to(ROOT))
+    return dest
+
+
+def image_path(url: str) -> str:
+    """`repo:tag` of an `oci://<host>/<repo>:<tag>` url."""
+    return url.removeprefix("oci://").split("/", 1)[1]
+
+
+def plugin_configs() -> list[tuple[str, str, dict]]:
+    """(kustomization, resource, plugin config as written) for every WasmPlugin and throttle
+    EnvoyFilter under istio/, e.g. ("istio/wasmplugin-sidecar", "istio/wasmplugin-sidecar:WasmPlugin/x", {...})."""
+    out = []
+    for k in PLUGIN_KUSTOMIZATIONS:
+        for f in sorted((ROOT / k).glob("*.yaml")):
+            if f.name == "kustomization.yaml":
+                continue
+            for d in docs(f):
+                where = f"{k}:{d['kind']}/{d['metadata']['name']}"
+                if d["kind"] == "WasmPlugin":
+                    out.append((k, where, d["spec"]["pluginConfig"]))
+                elif d["kind"] == "EnvoyFilter":
+                    for p in d["spec"]["configPatches"]:
+                        tc = p["patch"]["value"].get("typed_config", {})
+                        if tc.get("@type", "").endswith("filters.http.wasm.v3.Wasm"):
+                            out.append((k, where, json.loads(tc["config"]["configuration"]["value"])))
+    return out
+
+
+def duration_s(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
+    assert m, text
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
