@@ -62,6 +62,11 @@ def test_prints_one_cluster_line_and_stops_everything_on_sigterm(tmp_path):
         wait_until(lambda: not _can_connect(port), 10, "the service's port to close")
         assert all(not os.path.exists(f"/proc/{k}") for k in kids)
     finally:
+        # SIGTERM first: the harness stops its own children; SIGKILL would orphan them.
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
