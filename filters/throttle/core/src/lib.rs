@@ -18,6 +18,7 @@
     )
 )]
 
+pub mod cluster;
 pub mod config;
 pub mod gate;
 pub mod keys;

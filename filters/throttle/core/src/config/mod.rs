@@ -37,6 +37,43 @@ pub struct Config {
     pub rate_limit_headers: HeaderStyle,
     /// Whether clients see dry runs (`x-throttle-dry-run`, rate-limit headers).
     pub dry_run_headers: bool,
+    /// The rate limit service of cluster-scope rules (required by them).
+    pub engine: Option<EngineConfig>,
+}
+
+/// The top-level `engine` block: how cluster-scope rules reach the service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Envoy cluster of the rate limit service's HTTP port.
+    pub cluster: String,
+    /// Bound of each call, ns.
+    pub timeout_ns: u64,
+    /// How long calls keep failing before rules fall back, ns.
+    pub fallback_after_ns: u64,
+    /// Rate limit domain of the service configuration.
+    pub domain: String,
+    /// Largest wall-clock difference between proxies and service replicas, ns.
+    pub max_clock_skew_ns: u64,
+}
+
+/// What a cluster rule does while the engine fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnEngineFailure {
+    /// Pace locally at rate / proxy count (last seen, else expected_replicas).
+    LocalShare,
+    /// Reject with the rule's status and `retry-after`.
+    Deny,
+    /// Pace locally at the full rate.
+    LocalFull,
+}
+
+/// A rule's `scope: "cluster"` settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterScope {
+    /// Proxies expected to share the rule (divisor of `local_share`).
+    pub expected_replicas: u32,
+    /// Fallback while the engine fails.
+    pub on_engine_failure: OnEngineFailure,
 }
 
 /// One validated rule. Rule-level overrides are already resolved.
@@ -64,6 +101,8 @@ pub struct Rule {
     pub reject_status: u16,
     /// Decide and count, but hold and reject nothing.
     pub dry_run: bool,
+    /// `scope: "cluster"`: one rate across all proxies (None: per process).
+    pub cluster: Option<ClusterScope>,
 }
 
 impl Rule {

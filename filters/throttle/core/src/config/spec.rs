@@ -181,6 +181,12 @@ pub const RULES: Field = required(
     Kind::List(RULE_FIELDS),
     "Rules in order: the first whose `match` fits a request applies; a request that matches none passes untouched.",
 );
+pub const ENGINE: Field = field(
+    "engine",
+    Kind::Object(ENGINE_FIELDS),
+    Default::Absent,
+    "The rate limit service (envoyproxy/ratelimit + Redis) that rules with `scope: \"cluster\"` share one rate through. Required by such rules.",
+);
 pub const CONFIG_FIELDS: &[Field] = &[
     RULES,
     MAX_HELD_PER_WORKER,
@@ -188,6 +194,44 @@ pub const CONFIG_FIELDS: &[Field] = &[
     DRY_RUN,
     DRY_RUN_HEADERS,
     RATE_LIMIT_HEADERS,
+    ENGINE,
+];
+
+pub const ENGINE_CLUSTER: Field = required(
+    "cluster",
+    Kind::Text,
+    "Envoy cluster that reaches the rate limit service's HTTP port (`POST /json`). In Istio, the `outbound|8080||<service host>` cluster, or one added by an EnvoyFilter.",
+);
+pub const ENGINE_TIMEOUT: Field = field(
+    "timeout",
+    Kind::Duration,
+    Default::Duration("50ms", 50 * crate::NS_PER_MS),
+    "Bounds each call to the service (1ms to 1s). A call answered later counts as a failure; its slots are never used.",
+);
+pub const ENGINE_FALLBACK_AFTER: Field = field(
+    "fallback_after",
+    Kind::Duration,
+    Default::Duration("250ms", 250 * crate::NS_PER_MS),
+    "How long calls must keep failing (transport error, non-200, timeout, nonsense) before cluster rules fall back per `on_engine_failure` (0 to 1m). Slots already granted stay valid; the first good answer returns the rules to the shared schedule.",
+);
+pub const ENGINE_DOMAIN: Field = field(
+    "domain",
+    Kind::Text,
+    Default::Choice("envoy_throttle"),
+    "Rate limit domain of the service configuration (engine/config/throttle.yaml).",
+);
+pub const ENGINE_MAX_CLOCK_SKEW: Field = field(
+    "max_clock_skew",
+    Kind::Duration,
+    Default::Duration("100ms", 100 * crate::NS_PER_MS),
+    "Largest difference between the wall clocks of any two proxies or service replicas (0 to 10s). Claims are never sent within this much (plus `timeout`) of the service's hourly counter boundary, so every claim on one epoch lands on the same counter.",
+);
+pub const ENGINE_FIELDS: &[Field] = &[
+    ENGINE_CLUSTER,
+    ENGINE_TIMEOUT,
+    ENGINE_FALLBACK_AFTER,
+    ENGINE_DOMAIN,
+    ENGINE_MAX_CLOCK_SKEW,
 ];
 
 pub const NAME: Field = required(
@@ -255,6 +299,24 @@ pub const KEY_SLOTS: Field = field(
     Default::Int(4096),
     "Size of the rule's key table in Envoy's shared data (memory stays bounded whatever keys clients send). A slot is reused once its schedule lies in the past; two active keys that land on the same slots share a rate (the safe side). Requires `key`.",
 );
+pub const SCOPE: Field = field(
+    "scope",
+    Kind::Choice(&["process", "cluster"]),
+    Default::Choice("process"),
+    "`\"process\"`: the rate holds for one Envoy process (all its worker threads). `\"cluster\"`: the rate holds for all proxies together (every proxy whose rule has the same name and rate), through the top-level `engine`; needs a rate of at least 1/s, and no `key` or `concurrency` (process-only).",
+);
+pub const EXPECTED_REPLICAS: Field = field(
+    "expected_replicas",
+    Kind::Integer { min: 1, max: 10_000 },
+    Default::Int(1),
+    "Proxies expected to share a cluster rule: while the engine fails, `local_share` paces each at `rate` / this, or / the most proxies the engine counted in the last ~5 s if that is more. Requires `scope: \"cluster\"`.",
+);
+pub const ON_ENGINE_FAILURE: Field = field(
+    "on_engine_failure",
+    Kind::Choice(&["local_share", "deny", "local_full"]),
+    Default::Choice("local_share"),
+    "What a cluster rule does while the engine fails (see `engine.fallback_after`): `\"local_share\"` paces each proxy at `rate` / max(`expected_replicas`, proxies recently counted); `\"deny\"` rejects with `reject_status` and `retry-after`; `\"local_full\"` paces each proxy at the full `rate`. Requires `scope: \"cluster\"`.",
+);
 pub const RULE_FIELDS: &[Field] = &[
     NAME,
     RATE,
@@ -267,6 +329,9 @@ pub const RULE_FIELDS: &[Field] = &[
     KEY_SLOTS,
     RULE_REJECT_STATUS,
     RULE_DRY_RUN,
+    SCOPE,
+    EXPECTED_REPLICAS,
+    ON_ENGINE_FAILURE,
 ];
 
 pub const PATH_PREFIX: Field = field(

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::spec::{self, Field, Kind};
 use super::strict_json;
-use super::{Config, ConfigError, Rule};
+use super::{ClusterScope, Config, ConfigError, EngineConfig, OnEngineFailure, Rule};
 use crate::keys::KeySource;
 use crate::matcher::{AuthorityMatch, HeaderMatch, Match};
 use crate::path::{normalize_authority, normalize_path};
@@ -175,12 +175,31 @@ impl Validator {
             reject_status: reject_status.unwrap_or(spec::REJECT_STATUS.int_default()),
             dry_run: dry_run.unwrap_or(spec::DRY_RUN.bool_default()),
         };
+        let engine = match obj.get(spec::ENGINE.name) {
+            None => Some(None),
+            Some(v) => self.engine("engine", v).map(Some),
+        };
         let rules = self.rules(obj, &defaults);
+        let (rules, engine) = (rules?, engine?);
+        if engine.is_none() {
+            for (i, r) in rules.iter().enumerate() {
+                if r.cluster.is_some() {
+                    self.error(
+                        &format!("rules[{i}].scope"),
+                        "\"cluster\" requires the top-level `engine` block (`engine.cluster` names the Envoy cluster of the rate limit service)",
+                    );
+                }
+            }
+            if !self.errors.is_empty() {
+                return None;
+            }
+        }
         Some(Config {
-            rules: rules?,
+            rules,
             max_held_per_worker: u32::try_from(max_held?).ok()?,
             rate_limit_headers: headers?,
             dry_run_headers: dry_run_headers?,
+            engine,
         })
     }
 
@@ -285,6 +304,7 @@ impl Validator {
         let reject_status =
             self.integer(path, obj, &spec::RULE_REJECT_STATUS, defaults.reject_status);
         let dry_run = self.boolean(path, obj, &spec::RULE_DRY_RUN, defaults.dry_run);
+        let cluster = self.scope(path, obj, rate.map(|(interval, _)| interval));
 
         // Relations between fields.
         let has = |f: &Field| obj.contains_key(f.name);
@@ -335,6 +355,172 @@ impl Validator {
             quota: quota.map(|interval| Schedule::new(interval, 0, max_delay_ns)),
             reject_status: u16::try_from(reject_status?).ok()?,
             dry_run: dry_run?,
+            cluster: cluster?,
+        })
+    }
+
+    /// One of the strings a `Kind::OneOf` field allows; `default` when absent.
+    fn one_of<'a>(
+        &mut self,
+        path: &str,
+        obj: &'a Map<String, Value>,
+        f: &Field,
+        default: &'a str,
+    ) -> Option<&'a str> {
+        let Kind::Choice(values) = f.kind else {
+            return None;
+        };
+        match obj.get(f.name) {
+            None => Some(default),
+            Some(Value::String(s)) if values.contains(&s.as_str()) => Some(s.as_str()),
+            Some(other) => {
+                let allowed: Vec<String> = values.iter().map(|v| format!("\"{v}\"")).collect();
+                self.error(
+                    &join(path, f.name),
+                    format!(
+                        "must be one of {}, got {}",
+                        allowed.join(", "),
+                        describe(other)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// `scope` and the fields that go with `"cluster"`: Some(None) for process scope.
+    fn scope(
+        &mut self,
+        path: &str,
+        obj: &Map<String, Value>,
+        interval_ns: Option<u64>,
+    ) -> Option<Option<ClusterScope>> {
+        let before = self.errors.len();
+        let scope = self.one_of(path, obj, &spec::SCOPE, "process");
+        let replicas = self.integer(path, obj, &spec::EXPECTED_REPLICAS, 1);
+        let failure = self.one_of(path, obj, &spec::ON_ENGINE_FAILURE, "local_share");
+        let cluster = scope == Some("cluster");
+        if !cluster && scope.is_some() {
+            for f in [&spec::EXPECTED_REPLICAS, &spec::ON_ENGINE_FAILURE] {
+                if obj.contains_key(f.name) {
+                    self.error(&join(path, f.name), "requires `scope: \"cluster\"`");
+                }
+            }
+        }
+        if cluster {
+            for (f, why) in [
+                (&spec::KEY, "per-key rules are process-only"),
+                (&spec::CONCURRENCY, "concurrency is process-only"),
+            ] {
+                if obj.contains_key(f.name) {
+                    self.error(
+                        &join(path, "scope"),
+                        format!("\"cluster\" cannot be combined with `{}` ({why})", f.name),
+                    );
+                }
+            }
+            if let Some(t) = interval_ns.filter(|t| *t > crate::cluster::MAX_INTERVAL_NS) {
+                self.error(
+                    &join(path, "rate"),
+                    format!(
+                        "scope \"cluster\" needs a rate of at least 1/s (one slot per second or more), got one every {:.3} s",
+                        t as f64 / crate::NS_PER_S as f64
+                    ),
+                );
+            }
+        }
+        if self.errors.len() != before {
+            return None;
+        }
+        if !cluster {
+            return Some(None);
+        }
+        let on_engine_failure = match failure? {
+            "deny" => OnEngineFailure::Deny,
+            "local_full" => OnEngineFailure::LocalFull,
+            _ => OnEngineFailure::LocalShare,
+        };
+        Some(Some(ClusterScope {
+            expected_replicas: u32::try_from(replicas?).ok()?,
+            on_engine_failure,
+        }))
+    }
+
+    /// A duration field within `min..=max` ns; `default` when absent.
+    fn duration(
+        &mut self,
+        path: &str,
+        obj: &Map<String, Value>,
+        f: &Field,
+        default: u64,
+        (min, max, range): (u64, u64, &str),
+    ) -> Option<u64> {
+        let Some(v) = obj.get(f.name) else {
+            return Some(default);
+        };
+        match parse_duration(v) {
+            Ok(ns) if (min..=max).contains(&ns) => Some(ns),
+            Ok(_) => {
+                self.error(
+                    &join(path, f.name),
+                    format!("must be {range}, got {}", describe(v)),
+                );
+                None
+            }
+            Err(e) => {
+                self.error(&join(path, f.name), e);
+                None
+            }
+        }
+    }
+
+    fn engine(&mut self, path: &str, value: &Value) -> Option<EngineConfig> {
+        let obj = self.object(path, value, spec::ENGINE_FIELDS)?;
+        let before = self.errors.len();
+        let cluster = self
+            .get(
+                path,
+                obj,
+                &spec::ENGINE_CLUSTER,
+                "the Envoy cluster of the rate limit service",
+            )
+            .and_then(|v| self.text(&join(path, "cluster"), v));
+        let ms = crate::NS_PER_MS;
+        let s = crate::NS_PER_S;
+        let timeout = self.duration(
+            path,
+            obj,
+            &spec::ENGINE_TIMEOUT,
+            spec::ENGINE_TIMEOUT.duration_default_ns(),
+            (ms, s, "from 1ms to 1s"),
+        );
+        let fallback_after = self.duration(
+            path,
+            obj,
+            &spec::ENGINE_FALLBACK_AFTER,
+            spec::ENGINE_FALLBACK_AFTER.duration_default_ns(),
+            (0, 60 * s, "from 0s to 1m"),
+        );
+        let skew = self.duration(
+            path,
+            obj,
+            &spec::ENGINE_MAX_CLOCK_SKEW,
+            spec::ENGINE_MAX_CLOCK_SKEW.duration_default_ns(),
+            (0, 10 * s, "from 0s to 10s"),
+        );
+        let domain = match obj.get(spec::ENGINE_DOMAIN.name) {
+            None => Some("envoy_throttle".to_string()),
+            Some(v) => self.text(&join(path, "domain"), v),
+        };
+        if self.errors.len() != before {
+            return None;
+        }
+        Some(EngineConfig {
+            cluster: cluster?,
+            timeout_ns: timeout?,
+            fallback_after_ns: fallback_after?,
+            domain: domain?,
+            max_clock_skew_ns: skew?,
         })
     }
 

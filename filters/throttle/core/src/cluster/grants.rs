@@ -1,0 +1,884 @@
+//! Owned slots inside one Envoy process, in shared data.
+//!
+//! * The **grants blob** ([`SharedBlob`], one per rule) is written only by the
+//!   VM that calls the engine: a short header (mode, local interval, grant
+//!   rate) and a sorted list of owned global slot ranges `[start, end)`.
+//! * The **cursor** ([`SharedCell`], one per rule) `[next_slot, end]` is
+//!   shared by every worker: `next_slot` is the next owned slot not yet
+//!   taken, `end` the end of the owned range it lies in. The fast path is one
+//!   cursor read and one compare-and-swap, as in process scope; the blob is
+//!   read only when the current range runs out or lies in the past.
+//!
+//! A request at wall time `now` takes the earliest owned, untaken slot whose
+//! time is at least `now - slack` (slack = `(burst + 1) * T`; older untaken
+//! slots are forfeited): at once if that time has come, held until then if it
+//! is within `max_queue_delay`, rejected at once if further. With no owned slot
+//! left it waits for grants (bounded by `max_queue_delay`; the glue retries on
+//! tick) unless the grant rate says it cannot be served in time.
+//!
+//! Bound: a slot is used at most once, never before its time and at most
+//! `slack` after it, so the releases of any window `[t, t + W]` use slots with
+//! times in `[t - slack, t + W]`: at most `R*W + burst + 2` across all proxies
+//! (plus the glue's tick jitter on held requests, and clock skew between hosts).
+
+use crate::schedule::{SharedCell, StoreError, MAX_CAS_ATTEMPTS};
+use crate::NS_PER_S;
+
+use super::Grid;
+
+/// A variable-size value shared by all workers: proxy-wasm shared data in the
+/// filter, a plain value in tests. `store` succeeds only if the value has not
+/// changed since `load` returned `token`.
+pub trait SharedBlob {
+    /// Version token of a loaded value.
+    type Token: Copy;
+    /// Reads the value (None if never stored).
+    fn load(&mut self) -> Result<(Option<Vec<u8>>, Self::Token), StoreError>;
+    /// Compare-and-swap. Ok(false): changed since `token` (retry).
+    fn store(&mut self, value: &[u8], token: Self::Token) -> Result<bool, StoreError>;
+}
+
+/// How a rule admits requests now, as published by the calling VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Take owned slots of the shared grid.
+    Grid,
+    /// The engine fails: pace locally (GCRA) one request every `interval_ns`.
+    Local { interval_ns: u64 },
+    /// The engine fails: reject.
+    Deny,
+}
+
+/// Most ranges a blob holds; beyond it the oldest are dropped (forfeited).
+/// A proxy holds at most a few epochs of grants, at most 2 ranges per epoch.
+pub const MAX_RANGES: usize = 64;
+
+const MAGIC: u32 = 0x5447_5231; // "TGR1"
+
+/// The decoded grants blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grants {
+    pub mode: Mode,
+    /// Slots per second this process may expect from the grid (its fair
+    /// share), for the reject-at-once estimate; 0 if unknown.
+    pub grant_rate_per_s: u64,
+    /// Owned global slot ranges `[start, end)`, sorted, disjoint.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl Default for Grants {
+    fn default() -> Self {
+        Grants {
+            mode: Mode::Grid,
+            grant_rate_per_s: 0,
+            ranges: Vec::new(),
+        }
+    }
+}
+
+impl Grants {
+    /// Bytes: magic u32, mode u32, local interval u64, grant rate u64,
+    /// count u32, then (start u64, end u64) per range; little-endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let (mode, interval) = match self.mode {
+            Mode::Grid => (0u32, 0u64),
+            Mode::Local { interval_ns } => (1, interval_ns),
+            Mode::Deny => (2, 0),
+        };
+        let mut out = Vec::with_capacity(28 + 16 * self.ranges.len());
+        out.extend_from_slice(&MAGIC.to_le_bytes());
+        out.extend_from_slice(&mode.to_le_bytes());
+        out.extend_from_slice(&interval.to_le_bytes());
+        out.extend_from_slice(&self.grant_rate_per_s.to_le_bytes());
+        out.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
+        for (a, b) in &self.ranges {
+            out.extend_from_slice(&a.to_le_bytes());
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+        out
+    }
+
+    /// Decodes a blob; None if it is not one (treated as no grants).
+    pub fn decode(bytes: &[u8]) -> Option<Grants> {
+        let mut r = Reader(bytes);
+        if r.u32()? != MAGIC {
+            return None;
+        }
+        let mode = r.u32()?;
+        let interval_ns = r.u64()?;
+        let grant_rate_per_s = r.u64()?;
+        let n = r.u32()? as usize;
+        if n > MAX_RANGES {
+            return None;
+        }
+        let mut ranges = Vec::with_capacity(n);
+        for _ in 0..n {
+            ranges.push((r.u64()?, r.u64()?));
+        }
+        let mode = match mode {
+            0 => Mode::Grid,
+            1 => Mode::Local { interval_ns },
+            2 => Mode::Deny,
+            _ => return None,
+        };
+        Some(Grants {
+            mode,
+            grant_rate_per_s,
+            ranges,
+        })
+    }
+
+    /// Adds a range (kept sorted; adjacent ranges merged; overlaps never
+    /// happen since the engine grants each slot once: an overlapping part is
+    /// dropped rather than trusted).
+    pub fn add(&mut self, (a, b): (u64, u64)) {
+        if a >= b {
+            return;
+        }
+        let i = self.ranges.partition_point(|r| r.0 < a);
+        let lo = if i > 0 {
+            self.ranges.get(i - 1).map_or(a, |p| p.1.max(a))
+        } else {
+            a
+        };
+        let hi = self.ranges.get(i).map_or(b, |n| n.0.min(b));
+        if lo >= hi {
+            return;
+        }
+        self.ranges.insert(i, (lo, hi));
+        // Merge with neighbours that touch.
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
+        for r in self.ranges.drain(..) {
+            match merged.last_mut() {
+                Some(last) if last.1 == r.0 => last.1 = r.1,
+                _ => merged.push(r),
+            }
+        }
+        self.ranges = merged;
+    }
+
+    /// Drops ranges (or their parts) below slot `k`.
+    pub fn prune_below(&mut self, k: u64) {
+        self.ranges.retain(|r| r.1 > k);
+        if let Some(first) = self.ranges.first_mut() {
+            first.0 = first.0.max(k);
+        }
+    }
+
+    /// Owned slots at or above `k`.
+    pub fn owned_from(&self, k: u64) -> u64 {
+        self.ranges
+            .iter()
+            .map(|&(a, b)| b.saturating_sub(a.max(k)))
+            .sum()
+    }
+
+    /// The first owned slot at or above `k`, with the end of its range.
+    pub fn first_from(&self, k: u64) -> Option<(u64, u64)> {
+        self.ranges
+            .iter()
+            .find(|r| r.1 > k)
+            .map(|&(a, b)| (a.max(k), b))
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take::<4>().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take::<8>().map(u64::from_le_bytes)
+    }
+}
+
+/// What a rule's requests may reach on the grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    pub grid: Grid,
+    /// `(burst + 1) * T`: how old an untaken slot may be and still be used at once.
+    pub slack_ns: u64,
+    /// `max_queue_delay`.
+    pub max_delay_ns: u64,
+}
+
+impl Reach {
+    pub fn new(grid: Grid, burst: u64, max_delay_ns: u64) -> Reach {
+        Reach {
+            grid,
+            slack_ns: burst.saturating_add(1).saturating_mul(grid.interval_ns),
+            max_delay_ns,
+        }
+    }
+
+    /// The oldest slot still usable at `now`.
+    pub fn min_slot(&self, now: u64) -> u64 {
+        self.grid
+            .slot_at_or_after(now.saturating_sub(self.slack_ns))
+    }
+}
+
+/// First try of a request, or a retry of one waiting for grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// A new request.
+    First,
+    /// A request waiting for grants, retried on tick; it has waited
+    /// `waited_ns` already, so it may be held only the rest of `max_queue_delay`.
+    Retry { waited_ns: u64 },
+}
+
+/// The decision for one request of a cluster rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// Continue now on grid slot `slot`.
+    Now { slot: u64 },
+    /// Hold `delay_ns` (until grid slot `slot`'s wall time).
+    Hold { slot: u64, delay_ns: u64 },
+    /// No owned slot for it yet: it now waits for grants (counted in the
+    /// waiting cell); retry on tick with `Attempt::Retry` until
+    /// `max_queue_delay`, then reject it and [`add_waiting`] -1.
+    Wait,
+    /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
+    Reject {
+        retry_after_s: u64,
+        queue_full: bool,
+    },
+    /// The engine fails and the rule paces locally: admit with the process
+    /// schedule at this interval (see [`super::local_schedule`]).
+    Local { interval_ns: u64 },
+    /// The engine fails and the rule denies.
+    Deny,
+    /// The cursor could not be updated (store error or endless races): fail closed.
+    Contention,
+}
+
+fn retry_after(beyond_ns: u64) -> u64 {
+    beyond_ns.div_ceil(NS_PER_S).max(1)
+}
+
+/// Takes a slot for one request at wall time `now` (see the module docs).
+/// `can_hold`: the worker's queue has room. `waiting`: the rule's count of
+/// requests waiting for grants, read only off the fast path: a new request
+/// that would need a new range while others wait queues behind them, so
+/// waiting requests are served first. `take` keeps the count: +1 when it
+/// answers `Wait` to a first attempt, -1 when a retry ends in anything but
+/// `Wait`.
+pub fn take<C: SharedCell, W: SharedCell, B: SharedBlob>(
+    cursor: &mut C,
+    blob: &mut B,
+    waiting: &mut W,
+    reach: &Reach,
+    now: u64,
+    can_hold: bool,
+    attempt: Attempt,
+) -> Take {
+    let decision = take_inner(cursor, blob, waiting, reach, now, can_hold, attempt);
+    let delta = match (attempt, decision) {
+        (Attempt::First, Take::Wait) => 1,
+        (Attempt::Retry { .. }, Take::Wait) | (Attempt::First, _) => 0,
+        (Attempt::Retry { .. }, _) => -1,
+    };
+    if delta != 0 && add_waiting(waiting, delta).is_err() {
+        return Take::Contention;
+    }
+    decision
+}
+
+fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
+    cursor: &mut C,
+    blob: &mut B,
+    waiting: &mut W,
+    reach: &Reach,
+    now: u64,
+    can_hold: bool,
+    attempt: Attempt,
+) -> Take {
+    let max_delay = match attempt {
+        Attempt::First => reach.max_delay_ns,
+        Attempt::Retry { waited_ns } => reach.max_delay_ns.saturating_sub(waited_ns),
+    };
+    let min_slot = reach.min_slot(now);
+    let mut grants: Option<Grants> = None;
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let Ok((value, token)) = cursor.load() else {
+            return Take::Contention;
+        };
+        let [next, end] = value.unwrap_or([0, 0]);
+        let (slot, range_end) = if next < end && next >= min_slot {
+            (next, end)
+        } else {
+            // The current range is used up or in the past: look at the grants.
+            if grants.is_none() {
+                let Ok((bytes, _)) = blob.load() else {
+                    return Take::Contention;
+                };
+                grants = Some(
+                    bytes
+                        .as_deref()
+                        .and_then(Grants::decode)
+                        .unwrap_or_default(),
+                );
+            }
+            let g = grants.as_ref().map_or_else(Grants::default, Clone::clone);
+            let queued = match attempt {
+                Attempt::First => match waiting.load() {
+                    Ok((v, _)) => v.map_or(0, |[n, _]| n),
+                    Err(_) => return Take::Contention,
+                },
+                Attempt::Retry { .. } => 0,
+            };
+            match g.first_from(next.max(min_slot)) {
+                Some(found) if queued == 0 => found,
+                _ => return no_slot(&g, max_delay, attempt, queued),
+            }
+        };
+        let t = reach.grid.slot_time(slot);
+        let delay_ns = t.saturating_sub(now);
+        if delay_ns > max_delay {
+            return Take::Reject {
+                retry_after_s: retry_after(delay_ns - max_delay),
+                queue_full: false,
+            };
+        }
+        if delay_ns > 0 && !can_hold {
+            return Take::Reject {
+                retry_after_s: retry_after(delay_ns),
+                queue_full: true,
+            };
+        }
+        match cursor.store([slot + 1, range_end], token) {
+            Ok(true) if delay_ns == 0 => return Take::Now { slot },
+            Ok(true) => return Take::Hold { slot, delay_ns },
+            Ok(false) => continue,
+            Err(_) => return Take::Contention,
+        }
+    }
+    Take::Contention
+}
+
+/// No owned slot within reach (or others wait for one): the engine's state decides.
+fn no_slot(g: &Grants, max_delay: u64, attempt: Attempt, queued: u64) -> Take {
+    match (g.mode, attempt) {
+        (Mode::Local { interval_ns }, _) => Take::Local { interval_ns },
+        (Mode::Deny, _) => Take::Deny,
+        (Mode::Grid, Attempt::Retry { .. }) => Take::Wait,
+        (Mode::Grid, Attempt::First) => {
+            // Served in time only if the grants expected within max_queue_delay
+            // cover the requests already waiting and this one.
+            let expected =
+                u128::from(g.grant_rate_per_s) * u128::from(max_delay) / u128::from(NS_PER_S);
+            if g.grant_rate_per_s > 0 && u128::from(queued) + 1 > expected {
+                let per_slot = NS_PER_S / g.grant_rate_per_s.max(1);
+                Take::Reject {
+                    retry_after_s: retry_after(
+                        per_slot
+                            .saturating_mul(queued.saturating_add(1))
+                            .saturating_sub(max_delay),
+                    ),
+                    queue_full: false,
+                }
+            } else {
+                Take::Wait
+            }
+        }
+    }
+}
+
+/// Writes the calling VM's news into the blob: the mode and grant rate, new
+/// ranges, and drops what lies below the cursor or out of reach. Returns the
+/// owned slots still usable (for the unused count: granted - taken - usable).
+pub fn publish<C: SharedCell, B: SharedBlob>(
+    blob: &mut B,
+    cursor: &mut C,
+    reach: &Reach,
+    now: u64,
+    mode: Mode,
+    grant_rate_per_s: u64,
+    new_ranges: &[(u64, u64)],
+) -> Result<u64, StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (bytes, token) = blob.load()?;
+        let next = cursor.load()?.0.map_or(0, |[n, _]| n);
+        let mut g = bytes
+            .as_deref()
+            .and_then(Grants::decode)
+            .unwrap_or_default();
+        g.mode = mode;
+        g.grant_rate_per_s = grant_rate_per_s;
+        for &r in new_ranges {
+            g.add(r);
+        }
+        g.prune_below(next.max(reach.min_slot(now)));
+        while g.ranges.len() > MAX_RANGES {
+            g.ranges.remove(0);
+        }
+        let usable = g.owned_from(0);
+        if blob.store(&g.encode(), token)? {
+            return Ok(usable);
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Requests of a rule waiting for grants, in one process-wide cell `[count, 0]`:
+/// `+1` when a request starts waiting, `-1` when it leaves (slot taken,
+/// rejected at its deadline, or gone). Returns the count after the change.
+pub fn add_waiting<C: SharedCell>(cell: &mut C, delta: i64) -> Result<u64, StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = cell.load()?;
+        let n = v.map_or(0, |[n, _]| n);
+        let new = if delta >= 0 {
+            n.saturating_add(delta.unsigned_abs())
+        } else {
+            n.saturating_sub(delta.unsigned_abs())
+        };
+        if cell.store([new, 0], token)? {
+            return Ok(new);
+        }
+    }
+    Err(StoreError(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::sim::{MemBlob, MemCell};
+    use crate::NS_PER_MS;
+
+    const MS: u64 = NS_PER_MS;
+
+    // 500/s: T = 2 ms, L = 50, E = 100 ms; no burst (slack 2 ms); hold up to 10 ms.
+    fn reach() -> Reach {
+        Reach::new(Grid::new(2 * MS), 0, 10 * MS)
+    }
+
+    /// Wall time of slot k at 500/s.
+    fn at(k: u64) -> u64 {
+        k * 2 * MS
+    }
+
+    fn setup(ranges: &[(u64, u64)]) -> (MemCell, MemBlob) {
+        let mut blob = MemBlob::default();
+        let mut cursor = MemCell::default();
+        let r = reach();
+        publish(&mut blob, &mut cursor, &r, 0, Mode::Grid, 0, ranges).unwrap();
+        (cursor, blob)
+    }
+
+    const FIRST: Attempt = Attempt::First;
+
+    #[test]
+    fn the_blob_round_trips_and_rejects_garbage() {
+        let g = Grants {
+            mode: Mode::Local {
+                interval_ns: 6 * MS,
+            },
+            grant_rate_per_s: 167,
+            ranges: vec![(10, 20), (30, 35)],
+        };
+        assert_eq!(Grants::decode(&g.encode()), Some(g.clone()));
+        assert_eq!(g.encode().len(), 28 + 32);
+        assert_eq!(Grants::decode(b"nonsense"), None);
+        assert_eq!(Grants::decode(&g.encode()[..40]), None);
+    }
+
+    #[test]
+    fn ranges_stay_sorted_merged_and_never_overlap() {
+        let mut g = Grants::default();
+        g.add((30, 35));
+        g.add((10, 20));
+        g.add((20, 25)); // touches (10, 20): merged
+        assert_eq!(g.ranges, vec![(10, 25), (30, 35)]);
+        g.add((24, 31)); // overlaps both: only the gap (25, 30) is added
+        assert_eq!(g.ranges, vec![(10, 35)]);
+        g.add((5, 5));
+        assert_eq!(g.ranges, vec![(10, 35)]);
+        g.prune_below(12);
+        assert_eq!(
+            (g.ranges.clone(), g.owned_from(0), g.owned_from(30)),
+            (vec![(12, 35)], 23, 5)
+        );
+        assert_eq!(g.first_from(40), None);
+        assert_eq!(g.first_from(3), Some((12, 35)));
+    }
+
+    #[test]
+    fn slots_are_taken_in_order_now_or_held_until_their_time() {
+        // Owned: slots 1000..1003 (2000, 2002, 2004 ms) and 1010..1012.
+        let (mut c, mut b) = setup(&[(1000, 1003), (1010, 1012)]);
+        let r = reach();
+        let now = at(1000);
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Now { slot: 1000 }
+        );
+        assert_eq!(c.v, Some([1001, 1003]), "the fast path moved the cursor");
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Hold {
+                slot: 1001,
+                delay_ns: 2 * MS
+            }
+        );
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Hold {
+                slot: 1002,
+                delay_ns: 4 * MS
+            }
+        );
+        // The next owned slot, 1010, is 20 ms away: beyond max_queue_delay (10 ms).
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        assert_eq!(c.v, Some([1003, 1003]), "a rejection takes nothing");
+        // 10 ms later it is within reach.
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now + 10 * MS,
+                true,
+                FIRST
+            ),
+            Take::Hold {
+                slot: 1010,
+                delay_ns: 10 * MS
+            }
+        );
+        assert_eq!(c.v, Some([1011, 1012]));
+    }
+
+    #[test]
+    fn slots_older_than_the_slack_are_forfeited() {
+        let (mut c, mut b) = setup(&[(1000, 1010)]);
+        let r = reach(); // slack: one interval (2 ms)
+                         // At slot 1005's time + 1 ms: 1004 (3 ms old) is out of reach, 1005 (1 ms old) is not.
+        let now = at(1005) + MS;
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Now { slot: 1005 }
+        );
+        // With burst 2 (slack 6 ms), 1003 would still do: (3 ms)->1004 is the oldest usable...
+        let (mut c, mut b) = setup(&[(1000, 1010)]);
+        let r3 = Reach::new(Grid::new(2 * MS), 2, 10 * MS);
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r3,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Now { slot: 1003 }
+        );
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r3,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Now { slot: 1004 }
+        );
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r3,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Now { slot: 1005 }
+        );
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r3,
+                now,
+                true,
+                FIRST
+            ),
+            Take::Hold {
+                slot: 1006,
+                delay_ns: MS
+            }
+        );
+    }
+
+    #[test]
+    fn a_full_queue_rejects_what_would_be_held() {
+        let (mut c, mut b) = setup(&[(1000, 1003)]);
+        let r = reach();
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                false,
+                FIRST
+            ),
+            Take::Now { slot: 1000 }
+        );
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                false,
+                FIRST
+            ),
+            Take::Reject {
+                retry_after_s: 1,
+                queue_full: true
+            }
+        );
+        assert_eq!(c.v, Some([1001, 1003]));
+    }
+
+    #[test]
+    fn without_grants_a_request_waits_unless_the_grant_rate_cannot_serve_it() {
+        let mut blob = MemBlob::default();
+        let mut c = MemCell::default();
+        let mut waiting = MemCell::default();
+        let r = reach(); // hold up to 10 ms
+                         // Nothing known yet: wait (and be counted).
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            Take::Wait
+        );
+        // A share of 250 slots/s: 2.5 slots per 10 ms. With one waiting, a second still fits...
+        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[]).unwrap();
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            Take::Wait
+        );
+        // ...but with 2 already waiting, a third cannot be served within 10 ms: rejected now.
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            Take::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        // A retry is never rejected early: the glue rejects it at its deadline.
+        assert_eq!(
+            take(
+                &mut c,
+                &mut blob,
+                &mut waiting,
+                &r,
+                at(1000),
+                true,
+                Attempt::Retry { waited_ns: MS }
+            ),
+            Take::Wait
+        );
+        // Grants arrive (slots 1002..1010): a new request queues behind the two
+        // waiting ones; their retries take the slots first, and leave the count.
+        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[(1002, 1010)]).unwrap();
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            Take::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        let retry = Attempt::Retry { waited_ns: 2 * MS };
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
+            Take::Hold {
+                slot: 1002,
+                delay_ns: 4 * MS
+            }
+        );
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
+            Take::Hold {
+                slot: 1003,
+                delay_ns: 6 * MS
+            }
+        );
+        assert_eq!(waiting.v, Some([0, 0]));
+        // A retry may be held only for what is left of max_queue_delay (10 - 7 ms).
+        let mut w = MemCell::default();
+        add_waiting(&mut w, 1).unwrap();
+        assert_eq!(
+            take(
+                &mut c,
+                &mut blob,
+                &mut w,
+                &r,
+                at(1000),
+                true,
+                Attempt::Retry { waited_ns: 7 * MS }
+            ),
+            Take::Reject {
+                retry_after_s: 1,
+                queue_full: false
+            }
+        );
+        assert_eq!(w.v, Some([0, 0]));
+    }
+
+    #[test]
+    fn in_fallback_granted_slots_still_go_first() {
+        let (mut c, mut b) = setup(&[(1000, 1001)]);
+        let r = reach();
+        publish(
+            &mut b,
+            &mut c,
+            &r,
+            0,
+            Mode::Local {
+                interval_ns: 6 * MS,
+            },
+            0,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                true,
+                FIRST
+            ),
+            Take::Now { slot: 1000 }
+        );
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                true,
+                FIRST
+            ),
+            Take::Local {
+                interval_ns: 6 * MS
+            }
+        );
+        publish(&mut b, &mut c, &r, 0, Mode::Deny, 0, &[]).unwrap();
+        assert_eq!(
+            take(
+                &mut c,
+                &mut b,
+                &mut MemCell::default(),
+                &r,
+                at(1000),
+                true,
+                FIRST
+            ),
+            Take::Deny
+        );
+    }
+
+    #[test]
+    fn publish_prunes_what_is_taken_or_out_of_reach() {
+        let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
+        let r = reach();
+        take(
+            &mut c,
+            &mut b,
+            &mut MemCell::default(),
+            &r,
+            at(1000),
+            true,
+            FIRST,
+        );
+        take(
+            &mut c,
+            &mut b,
+            &mut MemCell::default(),
+            &r,
+            at(1000),
+            true,
+            FIRST,
+        );
+        // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004.
+        let usable = publish(&mut b, &mut c, &r, at(1005), Mode::Grid, 0, &[(1040, 1045)]).unwrap();
+        let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
+        assert_eq!(g.ranges, vec![(1004, 1010), (1020, 1030), (1040, 1045)]);
+        assert_eq!(usable, 6 + 10 + 5);
+    }
+
+    #[test]
+    fn the_waiting_count_never_goes_below_zero() {
+        let mut cell = MemCell::default();
+        assert_eq!(add_waiting(&mut cell, 1), Ok(1));
+        assert_eq!(add_waiting(&mut cell, 1), Ok(2));
+        assert_eq!(add_waiting(&mut cell, -1), Ok(1));
+        assert_eq!(add_waiting(&mut cell, -5), Ok(0));
+    }
+}

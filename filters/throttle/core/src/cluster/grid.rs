@@ -1,0 +1,170 @@
+//! The grid every proxy computes alike from a rule's interval `T`: slot `k`
+//! (a global index) is at wall-clock time `k * T` ns since the Unix epoch;
+//! epoch `f` holds slots `[f*L, (f+1)*L)` with `L = ceil(100 ms / T)` (at
+//! least 1) and lasts `E = L*T` (`E` in [100 ms, 200 ms) for `T <= 100 ms`,
+//! `E = T` for slower rates).
+//!
+//! The service appends the hour of *its own* clock to every counter's key
+//! (engine/README.md). All claims on one epoch must land on one counter, so a
+//! claim for epoch `f` is sent only while the caller's clock is inside the hour
+//! holding the epoch's start, and at least `max_clock_skew` from its start and
+//! `max_clock_skew + timeout` from its end ([`Grid::may_claim`]).
+
+use crate::{NS_PER_MS, NS_PER_S};
+
+/// Target epoch length: at most 10 epochs (10 calls) per second per rule.
+pub const EPOCH_TARGET_NS: u64 = 100 * NS_PER_MS;
+/// The service's counter window (`unit: hour` in engine/config/throttle.yaml).
+pub const WINDOW_NS: u64 = 3600 * NS_PER_S;
+
+/// One rule's grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    /// `T`: ns between two slots (the rule's interval).
+    pub interval_ns: u64,
+    /// `L`: slots per epoch.
+    pub slots_per_epoch: u64,
+    /// `E = L*T`: ns per epoch.
+    pub epoch_ns: u64,
+}
+
+impl Grid {
+    /// The grid of a rule released every `interval_ns` (> 0).
+    pub fn new(interval_ns: u64) -> Grid {
+        let t = interval_ns.max(1);
+        let l = EPOCH_TARGET_NS.div_ceil(t).max(1);
+        Grid {
+            interval_ns: t,
+            slots_per_epoch: l,
+            epoch_ns: l.saturating_mul(t),
+        }
+    }
+
+    /// Wall time of slot `k`.
+    pub fn slot_time(&self, k: u64) -> u64 {
+        k.saturating_mul(self.interval_ns)
+    }
+
+    /// The first slot at or after wall time `t`.
+    pub fn slot_at_or_after(&self, t: u64) -> u64 {
+        t.div_ceil(self.interval_ns)
+    }
+
+    /// The epoch holding wall time `t`.
+    pub fn epoch_of(&self, t: u64) -> u64 {
+        t / self.epoch_ns
+    }
+
+    /// Wall time at which epoch `f` starts.
+    pub fn epoch_start(&self, f: u64) -> u64 {
+        f.saturating_mul(self.epoch_ns)
+    }
+
+    /// Global index of position 0 of epoch `f`.
+    pub fn first_slot(&self, f: u64) -> u64 {
+        f.saturating_mul(self.slots_per_epoch)
+    }
+
+    /// The epoch holding slot `k`.
+    pub fn epoch_of_slot(&self, k: u64) -> u64 {
+        k / self.slots_per_epoch
+    }
+
+    /// The descriptor value naming this grid for rule `name` at epoch `f`:
+    /// `<name>:<T>:<L>:<f>`. Proxies whose rule differs in name or rate never
+    /// share a counter.
+    pub fn descriptor_value(&self, name: &str, f: u64) -> String {
+        format!("{name}:{}:{}:{f}", self.interval_ns, self.slots_per_epoch)
+    }
+
+    /// Whether a claim for epoch `f` may be sent at the caller's wall time
+    /// `now`: `now` is in the service's window holding the epoch's start, at
+    /// least `skew` after that window starts and `skew + timeout` before it ends.
+    ///
+    /// Why it suffices: the service's clock reads within `skew` of `now` when
+    /// the claim is sent, and an answer is used only if it comes back within
+    /// `timeout`, so every claim whose answer is used is counted inside the
+    /// window holding the epoch's start. A late claim that lands in the next
+    /// window touches a counter no used claim ever reads.
+    pub fn may_claim(&self, f: u64, now: u64, skew: u64, timeout: u64) -> bool {
+        let start = self.epoch_start(f);
+        let w = start / WINDOW_NS;
+        if now / WINDOW_NS != w {
+            return false;
+        }
+        let w_start = w * WINDOW_NS;
+        let w_end = w_start.saturating_add(WINDOW_NS);
+        now >= w_start.saturating_add(skew)
+            && now.saturating_add(skew).saturating_add(timeout) < w_end
+    }
+}
+
+/// Hour window (as the service numbers it: seconds since the Unix epoch,
+/// rounded down to the hour) holding wall time `t`.
+pub fn window_of(t: u64) -> u64 {
+    t / WINDOW_NS * 3600
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = NS_PER_MS;
+
+    #[test]
+    fn epochs_are_about_100ms_and_whole_slots() {
+        // 300/s: T = 3,333,334 ns (rounded up), L = 30, E = 100,000,020 ns.
+        let g = Grid::new(3_333_334);
+        assert_eq!((g.slots_per_epoch, g.epoch_ns), (30, 100_000_020));
+        // 500/s: T = 2 ms, L = 50, E = 100 ms exactly.
+        let g = Grid::new(2 * MS);
+        assert_eq!((g.slots_per_epoch, g.epoch_ns), (50, 100 * MS));
+        // 7/s: T = 142,857,143 ns > 100 ms: one slot per epoch.
+        let g = Grid::new(142_857_143);
+        assert_eq!((g.slots_per_epoch, g.epoch_ns), (1, 142_857_143));
+        // 15/s: T = 66,666,667 ns: L = 2, E = 133,333,334 ns (in [100, 200) ms).
+        let g = Grid::new(66_666_667);
+        assert_eq!((g.slots_per_epoch, g.epoch_ns), (2, 133_333_334));
+        // 1,000,000/s: L = 100,000.
+        assert_eq!(Grid::new(1000).slots_per_epoch, 100_000);
+    }
+
+    #[test]
+    fn slots_and_epochs_line_up() {
+        let g = Grid::new(2 * MS);
+        let now = 1_795_467_600_123 * MS; // a wall-clock time in ns
+        let f = g.epoch_of(now);
+        assert_eq!(f, 17_954_676_001);
+        assert_eq!(g.epoch_start(f), 1_795_467_600_100 * MS);
+        assert_eq!(g.first_slot(f), f * 50);
+        assert_eq!(g.slot_time(g.first_slot(f)), g.epoch_start(f));
+        assert_eq!(g.slot_at_or_after(now), 897_733_800_062); // 123 ms -> slot 62 (124 ms)
+        assert_eq!(g.slot_at_or_after(now - MS), g.slot_at_or_after(now) - 1);
+        assert_eq!(g.epoch_of_slot(g.first_slot(f) + 49), f);
+        assert_eq!(g.epoch_of_slot(g.first_slot(f) + 50), f + 1);
+        assert_eq!(
+            g.descriptor_value("orders", f),
+            "orders:2000000:50:17954676001"
+        );
+    }
+
+    #[test]
+    fn claims_stay_clear_of_the_hour_boundary() {
+        let g = Grid::new(2 * MS);
+        let h = 1_795_467_600 * NS_PER_S; // an hour boundary
+        let (skew, timeout) = (100 * MS, 50 * MS);
+        let f_before = g.epoch_of(h - MS); // the last epoch starting before h
+        let f_after = g.epoch_of(h); // the first epoch of the new hour
+        assert_eq!(g.epoch_start(f_after), h);
+        // An epoch before the boundary: claimable until h - skew - timeout (exclusive).
+        assert!(g.may_claim(f_before, h - 151 * MS, skew, timeout));
+        assert!(!g.may_claim(f_before, h - 150 * MS, skew, timeout));
+        assert!(!g.may_claim(f_before, h + 200 * MS, skew, timeout));
+        // The first epochs after it: only from h + skew on, never from the old hour.
+        assert!(!g.may_claim(f_after, h - 300 * MS, skew, timeout));
+        assert!(!g.may_claim(f_after, h + 99 * MS, skew, timeout));
+        assert!(g.may_claim(f_after, h + 100 * MS, skew, timeout));
+        assert_eq!(window_of(h - 1), 1_795_464_000);
+        assert_eq!(window_of(h), 1_795_467_600);
+    }
+}

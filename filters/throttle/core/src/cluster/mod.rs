@@ -1,0 +1,100 @@
+//! Cluster scope: one rate across many Envoy processes, through
+//! envoyproxy/ratelimit + Redis used as an atomic fetch-and-add
+//! (engine/README.md). Pure: no host calls; wall-clock time comes in as
+//! nanoseconds since the Unix epoch.
+//!
+//! * [`grid`]: the slot grid every proxy computes alike, and the hourly guard.
+//! * [`wire`]: the `POST /json` body and the strict reading of answers.
+//! * [`caller`]: the calling VM — what to claim, when, what an answer grants,
+//!   fallback and return.
+//! * [`grants`]: owned slots in shared data — the grants blob
+//!   ([`SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
+//! * [`sim`]: an in-memory engine that models the service (window suffix
+//!   included) and simulated proxies, for tests and the simulation driver.
+//!
+//! How the glue uses it (the order matters):
+//!
+//! 1. On configure: one [`Caller`] in the VM that makes the calls (built from
+//!    the rules with [`rule_spec`]); per rule, shared data for the grants blob,
+//!    the cursor, the waiting count and the fallback schedule's TAT.
+//! 2. On that VM's tick (every ~10 ms): read [`RuleFacts`] (the taken counter
+//!    metric and the waiting count), call [`Caller::tick`]; send the returned
+//!    [`Call`] with `dispatch_http_call` (`POST /json`, timeout
+//!    `call.timeout_ns`) and [`publish`] every returned [`RuleUpdate`].
+//! 3. On the call's answer: [`Caller::on_answer`] with `(status, body)`, or
+//!    `Failure::Transport` / `Failure::Timeout`; [`publish`] every update.
+//! 4. Per request, on any worker: [`take`] with the rule's [`Reach`] and
+//!    `Attempt::First`. `Now`: continue; `Hold`: hold `delay_ns`; both count
+//!    as taken (metric). `Wait`: keep it in the worker's queue and retry on
+//!    tick with `Attempt::Retry { waited_ns }`, oldest first, stopping at the
+//!    first that must still wait, and only when the grants blob changed
+//!    since (its CAS token; `sim::SimProxy` does exactly this); once it has waited
+//!    `max_queue_delay`, reject it and [`add_waiting`] -1 (also when its
+//!    client goes away). `Local`: [`crate::admit`] on the rule's fallback TAT
+//!    with [`local_schedule`]. `Deny`, `Reject`, `Contention`: reject. Every
+//!    request of the rule counts as arrived (the metric [`RuleFacts`] reads).
+//! 5. Metrics per rule from [`Caller::stats`]: calls, failures, slots granted,
+//!    time in fallback ([`RuleStats::fallback_total_ns`]); slots unused =
+//!    granted - taken - the usable count [`publish`] returns.
+//!
+//! Shared data per rule (proxy-wasm shared data, written with CAS):
+//!
+//! | key (suggested) | value | written by |
+//! |---|---|---|
+//! | `throttle.cluster.<rule>.grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
+//! | `throttle.cluster.<rule>.cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
+//! | `throttle.cluster.<rule>.waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
+//! | `throttle.cluster.<rule>.local` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
+
+pub mod caller;
+pub mod grants;
+pub mod grid;
+pub mod sim;
+pub mod wire;
+
+pub use caller::{Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, MIN_CALL_INTERVAL_NS};
+pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, SharedBlob, Take};
+pub use grid::Grid;
+pub use wire::Failure;
+
+use crate::config::Rule;
+use crate::schedule::Schedule;
+use crate::NS_PER_S;
+
+/// Slowest interval cluster scope accepts (a rate of 1/s): slower grids have
+/// epochs so long that claims two epochs ahead would often cross the hour.
+pub const MAX_INTERVAL_NS: u64 = NS_PER_S;
+
+/// The calling VM's view of a validated cluster rule (None for process scope).
+pub fn rule_spec(rule: &Rule) -> Option<RuleSpec> {
+    let scope = rule.cluster?;
+    let schedule = rule.schedule?;
+    Some(RuleSpec {
+        name: rule.name.clone(),
+        grid: Grid::new(schedule.interval_ns),
+        expected_replicas: scope.expected_replicas,
+        on_engine_failure: scope.on_engine_failure,
+    })
+}
+
+/// What a cluster rule's requests may reach on the grid (None for process scope).
+pub fn rule_reach(rule: &Rule) -> Option<Reach> {
+    rule.cluster?;
+    let s = rule.schedule?;
+    let burst = s.tau_ns / s.interval_ns.max(1);
+    Some(Reach::new(
+        Grid::new(s.interval_ns),
+        burst,
+        rule.max_delay_ns,
+    ))
+}
+
+/// The process schedule of a rule in local fallback: one request every
+/// `interval_ns`, the rule's burst and max_queue_delay.
+pub fn local_schedule(reach: &Reach, interval_ns: u64) -> Schedule {
+    let burst = reach.slack_ns / reach.grid.interval_ns.max(1) - 1;
+    Schedule::new(interval_ns, burst, reach.max_delay_ns)
+}
+
+#[cfg(test)]
+mod tests;

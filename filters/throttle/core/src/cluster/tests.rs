@@ -1,0 +1,490 @@
+//! The caller against the in-memory engine (exact nanoseconds), and whole
+//! simulated worlds of proxies.
+
+use super::sim::{first_overlap, max_in_window, Net, SimProxy, World};
+use super::*;
+use crate::config::{EngineConfig, OnEngineFailure};
+use crate::{NS_PER_MS, NS_PER_S};
+
+const MS: u64 = NS_PER_MS;
+/// 2026-11-23 20:00:00 UTC + 10 min: well inside an hour.
+const T0: u64 = 1_795_467_600 * NS_PER_S + 600 * NS_PER_S;
+
+fn engine() -> EngineConfig {
+    EngineConfig {
+        cluster: "throttle_engine".into(),
+        timeout_ns: 50 * MS,
+        fallback_after_ns: 250 * MS,
+        domain: "envoy_throttle".into(),
+        max_clock_skew_ns: 100 * MS,
+    }
+}
+
+fn rule(rate_per_s: u64, failure: OnEngineFailure, replicas: u32) -> (RuleSpec, Reach) {
+    let interval = NS_PER_S.div_ceil(rate_per_s);
+    (
+        RuleSpec {
+            name: "orders".into(),
+            grid: Grid::new(interval),
+            expected_replicas: replicas,
+            on_engine_failure: failure,
+        },
+        Reach::new(Grid::new(interval), 0, 2 * NS_PER_S),
+    )
+}
+
+/// Evenly spaced arrivals of rule 0 at `per_s`, in (from, to].
+fn steady(per_s: u64) -> impl Fn(u64, u64) -> Vec<(usize, u64)> {
+    move |from, to| {
+        if per_s == 0 {
+            return Vec::new();
+        }
+        let gap = NS_PER_S / per_s;
+        let first = from / gap + 1;
+        (first..)
+            .map(|i| i * gap)
+            .take_while(|&t| t <= to)
+            .map(|t| (0, t))
+            .collect()
+    }
+}
+
+fn releases(world: &World, from: u64, to: u64) -> Vec<u64> {
+    let mut t: Vec<u64> = world
+        .proxies
+        .iter()
+        .flat_map(|p| p.releases.iter().map(|r| r.at))
+        .filter(|&t| t >= from && t < to)
+        .collect();
+    t.sort_unstable();
+    t
+}
+
+fn all_granted(world: &World) -> Vec<(u64, u64)> {
+    world
+        .proxies
+        .iter()
+        .flat_map(|p| p.granted.iter().map(|g| g.1))
+        .collect()
+}
+
+#[test]
+fn three_proxies_60_30_10_at_three_times_the_rate_share_it_exactly() {
+    let (spec, reach) = rule(300, OnEngineFailure::LocalShare, 3);
+    let proxies = (0..3)
+        .map(|_| SimProxy::new(&engine(), &[(spec.clone(), reach)], 0))
+        .collect();
+    let mut w = World::new(proxies, 50 * MS);
+    let loads = [540, 270, 90]; // 60/30/10 of 900/s = 3 x 300/s
+    let (start, end) = (T0, T0 + 12 * NS_PER_S);
+    w.run(
+        start,
+        end,
+        |p, from, to| steady(loads[p])(from, to),
+        |_, _| Net::Latency(MS),
+    );
+    assert_eq!(
+        first_overlap(&all_granted(&w)),
+        None,
+        "a slot granted twice"
+    );
+    // After 2 s of warm-up, 10 s: exactly 300/s within one epoch's slots at the ends.
+    let r = releases(&w, start + 2 * NS_PER_S, start + 12 * NS_PER_S);
+    let total = r.len() as f64 / 10.0;
+    assert!((total - 300.0).abs() <= 3.0, "total {total}/s");
+    // Every 100 ms window: at most R*W + burst + 2 = 32.
+    assert!(
+        max_in_window(&r, 100 * MS) <= 32,
+        "worst 100 ms: {}",
+        max_in_window(&r, 100 * MS)
+    );
+    let shares: Vec<usize> = w
+        .proxies
+        .iter()
+        .map(|p| {
+            p.releases
+                .iter()
+                .filter(|x| x.at >= start + 2 * NS_PER_S)
+                .count()
+        })
+        .collect();
+    for p in &w.proxies {
+        let granted: u64 = p.granted.iter().map(|g| g.1 .1 - g.1 .0).sum();
+        eprintln!("releases {} granted {granted} rejected {} timed out {} calls {} failures {} stats {:?}", p.releases.len(), p.rejected, p.timed_out, p.calls, p.failures, p.caller.stats(0));
+    }
+    eprintln!("shares {shares:?}");
+    // Calls: at most 10 per second per proxy.
+    assert!(w.proxies.iter().all(|p| p.calls <= 12 * 10 + 1));
+}
+
+// ---- the caller alone, against the in-memory engine, exact times ----------
+
+use super::sim::FakeEngine;
+
+/// 500/s: T = 2 ms, L = 50, E = 100 ms. T0 is the start of epoch E0.
+const E0: u64 = T0 / (100 * MS);
+
+fn spec500(name: &str, failure: OnEngineFailure) -> RuleSpec {
+    RuleSpec {
+        name: name.into(),
+        grid: Grid::new(2 * MS),
+        expected_replicas: 4,
+        on_engine_failure: failure,
+    }
+}
+
+/// One tick and, if a call is due, its exchange with the engine (answered at once).
+fn exchange(
+    eng: &mut FakeEngine,
+    c: &mut Caller,
+    now: u64,
+    facts: &[RuleFacts],
+) -> (bool, Vec<RuleUpdate>) {
+    let (call, mut updates) = c.tick(now, facts);
+    let Some(call) = call else {
+        return (false, updates);
+    };
+    assert_eq!(call.timeout_ns, 50 * MS);
+    let (status, body) = eng.handle(&call.body, now);
+    updates.extend(c.on_answer(now + MS, Ok((status, &body))));
+    (true, updates)
+}
+
+fn ranges(updates: &[RuleUpdate]) -> Vec<(u64, u64)> {
+    updates.iter().flat_map(|u| u.ranges.clone()).collect()
+}
+
+#[test]
+fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let waiting = [RuleFacts {
+        arrived_total: 2,
+        waiting: 2,
+    }];
+    let (call, updates) = c.tick(T0, &waiting);
+    assert!(updates.is_empty());
+    let body = String::from_utf8(call.unwrap().body).unwrap();
+    let v = |f: u64| format!("orders:2000000:50:{f}");
+    let d = |key: &str, f: u64, hits: u64| {
+        format!(
+            r#"{{"entries":[{{"key":"{key}","value":"{}"}}],"hitsAddend":"{hits}"}}"#,
+            v(f)
+        )
+    };
+    // Look at the demand total of e-1 (complete: lag = 1 + ceil(150 ms / 100 ms)
+    // = 3 epochs), at e+1's proxies, take 3 leftovers of e+1 (1 arrival per
+    // epoch at least, plus 2 waiting), add itself and its demand to e+2. No
+    // share yet: it had no place in an earlier demand total.
+    assert_eq!(
+        body,
+        format!(
+            r#"{{"descriptors":[{},{},{},{},{}],"domain":"envoy_throttle"}}"#,
+            d("throttle_demand", E0 - 1, 0),
+            d("throttle_members", E0 + 1, 0),
+            d("throttle_slots", E0 + 1, 3),
+            d("throttle_members", E0 + 2, 1),
+            d("throttle_demand", E0 + 2, 1),
+        )
+    );
+    // Nothing more this epoch, and never two calls in flight.
+    assert_eq!(c.tick(T0 + 10 * MS, &waiting).0, None);
+}
+
+#[test]
+fn answers_grant_exact_positions_and_a_second_proxy_gets_the_next_ones() {
+    let mut eng = FakeEngine::default();
+    let facts = [RuleFacts {
+        arrived_total: 0,
+        waiting: 3,
+    }];
+    let mut a = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let mut b = a.clone();
+    let (_, ua) = exchange(&mut eng, &mut a, T0, &facts);
+    let (_, ub) = exchange(&mut eng, &mut b, T0 + 2 * MS, &facts);
+    let first = (E0 + 1) * 50; // slot 0 of epoch e+1
+                               // Each needs 4: 3 waiting plus at least one arrival per epoch.
+    assert_eq!(ranges(&ua), vec![(first, first + 4)]);
+    assert_eq!(ranges(&ub), vec![(first + 4, first + 8)]);
+    assert_eq!(ua[0].mode, Mode::Grid);
+    assert_eq!(
+        a.stats(0).map(|s| (s.calls, s.granted, s.members)),
+        Some((1, 4, 1))
+    );
+}
+
+#[test]
+fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
+    // Two proxies, 30 and 10 arrivals per epoch, calling once per epoch.
+    let mut eng = FakeEngine::default();
+    let mut a = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let mut b = a.clone();
+    let mut granted: Vec<(u64, u64, u64)> = Vec::new(); // (epoch, a's, b's)
+    for k in 0..10u64 {
+        // Calls drift a little later each epoch (at least 100 ms apart).
+        let now = T0 + k * 104 * MS;
+        let fa = [RuleFacts {
+            arrived_total: 30 * k,
+            waiting: 0,
+        }];
+        let fb = [RuleFacts {
+            arrived_total: 10 * k,
+            waiting: 0,
+        }];
+        // b calls first in even epochs, a first in odd ones.
+        let (ua, ub) = if k % 2 == 0 {
+            let ub = exchange(&mut eng, &mut b, now + MS, &fb).1;
+            (exchange(&mut eng, &mut a, now + 3 * MS, &fa).1, ub)
+        } else {
+            let ua = exchange(&mut eng, &mut a, now + MS, &fa).1;
+            (ua, exchange(&mut eng, &mut b, now + 3 * MS, &fb).1)
+        };
+        let n = |u: &[RuleUpdate], f: u64| -> u64 {
+            ranges(u)
+                .iter()
+                .filter(|r| r.0 / 50 == f)
+                .map(|r| r.1 - r.0)
+                .sum()
+        };
+        granted.push((E0 + k + 2, n(&ua, E0 + k + 2), n(&ub, E0 + k + 2)));
+    }
+    // Arrivals are measured from k = 1, so demand(E0+3) is the first with
+    // both; shares of e+2 come from demand(e-2): from k = 5 (epoch E0+7) on.
+    // 50*30/40 = 37.5 -> a's place [0, 30) or [10, 40) decides the rounding.
+    let shares: Vec<(u64, u64)> = granted.iter().skip(5).map(|&(_, x, y)| (x, y)).collect();
+    for &(x, y) in &shares {
+        assert_eq!(x + y, 50, "{shares:?}");
+        assert!((37..=38).contains(&x), "{shares:?}");
+    }
+}
+
+#[test]
+fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_returns() {
+    let mut eng = FakeEngine::default();
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let facts = [RuleFacts {
+        arrived_total: 0,
+        waiting: 1,
+    }];
+    exchange(&mut eng, &mut c, T0, &facts);
+    assert_eq!(c.stats(0).map(|s| s.members), Some(1));
+    // The engine goes away: a transport error at +100 ms...
+    let (call, _) = c.tick(T0 + 100 * MS, &facts);
+    assert!(call.is_some());
+    assert!(c
+        .on_answer(T0 + 101 * MS, Err(Failure::Transport))
+        .is_empty());
+    // ...a timeout at +251 ms (answer 51 ms after the call: too late)...
+    let (call, _) = c.tick(T0 + 200 * MS, &facts);
+    let (status, body) = eng.handle(&call.unwrap().body, T0 + 200 * MS);
+    assert!(c.on_answer(T0 + 251 * MS, Ok((status, &body))).is_empty());
+    assert_eq!(c.mode(0), Some(Mode::Grid));
+    // ...and another transport error at +350 ms: still within 250 ms of the first.
+    let (call, updates) = c.tick(T0 + 300 * MS, &facts);
+    assert!(call.is_some() && updates.is_empty());
+    assert!(c
+        .on_answer(T0 + 350 * MS, Err(Failure::Transport))
+        .is_empty());
+    // 250 ms after the first failure (+351 ms), on the tick: local pacing at
+    // rate / expected_replicas (4), more than the 1 proxy the engine counted.
+    let (_, updates) = c.tick(T0 + 351 * MS, &facts);
+    assert_eq!(
+        updates,
+        vec![RuleUpdate {
+            rule: 0,
+            mode: Mode::Local {
+                interval_ns: 8 * MS
+            },
+            grant_rate_per_s: 0,
+            ranges: vec![]
+        }]
+    );
+    // Calls go on (one per epoch) and the first good answer returns it to the grid.
+    let (_, updates) = exchange(&mut eng, &mut c, T0 + 400 * MS, &facts);
+    assert_eq!(updates.first().map(|u| u.mode), Some(Mode::Grid));
+    let s = c.stats(0).unwrap();
+    assert_eq!(
+        (s.fallback_since, s.fallback_ns, s.failures, s.calls),
+        (None, 50 * MS, 3, 5)
+    );
+}
+
+#[test]
+fn local_share_divides_by_expected_replicas_until_the_engine_has_counted_proxies() {
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let facts = [RuleFacts {
+        arrived_total: 0,
+        waiting: 1,
+    }];
+    c.tick(T0, &facts);
+    c.on_answer(T0 + MS, Err(Failure::Transport));
+    let (_, updates) = c.tick(T0 + 251 * MS, &facts);
+    assert_eq!(
+        updates[0].mode,
+        Mode::Local {
+            interval_ns: 4 * 2 * MS
+        },
+        "expected_replicas = 4"
+    );
+    for (failure, mode) in [
+        (OnEngineFailure::Deny, Mode::Deny),
+        (
+            OnEngineFailure::LocalFull,
+            Mode::Local {
+                interval_ns: 2 * MS,
+            },
+        ),
+    ] {
+        let mut c = Caller::new(&engine(), vec![spec500("orders", failure)]);
+        c.tick(T0, &facts);
+        c.on_answer(T0 + MS, Err(Failure::Status(400)));
+        assert_eq!(c.tick(T0 + 251 * MS, &facts).1[0].mode, mode);
+    }
+}
+
+#[test]
+fn lost_counters_and_nonsense_grant_nothing() {
+    let mut eng = FakeEngine::default();
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let facts = [RuleFacts {
+        arrived_total: 0,
+        waiting: 5,
+    }];
+    exchange(&mut eng, &mut c, T0, &facts);
+    // Redis restarts: the counters this proxy added to read 0 again.
+    eng.lose_counters();
+    let (_, updates) = exchange(&mut eng, &mut c, T0 + 100 * MS, &facts);
+    assert!(ranges(&updates).is_empty());
+    assert_eq!(c.stats(0).map(|s| s.failures), Some(1));
+    // Garbage, a wrong count: failures too.
+    for body in [&b"<html>"[..], br#"{"overallCode":"OK","statuses":[]}"#] {
+        let (call, _) = c.tick(
+            T0 + 200 * MS + u64::from(body.len() as u8) * 100 * MS,
+            &facts,
+        );
+        assert!(call.is_some());
+        assert!(c
+            .on_answer(T0 + 201 * MS, Ok((200, body)))
+            .iter()
+            .all(|u| u.ranges.is_empty()));
+    }
+    assert_eq!(c.stats(0).map(|s| s.failures), Some(3));
+}
+
+#[test]
+fn no_claim_lands_near_the_services_hour_boundary() {
+    let h = 1_795_471_200 * NS_PER_S; // an hour boundary (T0's hour + 1)
+    let mut eng = FakeEngine::default();
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let mut claimed: Vec<(u64, u64)> = Vec::new(); // (sent at, epoch claimed)
+    let mut t = h - 2 * NS_PER_S;
+    while t < h + 2 * NS_PER_S {
+        let facts = [RuleFacts {
+            arrived_total: t / (10 * MS),
+            waiting: 1,
+        }];
+        let (call, _) = c.tick(t, &facts);
+        if let Some(call) = call {
+            let body = String::from_utf8(call.body.clone()).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            for d in v["descriptors"].as_array().unwrap() {
+                let value = d["entries"][0]["value"].as_str().unwrap();
+                let f: u64 = value.rsplit(':').next().unwrap().parse().unwrap();
+                claimed.push((t, f));
+            }
+            let (status, answer) = eng.handle(&call.body, t);
+            c.on_answer(t + MS, Ok((status, &answer)));
+        }
+        t += 5 * MS;
+    }
+    let g = Grid::new(2 * MS);
+    for &(sent, f) in &claimed {
+        let start = g.epoch_start(f);
+        // Same hour as the epoch's start, and clear of its edges.
+        assert_eq!(
+            sent / grid::WINDOW_NS,
+            start / grid::WINDOW_NS,
+            "epoch {f} claimed at {sent}"
+        );
+        assert!(
+            sent < h - 150 * MS || sent >= h + 100 * MS,
+            "claim at {}",
+            sent as i64 - h as i64
+        );
+    }
+    // Claims resume right after the guard.
+    assert!(claimed
+        .iter()
+        .any(|&(sent, _)| sent >= h + 100 * MS && sent < h + 200 * MS));
+}
+
+#[test]
+fn calls_are_at_most_ten_per_second_whatever_the_rules() {
+    let rates = [1_000_000u64, 500, 300, 7, 15, 1];
+    let specs: Vec<RuleSpec> = rates
+        .iter()
+        .enumerate()
+        .map(|(i, r)| RuleSpec {
+            name: format!("r{i}"),
+            grid: Grid::new(NS_PER_S.div_ceil(*r)),
+            expected_replicas: 1,
+            on_engine_failure: OnEngineFailure::LocalShare,
+        })
+        .collect();
+    let mut eng = FakeEngine::default();
+    let mut c = Caller::new(&engine(), specs);
+    let mut sent = Vec::new();
+    let mut t = T0;
+    while t < T0 + 10 * NS_PER_S {
+        let facts: Vec<RuleFacts> = rates
+            .iter()
+            .map(|_| RuleFacts {
+                arrived_total: t / MS,
+                waiting: 10,
+            })
+            .collect();
+        if exchange(&mut eng, &mut c, t, &facts).0 {
+            sent.push(t);
+        }
+        t += MS;
+    }
+    assert!(sent.windows(2).all(|w| w[1] - w[0] >= MIN_CALL_INTERVAL_NS));
+    assert!(sent.len() <= 100, "{} calls in 10 s", sent.len());
+    assert!(sent.len() >= 95, "{} calls in 10 s", sent.len());
+}
+
+#[test]
+fn a_phase_spreads_calls_over_the_first_half_of_the_epoch() {
+    let facts = [RuleFacts {
+        arrived_total: 0,
+        waiting: 1,
+    }];
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    )
+    .with_phase(500);
+    // Half of half an epoch (100 ms): not before 25 ms into the epoch.
+    assert_eq!(c.tick(T0 + 24 * MS, &facts).0, None);
+    assert!(c.tick(T0 + 25 * MS, &facts).0.is_some());
+}

@@ -1,0 +1,295 @@
+//! The `POST /json` exchange with envoyproxy/ratelimit (proto3 JSON of
+//! `RateLimitRequest` / `RateLimitResponse`): the body the filter sends and
+//! the strict reading of the answer. Anything unexpected is a [`Failure`],
+//! never a guess. The tests use answers captured from the real service
+//! (`testdata/`).
+
+use serde_json::{json, Value};
+
+/// The three counter families of engine/config/throttle.yaml.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `throttle_slots`: positions claimed on one epoch of one rule's grid.
+    Slots,
+    /// `throttle_members`: proxies with demand for one rule in one epoch.
+    Members,
+    /// `throttle_demand`: their demand (arrivals per epoch) added up.
+    Demand,
+}
+
+impl Family {
+    /// The descriptor key in the service configuration.
+    pub fn key(self) -> &'static str {
+        match self {
+            Family::Slots => "throttle_slots",
+            Family::Members => "throttle_members",
+            Family::Demand => "throttle_demand",
+        }
+    }
+}
+
+/// One descriptor of a call: add `hits` (0: only look) to one counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptor {
+    pub family: Family,
+    /// `<rule>:<T>:<L>:<epoch>` (see [`super::Grid::descriptor_value`]).
+    pub value: String,
+    pub hits: u64,
+}
+
+/// The request body: every descriptor carries its own `hitsAddend`, also 0
+/// (a per-descriptor 0 looks without adding; unset would add 1).
+pub fn request_body(domain: &str, descriptors: &[Descriptor]) -> Vec<u8> {
+    let ds: Vec<Value> = descriptors
+        .iter()
+        .map(|d| {
+            json!({"entries": [{"key": d.family.key(), "value": d.value}],
+                   "hitsAddend": d.hits.to_string()})
+        })
+        .collect();
+    json!({"domain": domain, "descriptors": ds})
+        .to_string()
+        .into_bytes()
+}
+
+/// One descriptor's answer: the counter after the add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    /// The counter after this descriptor's add (`limit - limit_remaining`).
+    pub after: u64,
+    /// Seconds until the service's window ends (`duration_until_reset`).
+    pub reset_s: u64,
+}
+
+/// Why a call gave nothing usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// No answer: connection refused or reset, no healthy host, cluster missing.
+    Transport,
+    /// No answer within `engine.timeout`.
+    Timeout,
+    /// An HTTP status other than 200 (400: Redis down or bad request; 429: a
+    /// counter over the limit; 500: the service failed).
+    Status(u16),
+    /// A 200 that does not make sense for our counters.
+    Nonsense(String),
+}
+
+impl Failure {
+    /// A short label for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Failure::Transport => "transport",
+            Failure::Timeout => "timeout",
+            Failure::Status(_) => "status",
+            Failure::Nonsense(_) => "nonsense",
+        }
+    }
+}
+
+fn nonsense(why: impl Into<String>) -> Failure {
+    Failure::Nonsense(why.into())
+}
+
+/// Reads an answer to a call of `sent` descriptors. Every status must be OK
+/// with our hourly limit, and `limit_remaining` (0 when absent: proto3 JSON
+/// omits zeros) must leave room for this descriptor's own add.
+pub fn parse_answer(
+    http_status: u16,
+    body: &[u8],
+    sent: &[Descriptor],
+) -> Result<Vec<Counted>, Failure> {
+    if http_status != 200 {
+        return Err(Failure::Status(http_status));
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| nonsense(format!("not JSON: {e}")))?;
+    if v.get("overallCode").and_then(Value::as_str) != Some("OK") {
+        return Err(nonsense(format!(
+            "overallCode is {}",
+            v.get("overallCode")
+                .map_or("missing".into(), Value::to_string)
+        )));
+    }
+    let statuses = v
+        .get("statuses")
+        .and_then(Value::as_array)
+        .ok_or_else(|| nonsense("no statuses"))?;
+    if statuses.len() != sent.len() {
+        return Err(nonsense(format!(
+            "{} statuses for {} descriptors",
+            statuses.len(),
+            sent.len()
+        )));
+    }
+    statuses
+        .iter()
+        .zip(sent)
+        .enumerate()
+        .map(|(i, (s, d))| {
+            counted(s, d.hits).map_err(|why| nonsense(format!("statuses[{i}]: {why}")))
+        })
+        .collect()
+}
+
+fn counted(s: &Value, hits: u64) -> Result<Counted, String> {
+    let code = s.get("code").and_then(Value::as_str).unwrap_or("missing");
+    if code != "OK" {
+        return Err(format!("code {code}"));
+    }
+    let limit = s.get("currentLimit").ok_or(
+        "no currentLimit: the descriptor matches no limit (domain or service configuration?)",
+    )?;
+    if limit.get("unit").and_then(Value::as_str) != Some("HOUR") {
+        return Err(format!(
+            "unit {} (the configuration must use unit: hour)",
+            limit.get("unit").map_or("missing".into(), Value::to_string)
+        ));
+    }
+    let per_unit = limit
+        .get("requestsPerUnit")
+        .and_then(Value::as_u64)
+        .ok_or("no requestsPerUnit")?;
+    if per_unit < MIN_LIMIT {
+        return Err(format!(
+            "requestsPerUnit {per_unit} is too small to be a counter (at least {MIN_LIMIT})"
+        ));
+    }
+    let remaining = match s.get("limitRemaining") {
+        None => 0,
+        Some(r) => r.as_u64().ok_or("limitRemaining is not a number")?,
+    };
+    if remaining > per_unit {
+        return Err(format!(
+            "limitRemaining {remaining} above the limit {per_unit}"
+        ));
+    }
+    let after = per_unit - remaining;
+    if after < hits {
+        return Err(format!(
+            "counter {after} below this call's own add of {hits}"
+        ));
+    }
+    let reset_s = s
+        .get("durationUntilReset")
+        .and_then(Value::as_str)
+        .and_then(|d| d.strip_suffix('s'))
+        .and_then(|d| d.parse::<u64>().ok())
+        .ok_or("no durationUntilReset")?;
+    if reset_s > 3600 {
+        return Err(format!("durationUntilReset {reset_s}s longer than an hour"));
+    }
+    Ok(Counted { after, reset_s })
+}
+
+/// Smallest `requests_per_unit` accepted as "never reached" (the shipped
+/// configuration uses 4,000,000,000; the field is a uint32).
+pub const MIN_LIMIT: u64 = 1 << 31;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(family: Family, value: &str, hits: u64) -> Descriptor {
+        Descriptor {
+            family,
+            value: value.into(),
+            hits,
+        }
+    }
+
+    /// The four descriptors of testdata/ok.json, in order.
+    fn sent() -> Vec<Descriptor> {
+        vec![
+            d(Family::Members, "orders:3333334:30:7", 1),
+            d(Family::Members, "orders:3333334:30:6", 0),
+            d(Family::Slots, "orders:3333334:30:7", 10),
+            d(Family::Slots, "orders:3333334:30:6", 4),
+        ]
+    }
+
+    #[test]
+    fn the_request_body_sets_every_hits_addend() {
+        let body = request_body("envoy_throttle", &sent()[1..3]);
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            r#"{"descriptors":[{"entries":[{"key":"throttle_members","value":"orders:3333334:30:6"}],"hitsAddend":"0"},{"entries":[{"key":"throttle_slots","value":"orders:3333334:30:7"}],"hitsAddend":"10"}],"domain":"envoy_throttle"}"#
+        );
+    }
+
+    #[test]
+    fn a_real_answer_reveals_each_counter() {
+        let got = parse_answer(200, include_bytes!("testdata/ok.json"), &sent()).unwrap();
+        let after: Vec<u64> = got.iter().map(|c| c.after).collect();
+        assert_eq!(after, vec![1, 0, 10, 4]);
+        assert!(got.iter().all(|c| c.reset_s == 2743));
+    }
+
+    #[test]
+    fn a_real_over_limit_answer_is_a_429() {
+        let body = include_bytes!("testdata/over_limit.json");
+        let sent = &sent()[..2];
+        assert_eq!(parse_answer(429, body, sent), Err(Failure::Status(429)));
+        // Even if a proxy in between turned it into a 200, it is refused.
+        assert_eq!(
+            parse_answer(200, body, sent),
+            Err(Failure::Nonsense("overallCode is \"OVER_LIMIT\"".into()))
+        );
+    }
+
+    #[test]
+    fn a_real_answer_without_a_limit_is_nonsense() {
+        // What the service answers for a domain or key it has no limit for.
+        let e = parse_answer(200, include_bytes!("testdata/no_limit.json"), &sent()[..1]);
+        assert_eq!(
+            e,
+            Err(Failure::Nonsense(
+                "statuses[0]: no currentLimit: the descriptor matches no limit (domain or service configuration?)".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn nonsense_is_named() {
+        let one = &sent()[2..3]; // adds 10
+        let ok = |extra: &str| {
+            format!(
+                r#"{{"overallCode":"OK","statuses":[{{"code":"OK","currentLimit":{{"requestsPerUnit":4000000000,"unit":"HOUR"}},"durationUntilReset":"60s"{extra}}}]}}"#
+            )
+        };
+        let cases: Vec<(String, &str)> = vec![
+            ("<html>".into(), "not JSON: expected value at line 1 column 1"),
+            ("".into(), "not JSON: EOF while parsing a value at line 1 column 0"),
+            (r#"{"overallCode":"OK"}"#.into(), "no statuses"),
+            (r#"{"overallCode":"OK","statuses":[]}"#.into(), "0 statuses for 1 descriptors"),
+            (ok(r#","limitRemaining":4000000005"#), "statuses[0]: limitRemaining 4000000005 above the limit 4000000000"),
+            (ok(r#","limitRemaining":3999999995"#), "statuses[0]: counter 5 below this call's own add of 10"),
+            (ok(r#","limitRemaining":"x""#), "statuses[0]: limitRemaining is not a number"),
+            (
+                ok(r#","limitRemaining":1"#).replace("HOUR", "MINUTE"),
+                "statuses[0]: unit \"MINUTE\" (the configuration must use unit: hour)",
+            ),
+            (
+                ok(r#","limitRemaining":1"#).replace("4000000000", "100"),
+                "statuses[0]: requestsPerUnit 100 is too small to be a counter (at least 2147483648)",
+            ),
+            (
+                ok(r#","limitRemaining":1"#).replace("\"60s\"", "\"7200s\""),
+                "statuses[0]: durationUntilReset 7200s longer than an hour",
+            ),
+        ];
+        for (body, why) in cases {
+            let got = parse_answer(200, body.as_bytes(), one);
+            assert_eq!(got, Err(Failure::Nonsense(why.into())), "{body}");
+        }
+        // A missing limitRemaining is 0 (proto3 JSON omits zeros): the counter sits at the limit.
+        assert_eq!(
+            parse_answer(200, ok("").as_bytes(), one).map(|c| c[0].after),
+            Ok(4_000_000_000)
+        );
+        assert_eq!(parse_answer(500, b"", one), Err(Failure::Status(500)));
+        assert_eq!(
+            parse_answer(400, b"Bad Request", one),
+            Err(Failure::Status(400))
+        );
+    }
+}

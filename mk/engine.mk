@@ -1,0 +1,22 @@
+# Cluster scope's engine (issue 12): Redis + envoyproxy/ratelimit on loopback,
+# the facts the design relies on, and the many-proxy simulation.
+# See engine/README.md.
+.PHONY: setup-engine engine engine-test cluster-sim cluster-sim-quick
+
+setup-engine: ## Install Redis (apt) and envoyproxy/ratelimit (go install) for cluster scope
+	@bash tools/setup-engine.sh
+
+# The integration tests (tests/engine) start the real engine.
+integration: setup-engine
+
+engine: setup setup-engine ## Run Redis + the rate limit service on loopback; prints the Envoy cluster (Ctrl-C stops)
+	$(PY) -m harness.engine
+
+engine-test: setup setup-engine ## Facts about the rate limit service, against the real one
+	$(PY) -m pytest tests/engine -v
+
+cluster-sim: setup setup-engine ## Many simulated proxies vs the real engine (and the in-memory one): perf/cluster-sim/results/latest.md (~3 min)
+	$(PY) -m perf.cluster_sim
+
+cluster-sim-quick: setup setup-engine ## The same, two short runs (~40 s)
+	$(PY) -m perf.cluster_sim --quick --out perf/cluster-sim/results/quick

@@ -1,0 +1,148 @@
+"""Cluster scope beyond this machine, by simulation (`make cluster-sim`).
+
+Runs perf/cluster-sim (the core's own cluster code for N proxies, in real
+time) against the real Redis + rate limit service started by harness.engine,
+and against the core's in-memory engine where the real one cannot keep up on
+2 cores. Reads Redis's own counters (INFO stats / commandstats) and the CPU
+time of Redis and the service around each run. Writes
+perf/cluster-sim/results/latest.json and latest.md.
+
+    python -m perf.cluster_sim            # the standard set (~2.5 min)
+    python -m perf.cluster_sim --quick    # two short runs (~30 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.engine import Engine
+from harness.procs import ROOT
+
+CRATE = ROOT / "perf" / "cluster-sim"
+TARGET = ROOT / "target" / "cluster-sim"
+BINARY = TARGET / "release" / "cluster-sim"
+RESULTS = CRATE / "results"
+
+# (engine, proxies, rate/s, seconds measured): uneven demand, 1.5 x the rate offered.
+STANDARD = [
+    ("real", 50, 2000, 10),
+    ("real", 200, 2000, 10),
+    ("real", 200, 20000, 10),
+    ("real", 400, 20000, 10),
+    ("fake", 200, 20000, 10),
+    ("fake", 1000, 20000, 10),
+]
+QUICK = [("real", 50, 2000, 4), ("fake", 200, 20000, 4)]
+
+
+def build() -> None:
+    subprocess.run(["cargo", "build", "-q", "--release", "--manifest-path", str(CRATE / "Cargo.toml")],
+                   check=True, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
+
+
+def run_one(kind: str, proxies: int, rate: int, seconds: int, engine: Engine | None) -> dict[str, Any]:
+    cmd = [str(BINARY), "--proxies", str(proxies), "--rate", str(rate), "--seconds", str(seconds),
+           "--warmup", "2", "--offered", "1.5", "--threads", "16"]
+    cmd += ["--url", f"127.0.0.1:{engine.port}"] if engine is not None and kind == "real" else ["--fake"]
+    before: dict[str, int] = {}
+    cpu0: dict[str, float] = {}
+    if engine is not None and kind == "real":
+        before = engine.redis_stats()
+        cpu0 = engine.cpu_seconds()
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=True)
+    wall = time.monotonic() - t0
+    result: dict[str, Any] = json.loads(out.stdout)
+    if engine is not None and kind == "real":
+        after = engine.redis_stats()
+        result["redis_ops_per_s"] = (after["total_commands_processed"] - before["total_commands_processed"]) / wall
+        result["redis_incrby_per_s"] = (after["incrby"] - before["incrby"]) / wall
+        cpu1 = engine.cpu_seconds()
+        result["cpu_pct"] = {k: (cpu1[k] - cpu0[k]) / wall * 100 for k in cpu0}
+    else:
+        result["redis_ops_per_s"] = result["fake_engine_redis_commands"] / result["wall_seconds"]
+    return result
+
+
+PROBE_THREADS = [1, 4, 16]
+
+
+def probe(engine: Engine, threads: int, seconds: int) -> dict[str, Any]:
+    """The service's capacity alone: `threads` clients calling back to back."""
+    cpu0 = engine.cpu_seconds()
+    out = subprocess.run([str(BINARY), "--probe", "--url", f"127.0.0.1:{engine.port}", "--threads", str(threads),
+                          "--seconds", str(seconds)], capture_output=True, text=True, timeout=seconds + 30, check=True)
+    r: dict[str, Any] = json.loads(out.stdout)
+    cpu1 = engine.cpu_seconds()
+    r["cpu_pct"] = {k: (cpu1[k] - cpu0[k]) / seconds * 100 for k in cpu0}
+    return r
+
+
+def probe_table(probes: list[dict[str, Any]]) -> str:
+    head = "| clients | calls/s | p50 ms | p90 ms | p99 ms | errors | CPU ratelimit / redis |\n|---|---|---|---|---|---|---|\n"
+    rows = [f"| {p['threads']} | {p['calls_per_s']:,.0f} | {p['call_ms']['p50']:.2f} | {p['call_ms']['p90']:.2f} "
+            f"| {p['call_ms']['p99']:.2f} | {p['errors']} | {p['cpu_pct']['ratelimit']:.0f}% / {p['cpu_pct']['redis']:.0f}% |"
+            for p in probes]
+    return head + "\n".join(rows) + "\n"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = ("| engine | proxies | rate/s | released/s | error | worst 100 ms (bound) | worst 1 s (bound) "
+            "| calls/proxy/s | engine calls/s | call p50 / p99 ms | failed calls | fallback proxy-s "
+            "| Redis ops/s | CPU ratelimit / redis |\n|" + "---|" * 14 + "\n")
+    rows = []
+    for r in results:
+        cpu = r.get("cpu_pct")
+        cpu_text = f"{cpu['ratelimit']:.0f}% / {cpu['redis']:.0f}%" if cpu else "—"
+        rows.append(
+            f"| {r['engine']} | {r['proxies']} | {r['rate']:,} | {r['released_per_s']:,.1f} | {r['rate_error_pct']:+.2f}% "
+            f"| {r['worst_100ms']} ({r['bound_100ms']}; grid only {r['worst_100ms_grid_only']}) "
+            f"| {r['worst_1s']} ({r['bound_1s']}) "
+            f"| {r['calls_per_proxy_per_s']['mean']:.2f} (max {r['calls_per_proxy_per_s']['max']:.1f}) "
+            f"| {r['engine_calls_per_s']:,.0f} | {r['call_ms']['p50']:.2f} / {r['call_ms']['p99']:.2f} "
+            f"| {r['failed_calls']} | {r['fallback_proxy_seconds']:.1f} | {r['redis_ops_per_s']:,.0f} "
+            f"| {cpu_text} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m perf.cluster_sim")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    build()
+    runs = QUICK if args.quick else STANDARD
+    results: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
+    with Engine() as engine:
+        for threads in PROBE_THREADS[:1] if args.quick else PROBE_THREADS:
+            print(f"cluster-sim: service capacity, {threads} clients back to back", file=sys.stderr, flush=True)
+            probes.append(probe(engine, threads, 3 if args.quick else 5))
+            print(probe_table(probes[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        for kind, proxies, rate, seconds in runs:
+            print(f"cluster-sim: {kind} engine, {proxies} proxies, {rate}/s, {seconds} s", file=sys.stderr, flush=True)
+            r = run_one(kind, proxies, rate, seconds, engine)
+            results.append(r)
+            print(table([r]).splitlines()[-1], file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps({"probes": probes, "runs": results}, indent=2) + "\n")
+    md = ("# Cluster scope simulation (perf/cluster_sim.py)\n\n"
+          f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on this machine (2 cores, shared). "
+          "Uneven demand (proxy i weighs 1/(i+1)^0.8), 1.5 x the rate offered in total; 2 s warm-up, then the "
+          "measured window. Bound = R x W + burst + 2 (burst 0).\n\n"
+          "## The service alone (6 descriptors per call, clients calling back to back)\n\n" + probe_table(probes)
+          + "\n## Simulated proxies\n\n" + table(results))
+    (args.out / "latest.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
