@@ -18,6 +18,7 @@
     )
 )]
 
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod gate;

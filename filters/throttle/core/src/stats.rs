@@ -31,6 +31,7 @@ impl Kind {
 /// One statistic of a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stat {
+    Requests,
     Admitted,
     Queued,
     Released,
@@ -44,6 +45,12 @@ pub enum Stat {
     Held,
     InFlight,
     WaitMs,
+    SlotsTaken,
+    SlotsGranted,
+    SlotsUnused,
+    EngineCalls,
+    EngineFailures,
+    FallbackMs,
 }
 
 /// A stat's name, kind and meaning.
@@ -66,6 +73,8 @@ const fn spec(stat: Stat, name: &'static str, kind: Kind, doc: &'static str) -> 
 
 /// Every stat, in the order of [`Stat`] (tested) and of the README's table.
 pub const TABLE: [Spec; COUNT] = [
+    spec(Stat::Requests, "requests", Kind::Counter,
+        "Requests the rule applied to, whatever became of them."),
     spec(Stat::Admitted, "admitted", Kind::Counter,
         "Requests continued at once (within rate or burst, and a concurrency slot free). Under dry-run: requests that would have been continued at once."),
     spec(Stat::Queued, "queued", Kind::Counter,
@@ -92,14 +101,27 @@ pub const TABLE: [Spec; COUNT] = [
         "Concurrency mode: requests holding a slot now."),
     spec(Stat::WaitMs, "wait_ms", Kind::Histogram,
         "Time released requests were held, in milliseconds."),
+    spec(Stat::SlotsTaken, "slots_taken", Kind::Counter,
+        "Cluster scope: slots of the shared grid this proxy's requests used."),
+    spec(Stat::SlotsGranted, "slots_granted", Kind::Counter,
+        "Cluster scope: slots of the shared grid the engine granted this proxy."),
+    spec(Stat::SlotsUnused, "slots_unused", Kind::Gauge,
+        "Cluster scope: slots granted to this proxy that passed unused (granted - taken - still usable)."),
+    spec(Stat::EngineCalls, "engine_calls", Kind::Counter,
+        "Cluster scope: calls to the rate limit service that carried the rule (at most 10 per second per proxy)."),
+    spec(Stat::EngineFailures, "engine_failures", Kind::Counter,
+        "Cluster scope: of those, calls that failed (transport error, non-200, timeout, or an answer that makes no sense)."),
+    spec(Stat::FallbackMs, "fallback_ms", Kind::Gauge,
+        "Cluster scope: total milliseconds the rule has spent in its `on_engine_failure` fallback (rising while in fallback)."),
 ];
 
 /// Number of stats.
-pub const COUNT: usize = 13;
+pub const COUNT: usize = 20;
 
 impl Stat {
     /// Every stat, in table order.
     pub const ALL: [Stat; COUNT] = [
+        Stat::Requests,
         Stat::Admitted,
         Stat::Queued,
         Stat::Released,
@@ -113,6 +135,12 @@ impl Stat {
         Stat::Held,
         Stat::InFlight,
         Stat::WaitMs,
+        Stat::SlotsTaken,
+        Stat::SlotsGranted,
+        Stat::SlotsUnused,
+        Stat::EngineCalls,
+        Stat::EngineFailures,
+        Stat::FallbackMs,
     ];
 
     /// The stat's entry in [`TABLE`].

@@ -10,6 +10,8 @@
 //! (`would_queue`, `would_reject`; `admitted` only for what would have been
 //! admitted), but hold and reject nothing.
 
+use crate::clock::Clock;
+use crate::cluster::{self, Attempt, Take};
 use crate::config::{Config, Rule};
 use crate::gate::{self, Enter};
 use crate::keys::{candidate_slots, KeyHasher};
@@ -18,7 +20,7 @@ use crate::ratelimit::{self, HeaderStyle};
 use crate::reply::{rejection, Reply};
 use crate::schedule::{admit, admit_keyed, admit_with_quota, Admission};
 use crate::stats::{Counts, Stat};
-use crate::store::{CellId, Store};
+use crate::store::{BlobId, CellId, Store};
 use crate::worker::Worker;
 use crate::NS_PER_MS;
 
@@ -74,6 +76,21 @@ pub struct EndDecision {
     pub tick: bool,
 }
 
+/// The outcome of the rate stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rate {
+    /// Within the rate: on to the gate (if any), or continue.
+    Go,
+    /// Hold until this monotonic time.
+    Hold(u64),
+    /// Cluster scope: wait for grants until this monotonic time at most.
+    WaitGrants(u64),
+    /// Reject now with this `retry-after`.
+    Reject(u64),
+    /// The shared state could not be updated: fail closed.
+    Contention,
+}
+
 /// What the rate stage left for the response's rate-limit headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RateSeen {
@@ -121,16 +138,16 @@ impl Stream {
     }
 
     /// The request's headers arrived: pick the rule, then admit, hold or
-    /// reject. `clock` is read once, only if a rule applies. `worker` is None
-    /// if the worker's state is busy (cannot happen in one thread, but then
-    /// nothing is held: what would be held is rejected, and a gate is not
-    /// entered).
+    /// reject. `clock` is read only if a rule applies (the wall clock only for
+    /// cluster rules). `worker` is None if the worker's state is busy (cannot
+    /// happen in one thread, but then nothing is held: what would be held is
+    /// rejected, and a gate is not entered).
     pub fn on_request<S: Store, R: Request>(
         &mut self,
         env: Env<'_, S>,
         worker: Option<&mut Worker>,
         req: &mut Facts<R>,
-        clock: impl FnOnce() -> u64,
+        clock: &mut impl Clock,
     ) -> Decision {
         let config = env.config;
         let index = if config.first_rule_takes_all() {
@@ -157,62 +174,74 @@ impl Stream {
         let can_hold = rule.dry_run || worker.as_ref().is_some_and(|w| w.held() < max_held);
         let mut worker = worker;
         let mut would = false;
-        let now = clock();
+        let now = clock.mono();
+        d.counts.inc(Stat::Requests);
 
-        if rule.schedule.is_some() {
-            match self.admit_rate(env, index, rule, req, now, can_hold) {
-                None => {}
-                Some(Admission::Now { tat }) => self.seen(tat, false),
-                Some(Admission::Hold { release_at, tat }) => {
-                    self.seen(tat, false);
-                    if rule.dry_run {
-                        would = true;
-                        d.counts.inc(Stat::WouldQueue);
-                        self.note(
-                            config,
-                            format!("queued; wait_ms={}", (release_at - now) / NS_PER_MS),
-                        );
-                    } else if let Some(w) = worker.as_deref_mut() {
-                        w.queue.hold(self.id, index, now, release_at);
-                        self.held_by(w, req);
-                        d.counts = Counts::of(&[(Stat::Queued, 1), (Stat::Held, 1)]);
-                        d.verdict = Verdict::Hold;
-                        return d;
-                    }
+        let rate = if rule.cluster.is_some() {
+            self.take_cluster(env, index, rule, clock, can_hold, &mut d.counts)
+        } else {
+            self.admit_rate(env, index, rule, req, now, can_hold)
+        };
+        match rate {
+            Rate::Go => {}
+            Rate::Hold(release_at) | Rate::WaitGrants(release_at) if rule.dry_run => {
+                would = true;
+                d.counts.inc(Stat::WouldQueue);
+                self.note(
+                    config,
+                    format!(
+                        "queued; wait_ms={}",
+                        release_at.saturating_sub(now) / NS_PER_MS
+                    ),
+                );
+            }
+            Rate::Hold(release_at) => {
+                if let Some(w) = worker.as_deref_mut() {
+                    w.queue.hold(self.id, index, now, release_at);
+                    self.held_by(w, req);
+                    d.counts.add(Stat::Queued, 1);
+                    d.counts.add(Stat::Held, 1);
+                    d.verdict = Verdict::Hold;
+                    return d;
                 }
-                Some(Admission::Reject {
-                    retry_after_s, tat, ..
-                }) => {
-                    self.seen(tat, true);
-                    if rule.dry_run {
-                        would = true;
-                        d.counts.inc(Stat::WouldReject);
-                        self.note(
-                            config,
-                            format!(
-                                "rejected; status={}; retry_after={retry_after_s}",
-                                rule.reject_status
-                            ),
-                        );
-                    } else {
-                        d.counts.inc(Stat::Rejected);
-                        d.verdict =
-                            Verdict::Reply(self.reject(config, rule, req, retry_after_s, now));
-                        return d;
-                    }
+            }
+            Rate::WaitGrants(deadline) => {
+                if let Some(w) = worker.as_deref_mut() {
+                    w.grants.wait(self.id, index, now, deadline);
+                    self.held_by(w, req);
+                    d.counts.add(Stat::Queued, 1);
+                    d.counts.add(Stat::Held, 1);
+                    d.verdict = Verdict::Hold;
+                    return d;
                 }
-                Some(Admission::Contention) => {
-                    // Fail closed: the shared schedule could not be read or updated.
-                    d.counts.inc(Stat::Contention);
-                    if rule.dry_run {
-                        would = true;
-                        d.counts.inc(Stat::WouldReject);
-                        self.note(config, "rejected; contention".into());
-                    } else {
-                        d.counts.inc(Stat::Rejected);
-                        d.verdict = Verdict::Reply(self.reject(config, rule, req, 1, now));
-                        return d;
-                    }
+            }
+            Rate::Reject(retry_after_s) if rule.dry_run => {
+                would = true;
+                d.counts.inc(Stat::WouldReject);
+                self.note(
+                    config,
+                    format!(
+                        "rejected; status={}; retry_after={retry_after_s}",
+                        rule.reject_status
+                    ),
+                );
+            }
+            Rate::Reject(retry_after_s) => {
+                d.counts.inc(Stat::Rejected);
+                d.verdict = Verdict::Reply(self.reject(config, rule, req, retry_after_s, now));
+                return d;
+            }
+            Rate::Contention => {
+                // Fail closed: the shared schedule could not be read or updated.
+                d.counts.inc(Stat::Contention);
+                if rule.dry_run {
+                    would = true;
+                    d.counts.inc(Stat::WouldReject);
+                    self.note(config, "rejected; contention".into());
+                } else {
+                    d.counts.inc(Stat::Rejected);
+                    d.verdict = Verdict::Reply(self.reject(config, rule, req, 1, now));
+                    return d;
                 }
             }
         }
@@ -291,18 +320,20 @@ impl Stream {
 
     /// Stage 1: the rule's rate schedule (per key if keyed).
     fn admit_rate<S: Store, R: Request>(
-        &self,
+        &mut self,
         env: Env<'_, S>,
         index: usize,
         rule: &Rule,
         req: &mut Facts<R>,
         now: u64,
         can_hold: bool,
-    ) -> Option<Admission> {
-        let schedule = rule.schedule.as_ref()?;
+    ) -> Rate {
+        let Some(schedule) = rule.schedule.as_ref() else {
+            return Rate::Go;
+        };
         let key = rule.key.as_ref().and_then(|k| k.extract(req));
         let store = env.store;
-        Some(match (key, &rule.quota) {
+        let admission = match (key, &rule.quota) {
             // Fairness: the shared schedule decides, each key within its quota
             // (requests without a key value count as one key).
             (key, Some(quota)) => {
@@ -337,7 +368,90 @@ impl Stream {
                 now,
                 can_hold,
             ),
-        })
+        };
+        self.rate_of(admission)
+    }
+
+    /// An admission as the rate stage's outcome (remembering the schedule
+    /// for the rate-limit headers).
+    fn rate_of(&mut self, admission: Admission) -> Rate {
+        match admission {
+            Admission::Now { tat } => {
+                self.seen(tat, false);
+                Rate::Go
+            }
+            Admission::Hold { release_at, tat } => {
+                self.seen(tat, false);
+                Rate::Hold(release_at)
+            }
+            Admission::Reject {
+                retry_after_s, tat, ..
+            } => {
+                self.seen(tat, true);
+                Rate::Reject(retry_after_s)
+            }
+            Admission::Contention => Rate::Contention,
+        }
+    }
+
+    /// Stage 1 of a cluster rule: a slot of the grid this proxy owns, or the
+    /// fallback while the engine fails. (No rate-limit headers: the grid has
+    /// no per-process schedule to report.)
+    fn take_cluster<S: Store>(
+        &mut self,
+        env: Env<'_, S>,
+        index: usize,
+        rule: &Rule,
+        clock: &mut impl Clock,
+        can_hold: bool,
+        counts: &mut Counts,
+    ) -> Rate {
+        let Some(reach) = cluster::rule_reach(rule) else {
+            return Rate::Go;
+        };
+        let store = env.store;
+        let now = clock.mono();
+        let taken = cluster::take(
+            &mut store.cell(CellId::Cursor(index)),
+            &mut store.blob(BlobId::Grants(index)),
+            &mut store.cell(CellId::Waiting(index)),
+            &reach,
+            clock.wall(),
+            can_hold,
+            Attempt::First,
+        );
+        match taken {
+            Take::Now { .. } => {
+                counts.inc(Stat::SlotsTaken);
+                Rate::Go
+            }
+            Take::Hold { delay_ns, .. } => {
+                counts.inc(Stat::SlotsTaken);
+                Rate::Hold(now.saturating_add(delay_ns))
+            }
+            Take::Wait if rule.dry_run => {
+                // A dry run never waits: its place in the waiting count goes.
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(index)), -1);
+                Rate::WaitGrants(now.saturating_add(rule.max_delay_ns))
+            }
+            Take::Wait => Rate::WaitGrants(now.saturating_add(rule.max_delay_ns)),
+            Take::Reject { retry_after_s, .. } => Rate::Reject(retry_after_s),
+            Take::Local { interval_ns } => {
+                let local = cluster::local_schedule(&reach, interval_ns);
+                let admission = admit(
+                    &mut store.cell(CellId::Fallback(index)),
+                    &local,
+                    now,
+                    can_hold,
+                );
+                let rate = self.rate_of(admission);
+                // The fallback's schedule is not the rule's: no headers from it.
+                self.rate = None;
+                rate
+            }
+            Take::Deny => Rate::Reject(1),
+            Take::Contention => Rate::Contention,
+        }
     }
 
     fn seen(&mut self, tat: u64, rejected: bool) {
@@ -415,7 +529,7 @@ impl Stream {
         let Some(rule) = env.config.rules.get(index) else {
             return out;
         };
-        if self.held && w.unhold(self.id) {
+        if self.held && w.unhold(env.store, self.id) {
             // Envoy answered it while we held it: a timeout shorter than
             // max_queue_delay (stream_idle_timeout, request_timeout, ...).
             out.counts = Counts::of(&[(Stat::TimedOut, 1), (Stat::Held, -1)]);
@@ -479,7 +593,7 @@ impl Stream {
         let mut out = EndDecision::default();
         let Some(w) = worker else { return out };
         if self.held {
-            if w.unhold(self.id) {
+            if w.unhold(env.store, self.id) {
                 out.counts = Counts::of(&[(Stat::Cancelled, 1), (Stat::Held, -1)]);
                 // Its abandoned ticket is counted at its turn, on tick.
                 out.tick = self.gated;

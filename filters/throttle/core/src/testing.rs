@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use crate::schedule::{SharedCell, StoreError};
-use crate::store::{CellId, Store};
+use crate::store::{BlobId, CellId, Store};
 
 /// One shared cell in memory; `store` fails when the token is stale.
 #[derive(Debug, Default)]
@@ -33,6 +33,7 @@ impl SharedCell for MemCell {
 #[derive(Debug, Default)]
 pub struct MemCells {
     pub cells: BTreeMap<CellId, ([u64; 2], u32)>,
+    pub blobs: BTreeMap<BlobId, (Vec<u8>, u32)>,
     next_version: u32,
     /// Every load and store fails (the host's shared data is broken).
     pub broken: bool,
@@ -79,6 +80,32 @@ impl Store for MemStore<'_> {
         c.next_version += 1;
         let version = c.next_version;
         c.cells.insert(id, (value, version));
+        Ok(true)
+    }
+
+    fn load_blob(&self, id: BlobId) -> Result<(Option<Vec<u8>>, u32), StoreError> {
+        let c = self.0.borrow();
+        if c.broken {
+            return Err(StoreError(10));
+        }
+        Ok(match c.blobs.get(&id) {
+            Some((v, version)) => (Some(v.clone()), *version),
+            None => (None, 0),
+        })
+    }
+
+    fn store_blob(&self, id: BlobId, value: &[u8], token: u32) -> Result<bool, StoreError> {
+        let mut c = self.0.borrow_mut();
+        if c.broken {
+            return Err(StoreError(10));
+        }
+        let current = c.blobs.get(&id).map_or(0, |(_, v)| *v);
+        if token != current {
+            return Ok(false);
+        }
+        c.next_version += 1;
+        let version = c.next_version;
+        c.blobs.insert(id, (value.to_vec(), version));
         Ok(true)
     }
 }

@@ -8,15 +8,63 @@
 //! its own state; the schedules and gates it consults are process-wide
 //! ([`Store`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::clock::Clock;
+use crate::cluster::{self, Attempt, Take};
 use crate::config::Config;
 use crate::gate::{self, Enter, GateWaiters, Waiter};
 use crate::queue::{Held, HeldQueue};
 use crate::reply::{rejection, Reply};
+use crate::schedule::{admit, Admission, Schedule};
 use crate::stats::{Counts, Stat};
-use crate::store::{CellId, Store};
+use crate::store::{BlobId, CellId, Store};
 use crate::NS_PER_MS;
+
+/// Requests of cluster rules waiting for grants from the engine, oldest first.
+#[derive(Debug, Default)]
+pub struct GrantWaiters {
+    /// (since, context id) -> (rule, deadline).
+    by_age: BTreeMap<(u64, u32), (usize, u64)>,
+    /// context id -> since.
+    since: HashMap<u32, u64>,
+}
+
+impl GrantWaiters {
+    pub fn len(&self) -> usize {
+        self.since.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.since.is_empty()
+    }
+
+    pub fn contains(&self, id: u32) -> bool {
+        self.since.contains_key(&id)
+    }
+
+    /// Starts waiting at `since` until `deadline`.
+    pub fn wait(&mut self, id: u32, rule: usize, since: u64, deadline: u64) {
+        if let Some(old) = self.since.insert(id, since) {
+            self.by_age.remove(&(old, id));
+        }
+        self.by_age.insert((since, id), (rule, deadline));
+    }
+
+    /// Stops waiting; returns its rule if it was waiting.
+    pub fn cancel(&mut self, id: u32) -> Option<usize> {
+        let since = self.since.remove(&id)?;
+        self.by_age.remove(&(since, id)).map(|(rule, _)| rule)
+    }
+
+    /// Every waiter, oldest first: (id, rule, since, deadline).
+    pub fn oldest_first(&self) -> Vec<(u32, usize, u64, u64)> {
+        self.by_age
+            .iter()
+            .map(|(&(since, id), &(rule, deadline))| (id, rule, since, deadline))
+            .collect()
+    }
+}
 
 /// State of one worker.
 #[derive(Debug, Default)]
@@ -29,6 +77,8 @@ pub struct Worker {
     pub in_flight: HashMap<u32, usize>,
     /// Resumed requests: context id -> milliseconds held (`x-throttle-wait-ms`).
     pub waited: HashMap<u32, u64>,
+    /// Requests of cluster rules waiting for grants from the engine.
+    pub grants: GrantWaiters,
     /// Held gRPC requests (a tick-time rejection answers them the gRPC way).
     pub grpc: HashSet<u32>,
 }
@@ -68,29 +118,37 @@ impl Worker {
         Self::default()
     }
 
-    /// Requests held now, by rate or by gate.
+    /// Requests held now, by rate, by gate or waiting for grants.
     pub fn held(&self) -> usize {
-        self.queue.len() + self.gate.len()
+        self.queue.len() + self.gate.len() + self.grants.len()
     }
 
     /// Whether `id` is held now.
     pub fn holds(&self, id: u32) -> bool {
-        self.queue.contains(id) || self.gate.contains(id)
+        self.queue.contains(id) || self.gate.contains(id) || self.grants.contains(id)
     }
 
     /// Whether anything needs the tick.
     pub fn needs_ticks(&self) -> bool {
-        !self.queue.is_empty() || self.gate.needs_ticks()
+        !self.queue.is_empty() || self.gate.needs_ticks() || !self.grants.is_empty()
     }
 
     /// Stops holding `id` (its stream ended, or Envoy answered it): removes it
-    /// from the queue or gate (an abandoned ticket is counted at its turn).
-    /// Returns whether it was held.
-    pub fn unhold(&mut self, id: u32) -> bool {
+    /// from the queue, the gate (an abandoned ticket is counted at its turn)
+    /// or the grant waiters (the rule's waiting count goes down). Returns
+    /// whether it was held.
+    pub fn unhold<S: Store>(&mut self, store: S, id: u32) -> bool {
         let from_queue = self.queue.cancel(id).is_some();
         let from_gate = self.gate.cancel(id).is_some();
+        let from_grants = match self.grants.cancel(id) {
+            Some(rule) => {
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(rule)), -1);
+                true
+            }
+            None => false,
+        };
         self.grpc.remove(&id);
-        from_queue || from_gate
+        from_queue || from_gate || from_grants
     }
 
     /// Returns `id`'s concurrency slot, if it holds one (idempotent). Returns
@@ -109,15 +167,102 @@ impl Worker {
         Some((rule, woke))
     }
 
-    /// The plan for a tick at `now`: requests whose turn came are resumed
-    /// (rules with a concurrency limit send them on to their gate first);
-    /// waiters whose ticket may go are resumed; waiters past their deadline
-    /// are answered with a rejection.
-    pub fn plan_tick<S: Store>(&mut self, cfg: &Config, store: S, now: u64) -> TickPlan {
+    /// The plan for a tick: requests whose turn came are resumed (rules with
+    /// a concurrency limit send them on to their gate first); requests
+    /// waiting for grants try again, oldest first; waiters whose ticket may
+    /// go are resumed; waiters past their deadline are answered with a
+    /// rejection.
+    pub fn plan_tick<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        clock: &mut impl Clock,
+    ) -> TickPlan {
         let mut plan = TickPlan::default();
+        let now = clock.mono();
         self.rate_releases(cfg, store, now, &mut plan);
+        if !self.grants.is_empty() {
+            self.grant_retries(cfg, store, clock, &mut plan);
+        }
         self.gate_turns(cfg, store, now, &mut plan);
         plan
+    }
+
+    /// Requests waiting for grants try again, oldest first; a rule stops at
+    /// its first request that must still wait (later ones would too). A
+    /// request whose `max_queue_delay` ran out is rejected.
+    fn grant_retries<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        clock: &mut impl Clock,
+        plan: &mut TickPlan,
+    ) {
+        let now = clock.mono();
+        let wall = clock.wall();
+        let mut stopped: Vec<usize> = Vec::new();
+        for (id, index, since, deadline) in self.grants.oldest_first() {
+            let Some(rule) = cfg.rules.get(index) else {
+                continue;
+            };
+            let Some(reach) = cluster::rule_reach(rule) else {
+                continue;
+            };
+            if now >= deadline {
+                self.grants.cancel(id);
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(index)), -1);
+                plan.actions.push(self.reject(cfg, id, index));
+                continue;
+            }
+            if stopped.contains(&index) {
+                continue;
+            }
+            let waited_ns = now.saturating_sub(since);
+            let taken = cluster::take(
+                &mut store.cell(CellId::Cursor(index)),
+                &mut store.blob(BlobId::Grants(index)),
+                &mut store.cell(CellId::Waiting(index)),
+                &reach,
+                wall,
+                true,
+                Attempt::Retry { waited_ns },
+            );
+            let release_at = match taken {
+                Take::Wait => {
+                    stopped.push(index);
+                    continue;
+                }
+                Take::Now { .. } => {
+                    plan.count(index, Stat::SlotsTaken, 1);
+                    Some(now)
+                }
+                Take::Hold { delay_ns, .. } => {
+                    plan.count(index, Stat::SlotsTaken, 1);
+                    Some(now.saturating_add(delay_ns))
+                }
+                Take::Local { interval_ns } => {
+                    let left = rule.max_delay_ns.saturating_sub(waited_ns);
+                    let burst = reach.slack_ns / reach.grid.interval_ns.max(1) - 1;
+                    let local = Schedule::new(interval_ns, burst, left);
+                    match admit(&mut store.cell(CellId::Fallback(index)), &local, now, true) {
+                        Admission::Now { .. } => Some(now),
+                        Admission::Hold { release_at, .. } => Some(release_at),
+                        _ => None,
+                    }
+                }
+                Take::Reject { .. } | Take::Deny | Take::Contention => None,
+            };
+            self.grants.cancel(id);
+            match release_at {
+                Some(t) if t <= now => plan.actions.push(TickAction::Resume {
+                    id,
+                    rule: index,
+                    waited_ns,
+                }),
+                Some(t) => self.queue.hold(id, index, since, t),
+                None => plan.actions.push(self.reject(cfg, id, index)),
+            }
+        }
     }
 
     /// Only the gate part of a tick: waiters whose turn came (a slot was

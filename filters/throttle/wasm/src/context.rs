@@ -18,7 +18,17 @@ fn action(flow: Flow) -> Action {
 /// The root context of one VM.
 pub struct RootCtx(pub Root<Abi>);
 
-impl Context for RootCtx {}
+impl Context for RootCtx {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        self.0.on_http_call_response(token_id, body_size);
+    }
+}
 
 impl RootContext for RootCtx {
     fn on_configure(&mut self, _size: usize) -> bool {

@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use throttle_core::clock::{Clock, Once};
 use throttle_core::matcher::Facts;
 use throttle_core::stream::{Env, Stream, Verdict};
 
@@ -12,6 +13,18 @@ use crate::local::Local;
 use crate::plugin::Plugin;
 use crate::request::HostRequest;
 use crate::shared::{wake_all, SharedStore};
+
+/// The host's clocks.
+pub struct HostClock<H>(pub H);
+
+impl<H: Host> Clock for HostClock<H> {
+    fn mono(&mut self) -> u64 {
+        self.0.monotonic_ns()
+    }
+    fn wall(&mut self) -> u64 {
+        self.0.wall_ns()
+    }
+}
 
 /// What a stream callback tells the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,13 +79,13 @@ impl<H: Host> HttpStream<H> {
         let env = self.env(&plugin);
         let host = self.host;
         let mut req = Facts::new(HostRequest::new(host));
-        let clock = || host.monotonic_ns();
+        let mut clock = Once::new(HostClock(host));
         let local = Rc::clone(&self.local);
         let decision = match local.try_borrow_mut() {
             Ok(mut l) => {
                 let d = self
                     .stream
-                    .on_request(env, Some(&mut l.worker), &mut req, clock);
+                    .on_request(env, Some(&mut l.worker), &mut req, &mut clock);
                 if let Some(rule) = d.rule {
                     l.count(host, rule, &d.counts);
                 }
@@ -83,7 +96,7 @@ impl<H: Host> HttpStream<H> {
             }
             Err(_) => {
                 self.busy();
-                let d = self.stream.on_request(env, None, &mut req, clock);
+                let d = self.stream.on_request(env, None, &mut req, &mut clock);
                 if let Some(rule) = d.rule {
                     plugin.apply(host, rule, &d.counts);
                 }

@@ -10,11 +10,12 @@
 )]
 //! The throttle filter: proxy-wasm glue around `throttle-core`. Modules
 //! import one way: `context` (the SDK's traits, wasm32 only) → `root` →
-//! `http` → `local`, `plugin`, `request`, `shared` → `host` (the ABI, all
-//! `unsafe`).
+//! `caller`, `http` → `local`, `plugin`, `request`, `shared` → `host` (the
+//! ABI, all `unsafe`).
 //! Everything but `context` and `host::abi` also builds natively, where the
 //! glue is tested against a fake host.
 
+mod caller;
 #[cfg(target_arch = "wasm32")]
 mod context;
 mod host;

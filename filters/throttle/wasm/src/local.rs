@@ -12,6 +12,7 @@
 use throttle_core::stats::Counts;
 use throttle_core::worker::Worker;
 
+use crate::caller::CALLER_TICK_MS;
 use crate::host::Host;
 use crate::plugin::Plugin;
 
@@ -33,6 +34,8 @@ pub struct Local {
     pending: Vec<Counts>,
     /// Whether anything was counted since the last flush.
     dirty: bool,
+    /// Whether this VM may call the engine (cluster rules): it keeps a slow tick.
+    pub calls: bool,
 }
 
 impl Local {
@@ -54,7 +57,7 @@ impl Local {
             p.merge(counts);
         }
         self.dirty = true;
-        if self.tick_ms == 0 {
+        if self.tick_ms == 0 || self.tick_ms > FLUSH_MS {
             self.set_tick(host, FLUSH_MS);
         }
     }
@@ -81,12 +84,22 @@ impl Local {
     pub fn after_tick<H: Host>(&mut self, host: H, had_traffic: bool) {
         let ms = if self.worker.needs_ticks() {
             TICK_MS
+        } else if self.calls {
+            CALLER_TICK_MS
         } else if had_traffic {
             FLUSH_MS
         } else {
             0
         };
         self.set_tick(host, ms);
+    }
+
+    /// Starts the tick of a VM with cluster rules.
+    pub fn tick_for_calls<H: Host>(&mut self, host: H) {
+        self.calls = true;
+        if self.tick_ms == 0 || self.tick_ms > CALLER_TICK_MS {
+            self.set_tick(host, CALLER_TICK_MS);
+        }
     }
 
     /// Whether counts are waiting to be flushed.

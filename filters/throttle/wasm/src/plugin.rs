@@ -1,18 +1,22 @@
 //! What the root context hands to every HTTP context: the validated
 //! configuration with each rule's shared-data keys and metric ids.
 
+use throttle_core::cluster::Grants;
 use throttle_core::keys::KeyHasher;
 use throttle_core::stats::{self, Counts, Stat};
 use throttle_core::{Config, NS_PER_MS};
 
 use crate::host::Host;
-use crate::shared::ensure_cell;
+use crate::shared::{ensure_blob, ensure_cell};
 
 /// A validated configuration with its per-rule runtime handles.
 pub struct Plugin {
     pub config: Config,
     pub hasher: KeyHasher,
     pub rules: Vec<RuleRuntime>,
+    /// Cluster scope: the caller lease of this configuration
+    /// (`throttle/v2/caller/<hash of the configuration>`).
+    pub caller_key: String,
 }
 
 /// A rule's shared-data keys and metric ids.
@@ -23,13 +27,18 @@ pub struct RuleRuntime {
     pub slot_prefix: String,
     /// The rule's concurrency gate.
     pub gate_key: String,
+    /// Cluster scope: the cursor, the waiting count, the fallback schedule, the grants.
+    pub cursor_key: String,
+    pub waiting_key: String,
+    pub fallback_key: String,
+    pub grants_key: String,
     /// Metric ids by [`Stat`] (None where the host refused the definition).
     pub metrics: [Option<u32>; stats::COUNT],
 }
 
 impl Plugin {
     /// Defines the rules' metrics (`throttle.rule.<rule>.<stat>`).
-    pub fn new<H: Host>(host: H, config: Config, seed: (u64, u64)) -> Self {
+    pub fn new<H: Host>(host: H, config: Config, seed: (u64, u64), config_hash: u64) -> Self {
         let rules = config
             .rules
             .iter()
@@ -39,6 +48,10 @@ impl Plugin {
                     rate_key: format!("{base}rate"),
                     slot_prefix: format!("{base}k/"),
                     gate_key: format!("{base}gate"),
+                    cursor_key: format!("{base}cursor"),
+                    waiting_key: format!("{base}waiting"),
+                    fallback_key: format!("{base}fallback"),
+                    grants_key: format!("{base}grants"),
                     metrics: Stat::ALL.map(|s| {
                         host.define_metric(
                             s.kind(),
@@ -52,6 +65,7 @@ impl Plugin {
             config,
             hasher: KeyHasher::new(seed),
             rules,
+            caller_key: format!("throttle/v2/caller/{config_hash:016x}"),
         }
     }
 
@@ -65,7 +79,12 @@ impl Plugin {
             .filter(|(r, rt)| {
                 let rate_ok = r.schedule.is_none() || ensure_cell(host, &rt.rate_key);
                 let gate_ok = r.concurrency.is_none() || ensure_cell(host, &rt.gate_key);
-                !(rate_ok && gate_ok)
+                let cluster_ok = r.cluster.is_none()
+                    || ([&rt.cursor_key, &rt.waiting_key, &rt.fallback_key]
+                        .iter()
+                        .all(|k| ensure_cell(host, k))
+                        && ensure_blob(host, &rt.grants_key, &Grants::default().encode()));
+                !(rate_ok && gate_ok && cluster_ok)
             })
             .map(|(r, _)| r.name.as_str())
             .collect()
@@ -81,6 +100,16 @@ impl Plugin {
                 host.increment_metric(*id, delta.into());
             }
         }
+    }
+
+    /// The id of rule `rule`'s metric `stat`.
+    pub fn metric(&self, rule: usize, stat: Stat) -> Option<u32> {
+        self.rules
+            .get(rule)?
+            .metrics
+            .get(stat as usize)
+            .copied()
+            .flatten()
     }
 
     /// Records a released request's wait.

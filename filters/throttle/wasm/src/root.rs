@@ -10,6 +10,7 @@ use throttle_core::config;
 use throttle_core::stream::Env;
 use throttle_core::worker::{TickAction, TickPlan};
 
+use crate::caller::Calls;
 use crate::host::{Host, Level};
 use crate::http::HttpStream;
 use crate::local::Local;
@@ -24,6 +25,8 @@ pub struct Root<H: Host> {
     local: Rc<RefCell<Local>>,
     /// This VM's wake queue, once registered.
     queue: Option<u32>,
+    /// Cluster scope: this VM's side of the calls to the engine.
+    calls: Option<Calls>,
 }
 
 impl<H: Host> Root<H> {
@@ -34,6 +37,7 @@ impl<H: Host> Root<H> {
             plugin: None,
             local: Rc::default(),
             queue: None,
+            calls: None,
         }
     }
 
@@ -61,7 +65,7 @@ impl<H: Host> Root<H> {
             );
             return false;
         };
-        let plugin = Plugin::new(self.host, config, seed);
+        let plugin = Plugin::new(self.host, config, seed, config_hash(bytes));
         for name in plugin.init_cells(self.host) {
             self.log(
                 Level::Warn,
@@ -78,6 +82,21 @@ impl<H: Host> Root<H> {
                     Level::Warn,
                     "no wake queue: freed concurrency slots reach waiters at the next tick",
                 );
+            }
+        }
+        let mut tag = [0u8; 16];
+        let _ = self.host.random(&mut tag);
+        let [me, phase] = [0usize, 8].map(|i| {
+            u64::from_le_bytes(
+                tag.get(i..i + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or([0; 8]),
+            )
+        });
+        self.calls = Calls::new(&plugin, me, phase % 1000);
+        if self.calls.is_some() {
+            if let Ok(mut l) = self.local.try_borrow_mut() {
+                l.tick_for_calls(self.host);
             }
         }
         let summary: Vec<String> = plugin.config.rules.iter().map(|r| r.describe()).collect();
@@ -118,8 +137,14 @@ impl<H: Host> Root<H> {
             return;
         };
         let now = self.host.monotonic_ns();
+        let mut clock = throttle_core::clock::Fixed {
+            mono: now,
+            wall: self.host.wall_ns(),
+        };
         let plan = match self.local.try_borrow_mut() {
-            Ok(mut l) => l.worker.plan_tick(&plugin.config, self.store(&plugin), now),
+            Ok(mut l) => l
+                .worker
+                .plan_tick(&plugin.config, self.store(&plugin), &mut clock),
             Err(_) => TickPlan::default(),
         };
         self.carry_out(&plugin, plan);
@@ -127,6 +152,16 @@ impl<H: Host> Root<H> {
             let had_traffic = l.dirty();
             l.flush(self.host, &plugin);
             l.after_tick(self.host, had_traffic);
+        }
+        if let Some(calls) = self.calls.as_mut() {
+            calls.on_tick(self.host, &plugin);
+        }
+    }
+
+    /// The answer to a call to the engine.
+    pub fn on_http_call_response(&mut self, token: u32, body_size: usize) {
+        if let (Some(plugin), Some(calls)) = (self.plugin.clone(), self.calls.as_mut()) {
+            calls.on_response(self.host, &plugin, token, body_size);
         }
     }
 
@@ -211,4 +246,10 @@ impl<H: Host> Root<H> {
         }
         host.set_effective_context(self.id);
     }
+}
+
+/// A stable hash of a plugin configuration's bytes (names its caller lease).
+fn config_hash(bytes: &[u8]) -> u64 {
+    throttle_core::keys::KeyHasher::new((0x7468_726f, 0x746c_6500))
+        .fingerprint("configuration", bytes)
 }

@@ -3,7 +3,7 @@
 //! queues. Shared data is scoped by `vm_id`.
 
 use throttle_core::schedule::StoreError;
-use throttle_core::store::{CellId, Store};
+use throttle_core::store::{BlobId, CellId, Store};
 
 use crate::host::Host;
 use crate::plugin::Plugin;
@@ -89,6 +89,21 @@ impl<H: Host> SharedStore<'_, H> {
                 let prefix = &self.plugin.rules.get(i).ok_or(missing)?.slot_prefix;
                 f(KeyBuf::new(prefix, slot).ok_or(missing)?.as_str())
             }
+            CellId::Cursor(i) => f(&self.plugin.rules.get(i).ok_or(missing)?.cursor_key),
+            CellId::Waiting(i) => f(&self.plugin.rules.get(i).ok_or(missing)?.waiting_key),
+            CellId::Fallback(i) => f(&self.plugin.rules.get(i).ok_or(missing)?.fallback_key),
+            CellId::Caller => f(&self.plugin.caller_key),
+        }
+    }
+
+    fn blob_key(&self, id: BlobId) -> Result<&str, StoreError> {
+        match id {
+            BlobId::Grants(i) => self
+                .plugin
+                .rules
+                .get(i)
+                .map(|r| r.grants_key.as_str())
+                .ok_or(StoreError(u32::MAX)),
         }
     }
 }
@@ -108,6 +123,16 @@ impl<H: Host> Store for SharedStore<'_, H> {
                 .map_err(StoreError)
         })
     }
+
+    fn load_blob(&self, id: BlobId) -> Result<(Option<Vec<u8>>, u32), StoreError> {
+        self.host.shared_get(self.blob_key(id)?).map_err(StoreError)
+    }
+
+    fn store_blob(&self, id: BlobId, value: &[u8], token: u32) -> Result<bool, StoreError> {
+        self.host
+            .shared_set(self.blob_key(id)?, value, token)
+            .map_err(StoreError)
+    }
 }
 
 /// Creates a cell if it does not exist yet, so that every later update
@@ -118,6 +143,16 @@ pub fn ensure_cell<H: Host>(host: H, key: &str) -> bool {
         Ok((None, cas)) => host
             .shared_set(key, &encode16([0, 0]), cas)
             .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Creates a variable-size value if it does not exist yet (so that updates
+/// carry a compare-and-swap token).
+pub fn ensure_blob<H: Host>(host: H, key: &str, initial: &[u8]) -> bool {
+    match host.shared_get(key) {
+        Ok((Some(_), _)) => true,
+        Ok((None, cas)) => host.shared_set(key, initial, cas).unwrap_or(false),
         Err(_) => false,
     }
 }

@@ -98,17 +98,40 @@ impl Worker {
     }
 
     /// Every counter and gauge of a rule that is not zero, after handing the
-    /// pending counts to the host.
+    /// pending counts to the host; `requests` (every request the rule applied
+    /// to) is checked to equal the decisions' total, then left out.
     fn stats(&self, rule: &str) -> Vec<(String, i64)> {
         self.root.flush();
         let prefix = format!("throttle.rule.{rule}.");
-        self.host
+        let all: Vec<(String, i64)> = self
+            .host
             .state()
             .metrics
             .iter()
             .filter(|(n, _, v)| n.starts_with(&prefix) && *v != 0)
             .map(|(n, _, v)| (n.trim_start_matches(&prefix).to_string(), *v))
-            .collect()
+            .collect();
+        let get = |name: &str| all.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
+        // Held requests rejected later, on tick (queued = released + cancelled
+        // + gone + timed_out + held + those): not new requests.
+        let rejected_later = get("queued")
+            - get("released")
+            - get("cancelled")
+            - get("gone")
+            - get("timed_out")
+            - get("held");
+        let decided = get("admitted")
+            + get("queued")
+            + get("would_queue")
+            + get("would_reject")
+            + get("rejected")
+            - rejected_later;
+        assert_eq!(
+            get("requests"),
+            decided,
+            "requests counts every decision: {all:?}"
+        );
+        all.into_iter().filter(|(n, _)| n != "requests").collect()
     }
 }
 
@@ -705,4 +728,215 @@ fn a_bad_configuration_is_refused_and_logged_by_field() {
     let mut s = root.create_stream(5);
     assert_eq!(s.on_request_headers(), Flow::Continue);
     assert!(host.monotonic_ns() == 0);
+}
+
+// ------------------------------------------------------------ cluster scope
+
+use throttle_core::cluster::sim::FakeEngine;
+
+/// Wall time of the tests' cluster runs: the middle of an hour (claims stop
+/// near the hour's edge, as the engine's window demands).
+const WALL0: u64 = 1_800_000_000 * 1_000_000_000 + 1_800 * 1_000_000_000;
+
+fn cluster_config(on_failure: &str) -> String {
+    format!(
+        r#"{{"engine": {{"cluster": "throttle_engine", "timeout": "50ms", "fallback_after": "250ms"}},
+            "rules": [{{"name": "c", "rate": "100/s", "max_queue_delay": "1s", "scope": "cluster",
+                        "expected_replicas": 2, "on_engine_failure": "{on_failure}"}}]}}"#
+    )
+}
+
+impl Worker {
+    /// Both clocks at `ms` past the start.
+    fn at_both(&self, ms: u64) {
+        self.at(ms);
+        self.host.state().wall = WALL0 + ms * MS;
+    }
+
+    /// Ticks every 5 ms from `from_ms` to `to_ms`, answering every call with
+    /// `engine` (None: the engine does not answer in time).
+    fn run(&mut self, from_ms: u64, to_ms: u64, mut engine: Option<&mut FakeEngine>) {
+        let mut answered = self.host.state().calls.len();
+        let mut t = from_ms;
+        while t <= to_ms {
+            self.at_both(t);
+            self.tick();
+            let calls = self.host.state().calls.clone();
+            for (token, _, _, body, _) in calls.iter().skip(answered) {
+                let answer = match engine.as_deref_mut() {
+                    Some(e) => {
+                        let (status, body) = e.handle(body, WALL0 + t * MS);
+                        (Some(status), body)
+                    }
+                    None => (None, Vec::new()),
+                };
+                let size = answer.1.len();
+                self.host.state().answer = Some(answer);
+                self.root.on_http_call_response(*token, size);
+            }
+            answered = calls.len();
+            t += 5;
+        }
+    }
+}
+
+fn cluster_worker(host: Fake, on_failure: &str) -> Worker {
+    host.state().clusters = vec!["throttle_engine".into()];
+    let w = Worker::new(host, 1, &cluster_config(on_failure));
+    w.at_both(0);
+    w
+}
+
+#[test]
+fn a_cluster_rule_waits_for_its_first_grants_then_takes_its_slots() {
+    let host = Fake::new();
+    let mut w = cluster_worker(host, "local_share");
+    let mut engine = FakeEngine::default();
+    assert_eq!(
+        host.state().tick_ms,
+        20,
+        "a VM with cluster rules ticks to call the engine"
+    );
+    // No grants yet: the first request waits for them.
+    assert_eq!(w.request(10, &[]), Flow::Pause);
+    assert_eq!(w.stats("c"), s(&[("queued", 1), ("held", 1)]));
+    w.run(0, 400, Some(&mut engine));
+    assert_eq!(
+        host.state().resumed,
+        vec![10],
+        "resumed once its grant came"
+    );
+    let calls = host.state().calls.clone();
+    assert!(!calls.is_empty());
+    let (_, cluster, headers, _, timeout) = &calls[0];
+    assert_eq!(cluster, "throttle_engine");
+    assert!(headers.contains(&(":path".into(), "/json".into())));
+    assert_eq!(*timeout, 50);
+    // At most one call per 100 ms per process.
+    assert!(calls.len() <= 5, "{} calls in 400 ms", calls.len());
+    assert_eq!(w.metric("c", "engine_calls"), calls.len() as i64);
+    assert_eq!(w.metric("c", "engine_failures"), 0);
+    assert!(w.metric("c", "slots_granted") >= 1);
+    assert_eq!(w.metric("c", "slots_taken"), 1);
+    assert_eq!(w.metric("c", "held"), 0);
+    // With demand seen, the proxy claims ahead: the next request takes a slot
+    // (at once or held until it) and needs no grant first.
+    w.at_both(405);
+    let flow = w.request(11, &[]);
+    w.run(410, 600, Some(&mut engine));
+    let resumed = host.state().resumed.clone();
+    assert!(
+        flow == Flow::Continue || resumed.contains(&11),
+        "{flow:?} {resumed:?}"
+    );
+    assert!(reply(host, 11).is_none());
+    assert_eq!(w.metric("c", "slots_taken"), 2);
+}
+
+#[test]
+fn an_engine_that_is_down_falls_back_to_the_local_share_then_recovers() {
+    let host = Fake::new();
+    let mut w = cluster_worker(host, "local_share");
+    // The engine's cluster does not answer: every call fails.
+    assert_eq!(w.request(10, &[]), Flow::Pause);
+    w.run(0, 600, None);
+    assert!(w.metric("c", "engine_failures") >= 1);
+    assert!(
+        w.metric("c", "fallback_ms") > 0,
+        "in fallback after fallback_after"
+    );
+    assert_eq!(
+        host.state().resumed,
+        vec![10],
+        "the waiting request went on the local schedule"
+    );
+    // In fallback: paced locally at 100/s / 2 replicas = one per 20 ms.
+    w.at_both(605);
+    assert_eq!(w.request(11, &[]), Flow::Continue);
+    assert_eq!(
+        w.request(12, &[]),
+        Flow::Pause,
+        "the next local slot is 20 ms away"
+    );
+    // The engine comes back: the first good answer returns the rule to the grid.
+    let mut engine = FakeEngine::default();
+    w.run(610, 1200, Some(&mut engine));
+    assert!(w.metric("c", "slots_granted") >= 1);
+    let fallback = w.metric("c", "fallback_ms");
+    w.run(1205, 1400, Some(&mut engine));
+    assert_eq!(
+        w.metric("c", "fallback_ms"),
+        fallback,
+        "no longer in fallback"
+    );
+}
+
+#[test]
+fn deny_rejects_while_the_engine_fails() {
+    let host = Fake::new();
+    let mut w = cluster_worker(host, "deny");
+    host.state().clusters.clear(); // the cluster is unknown: every call is refused
+    assert_eq!(w.request(10, &[]), Flow::Pause);
+    w.run(0, 600, None);
+    assert_eq!(
+        reply(host, 10).map(|r| r.status),
+        Some(429),
+        "no grant, then deny"
+    );
+    w.at_both(605);
+    assert_eq!(w.request(11, &[]), Flow::Pause);
+    assert_eq!(reply(host, 11).map(|r| r.status), Some(429));
+    assert!(host
+        .state()
+        .logs
+        .iter()
+        .any(|(_, m)| m.contains("refused the call")));
+}
+
+#[test]
+fn nonsense_answers_count_as_failures() {
+    let host = Fake::new();
+    let mut w = cluster_worker(host, "local_share");
+    w.request(10, &[]);
+    let mut answered = 0;
+    for t in (0..=400).step_by(5) {
+        w.at_both(t);
+        w.tick();
+        let calls = host.state().calls.clone();
+        for (token, ..) in calls.iter().skip(answered) {
+            host.state().answer = Some((
+                Some(200),
+                br#"{"overallCode": "OK", "statuses": []}"#.to_vec(),
+            ));
+            w.root.on_http_call_response(*token, 64);
+        }
+        answered = calls.len();
+    }
+    assert!(answered >= 1);
+    assert_eq!(w.metric("c", "engine_failures"), answered as i64);
+    assert_eq!(w.metric("c", "slots_granted"), 0);
+}
+
+#[test]
+fn only_one_vm_of_the_process_calls_the_engine() {
+    let host = Fake::new();
+    host.state().clusters = vec!["throttle_engine".into()];
+    let mut a = Worker::new(host, 1, &cluster_config("local_share"));
+    let mut b = Worker::new(host, 2, &cluster_config("local_share"));
+    let mut engine = FakeEngine::default();
+    a.at_both(0);
+    a.request(10, &[]);
+    b.request(20, &[]);
+    for t in (0..=400).step_by(5) {
+        a.run(t, t, Some(&mut engine));
+        b.run(t, t, Some(&mut engine));
+    }
+    let calls = host.state().calls.len();
+    assert!(
+        (1..=5).contains(&calls),
+        "{calls} calls: one caller for the process"
+    );
+    let mut resumed = host.state().resumed.clone();
+    resumed.sort_unstable();
+    assert_eq!(resumed, vec![10, 20], "both workers' requests got slots");
 }

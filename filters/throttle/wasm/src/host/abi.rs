@@ -12,6 +12,8 @@ const CAS_MISMATCH: u32 = 8;
 const STREAM_HTTP_REQUEST: u32 = 0;
 const MAP_REQUEST_HEADERS: u32 = 0;
 const MAP_RESPONSE_HEADERS: u32 = 2;
+const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
 const CLOCK_MONOTONIC: u32 = 1;
 
 #[allow(clashing_extern_declarations)]
@@ -53,6 +55,15 @@ extern "C" {
     ) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+    fn proxy_get_metric(metric_id: u32, return_value: *mut u64) -> u32;
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_buffer_data: *mut *mut u8,
+        return_buffer_size: *mut usize,
+    ) -> u32;
     fn proxy_get_header_map_value(
         map_type: u32,
         key_data: *const u8,
@@ -119,6 +130,17 @@ impl Host for Abi {
         // SAFETY: the host writes one u64 through a valid pointer.
         let errno = unsafe { clock_time_get(CLOCK_MONOTONIC, 1, &mut t) };
         if errno == 0 {
+            t
+        } else {
+            0
+        }
+    }
+
+    fn wall_ns(&self) -> u64 {
+        let mut t: u64 = 0;
+        // SAFETY: the host writes one u64 through a valid pointer.
+        let status = unsafe { proxy_get_current_time_nanoseconds(&mut t) };
+        if status == OK {
             t
         } else {
             0
@@ -268,6 +290,65 @@ impl Host for Abi {
     fn record_metric(&self, id: u32, value: u64) {
         // SAFETY: plain host call with integer arguments.
         let _ = unsafe { proxy_record_metric(id, value) };
+    }
+
+    fn metric(&self, id: u32) -> Option<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: the host writes one u64 through a valid pointer.
+        let status = unsafe { proxy_get_metric(id, &mut v) };
+        (status == OK).then_some(v)
+    }
+
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u32, u32> {
+        // Through the SDK: it registers the call's token with the context
+        // that sent it, and its dispatcher delivers the answer there (an
+        // answer to a token it does not know would make it panic). It answers
+        // only Ok, BadArgument (no such cluster) or InternalFailure here,
+        // which are all the statuses Envoy's http_call returns.
+        proxy_wasm::hostcalls::dispatch_http_call(
+            cluster,
+            headers.to_vec(),
+            Some(body),
+            Vec::new(),
+            std::time::Duration::from_millis(timeout_ms.into()),
+        )
+        .map_err(|status| status as u32)
+    }
+
+    fn http_call_status(&self) -> Option<u16> {
+        let name = ":status";
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: valid name and out pointers; the host allocates with our allocator.
+        let status = unsafe {
+            proxy_get_header_map_value(
+                MAP_HTTP_CALL_RESPONSE_HEADERS,
+                name.as_ptr(),
+                name.len(),
+                &mut data,
+                &mut size,
+            )
+        };
+        if status != OK {
+            return None;
+        }
+        std::str::from_utf8(&owned(data, size)).ok()?.parse().ok()
+    }
+
+    fn http_call_body(&self, size: usize) -> Option<Vec<u8>> {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut got: usize = 0;
+        // SAFETY: out pointers are valid; the host allocates with our allocator.
+        let status = unsafe {
+            proxy_get_buffer_bytes(BUFFER_HTTP_CALL_RESPONSE_BODY, 0, size, &mut data, &mut got)
+        };
+        (status == OK).then(|| owned(data, got))
     }
 
     fn register_queue(&self, name: &str) -> Option<u32> {

@@ -10,6 +10,9 @@ use throttle_core::stats::Kind;
 
 use super::{Host, Level};
 
+/// An HTTP call sent: (token, cluster, headers, body, timeout ms).
+pub type Sent = (u32, String, Vec<(String, String)>, Vec<u8>, u32);
+
 /// What the fake host holds and records.
 #[derive(Debug, Default)]
 pub struct State {
@@ -17,6 +20,14 @@ pub struct State {
     pub now: u64,
     /// How often the clock was read.
     pub clock_reads: usize,
+    /// The wall clock.
+    pub wall: u64,
+    /// HTTP calls sent.
+    pub calls: Vec<Sent>,
+    /// The cluster names the host knows (others are refused).
+    pub clusters: Vec<String>,
+    /// The answer being delivered: status and body.
+    pub answer: Option<(Option<u16>, Vec<u8>)>,
     /// The effective context.
     pub current: u32,
     pub shared: HashMap<String, (Vec<u8>, u32)>,
@@ -78,6 +89,10 @@ impl Host for Fake {
         let mut s = self.state();
         s.clock_reads += 1;
         s.now
+    }
+
+    fn wall_ns(&self) -> u64 {
+        self.state().wall
     }
 
     fn random(&self, buf: &mut [u8]) -> bool {
@@ -194,10 +209,58 @@ impl Host for Fake {
 
     fn record_metric(&self, id: u32, value: u64) {
         let mut s = self.state();
-        let Some(name) = s.metrics.get(id as usize).map(|m| m.0.clone()) else {
+        let Some(m) = s.metrics.get_mut(id as usize) else {
             return;
         };
-        s.recorded.push((name, value));
+        if m.1 == Kind::Gauge {
+            m.2 = i64::try_from(value).unwrap_or(i64::MAX);
+        } else {
+            let name = m.0.clone();
+            s.recorded.push((name, value));
+        }
+    }
+
+    fn metric(&self, id: u32) -> Option<u64> {
+        let s = self.state();
+        s.metrics
+            .get(id as usize)
+            .and_then(|(_, _, v)| u64::try_from(*v).ok())
+    }
+
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u32, u32> {
+        let mut s = self.state();
+        if !s.clusters.iter().any(|c| c == cluster) {
+            return Err(2);
+        }
+        let token = s.calls.len() as u32 + 1;
+        let headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        s.calls.push((
+            token,
+            cluster.to_string(),
+            headers,
+            body.to_vec(),
+            timeout_ms,
+        ));
+        Ok(token)
+    }
+
+    fn http_call_status(&self) -> Option<u16> {
+        self.state().answer.as_ref().and_then(|(status, _)| *status)
+    }
+
+    fn http_call_body(&self, size: usize) -> Option<Vec<u8>> {
+        let s = self.state();
+        let (_, body) = s.answer.as_ref()?;
+        Some(body.iter().take(size).copied().collect())
     }
 
     fn register_queue(&self, name: &str) -> Option<u32> {

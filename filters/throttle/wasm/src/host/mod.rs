@@ -30,6 +30,8 @@ pub trait Host: Copy {
     fn log(&self, level: Level, msg: &str);
     /// Monotonic nanoseconds shared by all workers (0 if unknown).
     fn monotonic_ns(&self) -> u64;
+    /// Wall-clock nanoseconds since the Unix epoch (0 if unknown).
+    fn wall_ns(&self) -> u64;
     /// Fills `buf` with random bytes; false if the host cannot.
     fn random(&self, buf: &mut [u8]) -> bool;
 
@@ -59,8 +61,24 @@ pub trait Host: Copy {
     fn define_metric(&self, kind: Kind, name: &str) -> Option<u32>;
     /// Adds to a counter or gauge.
     fn increment_metric(&self, id: u32, delta: i64);
-    /// Records a histogram value.
+    /// Records a histogram value (or sets a gauge).
     fn record_metric(&self, id: u32, value: u64);
+    /// A counter's or gauge's process-wide value.
+    fn metric(&self, id: u32) -> Option<u64>;
+
+    /// Sends an HTTP request to an Envoy cluster; Ok(token) identifies its
+    /// answer (`on_http_call_response`). Err: the host refused it.
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u32, u32>;
+    /// The `:status` of the HTTP call whose answer is being delivered.
+    fn http_call_status(&self) -> Option<u16>;
+    /// The body of the HTTP call whose answer is being delivered.
+    fn http_call_body(&self, size: usize) -> Option<Vec<u8>>;
 
     /// Registers a shared queue owned by the effective root context (its
     /// `on_queue_ready` runs on this worker's event loop).
