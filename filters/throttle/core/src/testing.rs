@@ -1,14 +1,16 @@
-//! Test support, shared by the unit tests, the property tests and the
-//! benches (feature `testing`): in-memory shared cells with compare-and-swap.
+//! Test support, shared by the unit tests, the property tests, the glue's
+//! tests and the cluster simulation (feature `testing`): in-memory shared
+//! cells and values with compare-and-swap.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
+use crate::cluster::SharedBlob;
 use crate::schedule::{SharedCell, StoreError};
 use crate::store::{BlobId, CellId, Store};
 
 /// One shared cell in memory; `store` fails when the token is stale.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct MemCell {
     pub v: Option<[u64; 2]>,
     pub version: u32,
@@ -24,6 +26,28 @@ impl SharedCell for MemCell {
             return Ok(false);
         }
         self.v = Some(v);
+        self.version += 1;
+        Ok(true)
+    }
+}
+
+/// One variable-size shared value in memory with compare-and-swap.
+#[derive(Debug, Default, Clone)]
+pub struct MemBlob {
+    pub v: Option<Vec<u8>>,
+    pub version: u32,
+}
+
+impl SharedBlob for MemBlob {
+    type Token = u32;
+    fn load(&mut self) -> Result<(Option<Vec<u8>>, u32), StoreError> {
+        Ok((self.v.clone(), self.version))
+    }
+    fn store(&mut self, value: &[u8], token: u32) -> Result<bool, StoreError> {
+        if token != self.version {
+            return Ok(false);
+        }
+        self.v = Some(value.to_vec());
         self.version += 1;
         Ok(true)
     }

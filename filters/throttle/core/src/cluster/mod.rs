@@ -49,6 +49,7 @@
 pub mod caller;
 pub mod grants;
 pub mod grid;
+#[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod wire;
 

@@ -10,58 +10,16 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use serde_json::{json, Value};
 
 use crate::config::EngineConfig;
-use crate::schedule::{admit, Admission, SharedCell, StoreError};
+use crate::schedule::{admit, Admission};
 use crate::NS_PER_S;
 
 use super::caller::{Call, Caller, RuleFacts, RuleSpec, RuleUpdate};
-use super::grants::{add_waiting, publish, take, Attempt, Reach, SharedBlob, Take};
+use super::grants::{add_waiting, publish, take, Attempt, Reach, Take};
 use super::grid::WINDOW_NS;
 use super::local_schedule;
 use super::wire::Failure;
 
-/// One 16-byte shared cell in memory with compare-and-swap.
-#[derive(Debug, Default, Clone)]
-pub struct MemCell {
-    pub v: Option<[u64; 2]>,
-    pub version: u32,
-}
-
-impl SharedCell for MemCell {
-    type Token = u32;
-    fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-        Ok((self.v, self.version))
-    }
-    fn store(&mut self, v: [u64; 2], token: u32) -> Result<bool, StoreError> {
-        if token != self.version {
-            return Ok(false);
-        }
-        self.v = Some(v);
-        self.version += 1;
-        Ok(true)
-    }
-}
-
-/// One variable-size shared value in memory with compare-and-swap.
-#[derive(Debug, Default, Clone)]
-pub struct MemBlob {
-    pub v: Option<Vec<u8>>,
-    pub version: u32,
-}
-
-impl SharedBlob for MemBlob {
-    type Token = u32;
-    fn load(&mut self) -> Result<(Option<Vec<u8>>, u32), StoreError> {
-        Ok((self.v.clone(), self.version))
-    }
-    fn store(&mut self, value: &[u8], token: u32) -> Result<bool, StoreError> {
-        if token != self.version {
-            return Ok(false);
-        }
-        self.v = Some(value.to_vec());
-        self.version += 1;
-        Ok(true)
-    }
-}
+pub use crate::testing::{MemBlob, MemCell};
 
 /// The rate limit service as engine/README.md describes it, in memory: one
 /// counter per `<domain>_<key>_<value>_<hour of the server's clock>`, INCRBY
