@@ -9,7 +9,7 @@
 //!   fallback and return.
 //! * [`grants`]: owned slots in shared data — the grants blob
 //!   ([`SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
-//! * [`sim`]: an in-memory engine that models the service (window suffix
+//! * `sim` (feature `testing`): an in-memory engine that models the service (window suffix
 //!   included) and simulated proxies, for tests and the simulation driver.
 //!
 //! How the glue uses it (the order matters):
