@@ -94,41 +94,32 @@ func main() {
 			KubernetesObjectString: manifests,
 		})
 		for _, spec := range sidecars {
-			pod := w.pod(spec)
-			p := d.SetupProxy(&model.Proxy{
-				Type:            model.SidecarProxy,
-				ID:              pod.name + "." + pod.namespace,
-				ConfigNamespace: pod.namespace,
-				Labels:          pod.labels,
-				IPAddresses:     []string{pod.ip},
-				Metadata:        &model.NodeMetadata{Namespace: pod.namespace, Labels: pod.labels},
-			})
-			check(out.Encode(map[string]any{"proxy": "sidecar:" + spec, "clusters": clusters(d, p)}))
+			check(out.Encode(proxyClusters(d, model.SidecarProxy, "sidecar:"+spec, w.pod(spec))))
 		}
 		for _, spec := range waypoints {
-			pod := w.waypointPod(spec)
-			p := d.SetupProxy(&model.Proxy{
-				Type:            model.Waypoint,
-				ID:              pod.name + "." + pod.namespace,
-				ConfigNamespace: pod.namespace,
-				Labels:          pod.labels,
-				IPAddresses:     []string{pod.ip},
-				Metadata:        &model.NodeMetadata{Namespace: pod.namespace, Labels: pod.labels},
-			})
-			check(out.Encode(map[string]any{"proxy": "waypoint:" + spec, "clusters": clusters(d, p)}))
+			check(out.Encode(proxyClusters(d, model.Waypoint, "waypoint:"+spec, w.waypointPod(spec))))
 		}
 	})
 	check(err)
 }
 
-func clusters(d *xds.FakeDiscoveryServer, p *model.Proxy) map[string]json.RawMessage {
+// proxyClusters sets up the proxy of `pod` as istiod does when it connects, and builds its clusters.
+func proxyClusters(d *xds.FakeDiscoveryServer, typ model.NodeType, name string, pod pod) map[string]any {
+	p := d.SetupProxy(&model.Proxy{
+		Type:            typ,
+		ID:              pod.name + "." + pod.namespace,
+		ConfigNamespace: pod.namespace,
+		Labels:          pod.labels,
+		IPAddresses:     []string{pod.ip},
+		Metadata:        &model.NodeMetadata{Namespace: pod.namespace, Labels: pod.labels},
+	})
 	out := map[string]json.RawMessage{}
 	for _, c := range d.Clusters(p) {
 		js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(c)
 		check(err)
 		out[c.Name] = js
 	}
-	return out
+	return map[string]any{"proxy": name, "clusters": out}
 }
 
 type pod struct {
