@@ -6,8 +6,10 @@
 # - apt: docker-registry (local OCI registry for the image test), prometheus
 #   (a real Prometheus for the dashboard test)
 # - go install (pinned): kustomize, kubeconform, crane
-# - istioctl, wasmfetch (Istio's Wasm image fetcher) and istiowasm (WasmPlugin /
-#   EnvoyFilter -> the Envoy Wasm filter istiod + istio-agent make), built from the
+# - istioctl, wasmfetch (Istio's Wasm image fetcher), istiowasm (WasmPlugin /
+#   EnvoyFilter -> the Envoy Wasm filter istiod + istio-agent make) and
+#   istioclusters (manifests -> the clusters istiod pushes to a sidecar or a
+#   waypoint), built from the
 #   istio.io/istio Go module with the pinned versions in tools/istio/go.mod,
 #   cached under build/istio/<key>/ (key: hash of go.mod, go.sum, our Go code
 #   and the Go version), ~7 min on 2 cores the first time
@@ -54,16 +56,18 @@ modversion() { [ -x "$1" ] && go version -m "$1" | awk '$1 == "mod" {print $3}';
 [ "$(modversion "$GOBIN_DIR/crane")" = "$CRANE_VERSION" ] \
   || nice -n 10 go install "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
 
-step "istioctl + wasmfetch from istio.io/istio (pinned in tools/istio/go.mod)"
+step "istioctl, wasmfetch, istiowasm, istioclusters from istio.io/istio (pinned in tools/istio/go.mod)"
 key=$( (cat tools/istio/go.mod tools/istio/go.sum; find tools/istio -name '*.go' | sort | xargs cat; go version) \
        | sha256sum | cut -c1-16)
 ISTIO_DIR="build/istio/$key"
-if [ ! -x "$ISTIO_DIR/istioctl" ] || [ ! -x "$ISTIO_DIR/wasmfetch" ] || [ ! -x "$ISTIO_DIR/istiowasm" ]; then
+if [ ! -x "$ISTIO_DIR/istioctl" ] || [ ! -x "$ISTIO_DIR/wasmfetch" ] || [ ! -x "$ISTIO_DIR/istiowasm" ] \
+   || [ ! -x "$ISTIO_DIR/istioclusters" ]; then
   mkdir -p "$ISTIO_DIR.tmp"
   start=$(date +%s)
   (cd tools/istio && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/istioctl" istio.io/istio/istioctl/cmd/istioctl \
                   && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/wasmfetch" ./wasmfetch \
-                  && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/istiowasm" ./istiowasm)
+                  && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/istiowasm" ./istiowasm \
+                  && nice -n 10 go build -o "../../$ISTIO_DIR.tmp/istioclusters" ./istioclusters)
   rm -rf "$ISTIO_DIR" && mv "$ISTIO_DIR.tmp" "$ISTIO_DIR"
   echo "built in $(( $(date +%s) - start )) s"
 fi
@@ -91,7 +95,7 @@ fi
 mkdir -p build/k8s
 cat > build/k8s/tools.json <<EOF
 {"istioctl": "$PWD/$ISTIO_DIR/istioctl", "wasmfetch": "$PWD/$ISTIO_DIR/wasmfetch",
- "istiowasm": "$PWD/$ISTIO_DIR/istiowasm",
+ "istiowasm": "$PWD/$ISTIO_DIR/istiowasm", "istioclusters": "$PWD/$ISTIO_DIR/istioclusters",
  "promtool": "$PWD/$PROMTOOL", "istio_module": "$ISTIO_MODULE_DIR",
  "kustomize": "$GOBIN_DIR/kustomize", "kubeconform": "$GOBIN_DIR/kubeconform", "crane": "$GOBIN_DIR/crane"}
 EOF

@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.k8s import KUSTOMIZATIONS, ROOT, TEST_IMAGE_URL, TOOLS_JSON, configured_copy, image_path, run
+from tests.support.k8s import (
+    KUSTOMIZATIONS,
+    ROOT,
+    TEST_IMAGE_URL,
+    TOOLS_JSON,
+    cluster_scope_plugins,
+    configured_copy,
+    image_path,
+    istio_clusters,
+    run,
+)
 from tools import wasm_image
 
 
@@ -76,3 +86,16 @@ def pushed(registry: wasm_image.LocalRegistry, wasm: Path) -> tuple[str, str]:
     return ref, wasm_image.push(ref, wasm, insecure=True)
 
 
+
+
+@pytest.fixture(scope="session")
+def engine_clusters(tools: dict[str, str], rendered: dict[str, Path]) -> dict[str, dict[str, dict[str, dict]]]:
+    """For every rendered kustomization with cluster-scope WasmPlugins: the clusters istiod
+    would push to the proxies they run on, by Istio's own code (tools/istio/istioclusters):
+    {kustomization: {proxy: {cluster name: cluster}}}."""
+    out = {}
+    for k, f in rendered.items():
+        proxies = sorted({proxy for _, proxy, _ in cluster_scope_plugins(f)})
+        if proxies:
+            out[k] = istio_clusters(tools, [f], proxies)
+    return out

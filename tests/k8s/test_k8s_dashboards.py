@@ -8,6 +8,9 @@ filled in) returns data. Envoy runs with two stats setups:
   bootstrap template (its stats_tags, no custom tag for the throttle) and its
   default inclusion list (bootstrap/config.go): what a sidecar or waypoint exposes;
 - `demo`: envoy/demo.yaml's own tag extractor.
+The plugin has a process-scope rule and a cluster-scope rule, the latter against
+the real engine (Redis + envoyproxy/ratelimit, harness/engine.py), so the
+"Cluster scope" panels show real calls, grants and the rate of all proxies.
 The mesh panels' queries must parse in the same Prometheus; they can only show
 data on a real cluster (Istio's stats filter is not in a plain Envoy).
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.engine import Engine
 from harness.procs import Envoy, free_port, go_bin, http_get, render, stop, wait_until
 from tests.support.k8s import ROOT, run
 
@@ -34,8 +38,16 @@ pytestmark = pytest.mark.k8s
 DASH_DIR = ROOT / "k8s" / "monitoring" / "dashboards"
 SHIPPED_PROM = ROOT / "k8s" / "monitoring" / "prometheus.yml"
 RATE_INTERVAL = "30s"  # what Grafana's $__rate_interval becomes; covers the whole load below
-PLUGIN = {"rules": [{"name": "default", "rate": "200/s", "burst": 0, "max_queue_delay": "200ms",
-                     "match": {"path_prefix": "/"}}], "max_held_per_worker": 10000, "reject_status": 429}
+CLUSTER_RATE = 100
+# "shared" (cluster scope, /c/...) first: the first rule whose match fits applies.
+PLUGIN = {"engine": {"cluster": "throttle_engine", "timeout": "50ms"},
+          "rules": [{"name": "shared", "rate": f"{CLUSTER_RATE}/s", "max_queue_delay": "200ms", "scope": "cluster",
+                     "expected_replicas": 1, "match": {"path_prefix": "/c/"}},
+                    {"name": "default", "rate": "200/s", "burst": 0, "max_queue_delay": "200ms",
+                     "match": {"path_prefix": "/"}}],
+          "max_held_per_worker": 10000, "reject_status": 429}
+RULES = ("default", "shared")
+CLUSTER_STATS = ("requests", "slots_taken", "slots_granted", "engine_calls", "engine_failures")
 STATS = ("admitted", "queued", "released", "rejected", "cancelled")
 
 
@@ -45,6 +57,10 @@ def dashboard(name: str) -> dict:
 
 def panel_queries(d: dict) -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in d["panels"] if p.get("type") != "row" for t in p.get("targets", [])]
+
+
+def variables(rule: str) -> dict[str, str]:
+    return {"rule": rule, "namespace": ".*", "configured_rate": str(CLUSTER_RATE)}
 
 
 def fill(expr: str, variables: dict[str, str]) -> str:
@@ -73,6 +89,9 @@ def test_throttle_dashboard_covers_the_metrics():
     assert "throttle_held{" in exprs
     for q in ("0.5", "0.9", "0.99"):
         assert f"histogram_quantile({q}, sum by (throttle_rule, le) (rate(throttle_wait_ms_bucket{{" in exprs
+    for stat in (*CLUSTER_STATS, "fallback_ms"):
+        assert f"(rate(throttle_{stat}{{" in exprs, stat
+    assert "throttle_slots_unused{" in exprs and "vector($configured_rate)" in exprs
 
 
 def test_mesh_dashboard_uses_istio_standard_metrics():
@@ -177,11 +196,19 @@ def prometheus_config(envoy_admin_port: int) -> dict:
                                 "metric_relabel_configs": pods["metric_relabel_configs"]}]}
 
 
+@pytest.fixture(scope="module")
+def engine():
+    """The real engine of the cluster-scope rule: Redis and envoyproxy/ratelimit on loopback."""
+    with Engine() as e:
+        yield e
+
+
 @pytest.fixture(scope="module", params=["istio", "demo"])
-def scraped(request, tools, wasm, upstream):
-    """(prometheus, evaluation time, envoy stats) after a load run, for one stats setup."""
+def scraped(request, tools, wasm, upstream, engine):
+    """(prometheus, evaluation time, {rule: envoy stats}) after a load run, for one stats setup."""
     cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=upstream.port,
                  plugin=PLUGIN, wasm=wasm)
+    cfg["static_resources"]["clusters"].append(engine.envoy_cluster())
     if request.param == "istio":
         cfg["stats_config"] = istio_stats_config(Path(tools["istio_module"]))
     # Envoy publishes histogram values at each stats flush (default every 5 s): flush every
@@ -198,26 +225,34 @@ def scraped(request, tools, wasm, upstream):
             # 400/s offered over 100 connections for 6 s against 200/s: held and released, and
             # beyond 200 ms of queue rejected; a second client that gives up after 20 ms
             # leaves held requests behind (cancelled). Its errors are the point: no check.
+            # -allow-initial-errors: without it Fortio stops at the first 429 of its warm-up
+            # round, and the load would last a fraction of a second.
             impatient = subprocess.Popen(
                 [go_bin("fortio"), "load", "-c", "4", "-qps", "40", "-t", "5s", "-timeout", "20ms",
-                 "-loglevel", "critical", envoy.url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 "-loglevel", "critical", "-allow-initial-errors", envoy.url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # The cluster rule: 150/s offered against 100/s for the whole "cluster" (one proxy here).
+            shared = subprocess.Popen(
+                [go_bin("fortio"), "load", "-c", "20", "-qps", "150", "-t", "6s", "-loglevel", "critical", "-allow-initial-errors",
+                 f"{envoy.url}/c/"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 # fortio exits 1 when some responses are not 200 (the 429s here): no check.
                 subprocess.run([go_bin("fortio"), "load", "-c", "100", "-qps", "400", "-t", "6s",
-                                "-loglevel", "critical", envoy.url], timeout=60,
+                                "-loglevel", "critical", "-allow-initial-errors", envoy.url], timeout=60,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 impatient.wait(timeout=60)
+                shared.wait(timeout=60)
             finally:
                 stop(impatient)
-            final = envoy.rule_stats("default")
+                stop(shared)
+            final = {rule: envoy.rule_stats(rule) for rule in RULES}
 
             def scraped_after_the_load() -> bool:
                 """Prometheus's latest samples hold the final counters, and the histogram
                 (published at each stats flush) counts every released request."""
                 now = time.time()
-                got = [prom.query(f'sum({m}{{throttle_rule="default"}})', now)["data"]["result"]
-                       for m in ("throttle_released", "throttle_wait_ms_count")]
-                return all(r and float(r[0]["value"][1]) == final["released"] for r in got)
+                got = [(rule, prom.query(f'sum({m}{{throttle_rule="{rule}"}})', now)["data"]["result"])
+                       for rule in RULES for m in ("throttle_released", "throttle_wait_ms_count")]
+                return all(r and float(r[0]["value"][1]) == final[rule]["released"] for rule, r in got)
 
             wait_until(scraped_after_the_load, 20, "a scrape with the final counters and histogram")
             at = time.time()
@@ -226,43 +261,85 @@ def scraped(request, tools, wasm, upstream):
 
 def test_every_throttle_panel_returns_data(scraped):
     prom, at, stats = scraped
-    assert stats["queued"] > 0 and stats["released"] > 0 and stats["rejected"] > 0, stats
-    for variables in ({"rule": "default", "namespace": ".*"}, {"rule": ".*", "namespace": ".*"}):
+    for rule in RULES:
+        assert stats[rule]["queued"] > 0 and stats[rule]["released"] > 0, stats
+    assert stats["default"]["rejected"] > 0, stats
+    for rule, want in (("default", {"default"}), ("shared", {"shared"}), (".*", set(RULES))):
         for title, expr in panel_queries(dashboard("throttle.json")):
-            q = fill(expr, variables)
+            q = fill(expr, variables(rule))
             r = prom.query(q, at)
             assert r["status"] == "success", (title, q, r)
             result = r["data"]["result"]
             assert result, f"panel {title!r}: no data for {q}"
-            assert {s["metric"].get("throttle_rule") for s in result} == {"default"}, (title, result)
+            rules = {s["metric"].get("throttle_rule") for s in result}
+            # The configured-rate line of "Rate of all proxies vs configured" has no rule.
+            assert rules == ({None} if "$configured_rate" in expr else want), (title, q, result)
+
+
+def panel_values(prom, at: float, rule: str) -> dict[str, dict[str, float]]:
+    """{panel title: {legend of each series: value}} for one rule."""
+    out: dict[str, dict[str, float]] = {}
+    for p in dashboard("throttle.json")["panels"]:
+        for t in p.get("targets", []):
+            for series in prom.query(fill(t["expr"], variables(rule)), at)["data"]["result"]:
+                legend = t["legendFormat"]
+                for label in re.findall(r"\{\{(\w+)\}\}", legend):
+                    legend = legend.replace("{{" + label + "}}", series["metric"].get(label, ""))
+                out.setdefault(p["title"], {})[" ".join(legend.split())] = float(series["value"][1])
+    return out
 
 
 def test_panels_show_the_load(scraped):
     """Not only series: the rates reflect what Envoy counted."""
     prom, at, stats = scraped
-    v = {"rule": "default", "namespace": ".*"}
-    values: dict[str, list[float]] = {}
-    for title, expr in panel_queries(dashboard("throttle.json")):
-        r = prom.query(fill(expr, v), at)["data"]["result"]
-        values.setdefault(title, []).append(float(r[0]["value"][1]))
+    values = panel_values(prom, at, "default")
+
     def panel_value(stat: str) -> float:
         (title,) = [t for t in values if t.lower().startswith(stat)]
-        return values[title][0]
+        (v,) = values[title].values()
+        return v
 
     for stat in ("admitted", "queued", "released", "rejected"):
         assert panel_value(stat) > 0, (stat, values, stats)
-    assert (panel_value("cancelled") > 0) == (stats["cancelled"] > 0), (values, stats)
-    p50, p90, p99 = values["Wait time quantiles"]
+    assert (panel_value("cancelled") > 0) == (stats["default"]["cancelled"] > 0), (values, stats)
+    p50, p90, p99 = values["Wait time quantiles"].values()
     # Milliseconds, ordered. Holds are at most max_queue_delay (200 ms) plus the tick's lateness,
     # which on a busy machine is not bounded tightly; 1 s only catches a unit error.
     assert 0 < p50 <= p90 <= p99 < 1000, (p50, p90, p99)
+    # A process-scope rule never calls the engine.
+    assert set(values["Engine calls /s per proxy"].values()) == {0.0}, values["Engine calls /s per proxy"]
+
+
+def test_cluster_scope_panels_show_the_engine(scraped):
+    """The cluster rule's panels: calls from the one proxy, within the design's bound of 10 per
+    second; no failure and no fallback; slots granted and taken; the rate of all proxies."""
+    prom, at, stats = scraped
+    s = stats["shared"]
+    # A call answered later than engine.timeout (50 ms) is a failure: on this shared 2-core
+    # machine, running three Fortio loads, Envoy, Prometheus and the engine at once, a few
+    # happen (1 of 59 seen). More than a tenth would be a fault, not load.
+    assert s["engine_calls"] > 0 and s["engine_failures"] <= s["engine_calls"] / 10, s
+    values = panel_values(prom, at, "shared")
+    (calls,) = values["Engine calls /s per proxy"].values()
+    assert 0 < calls <= 10, values["Engine calls /s per proxy"]
+    (failures,) = values["Engine failures /s per proxy"].values()
+    assert (failures > 0) == (s["engine_failures"] > 0), (failures, s)
+    (fallback,) = values["Time in fallback per proxy"].values()
+    assert (fallback > 0) == (s["fallback_ms"] > 0) and fallback < 0.5, (fallback, s)
+    slots = values["Grid slots granted vs taken /s"]
+    assert slots["shared granted"] >= slots["shared taken"] > 0, slots
+    rates = values["Rate of all proxies vs configured"]
+    assert rates["configured rate"] == CLUSTER_RATE
+    # Averaged over the query's 30 s window, which holds the 6 s of load: below the rate.
+    assert 0 < rates["shared passed (all proxies)"] <= rates["shared offered"], rates
+    assert rates["shared passed (all proxies)"] <= CLUSTER_RATE, rates
 
 
 def test_template_variable_queries(scraped):
     """The dashboards' label_values() variables, through Prometheus' label API."""
     prom, _, _ = scraped
     r = prom.api("label/throttle_rule/values", **{"match[]": "throttle_admitted"})
-    assert r["data"] == ["default"]
+    assert r["data"] == sorted(RULES)
 
 
 def test_mesh_panel_queries_parse(scraped):

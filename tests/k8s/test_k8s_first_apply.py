@@ -11,14 +11,30 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.k8s import KUSTOMIZATIONS, OVERLAYS, PLUGIN_KUSTOMIZATIONS, ROOT, TEST_IMAGE_URL, docs, run
+from tests.support.k8s import (
+    KUSTOMIZATIONS,
+    OVERLAYS,
+    PLUGIN_KUSTOMIZATIONS,
+    ROOT,
+    TEST_ENGINE_DIGEST,
+    TEST_IMAGE_URL,
+    configured_copy,
+    docs,
+    run,
+)
 from tests.support.repo import files as repo_files
-from tools import wasm_image
+from tools import engine_image, wasm_image
 
 pytestmark = pytest.mark.k8s
 
 THROTTLE_OVERLAYS = [f"k8s/overlays/{o}" for o in OVERLAYS if "throttle" in o]
+# The kustomizations that deploy the engine (k8s/engine): they also need the rate limit
+# service's digest (k8s/engine/image.env, tools/engine_image.py).
+ENGINE_KUSTOMIZATIONS = ["k8s/engine"] + [f"k8s/overlays/{o}" for o in OVERLAYS if "../../engine" in
+                                          (ROOT / "k8s" / "overlays" / o / "kustomization.yaml").read_text()]
 PIN = wasm_image.read_image_env()["sha256"]
+NO_URL = ("fieldPath `data.url` is missing", "throttle-image")
+NO_DIGEST = ("fieldPath `data.ratelimit_digest` is missing", "engine-image")
 
 
 def markdown_files() -> list[Path]:
@@ -31,12 +47,26 @@ def test_the_shipped_image_env_names_no_image():
     assert re.fullmatch(r"[0-9a-f]{64}", env["sha256"])
 
 
-@pytest.mark.parametrize("k", THROTTLE_OVERLAYS + PLUGIN_KUSTOMIZATIONS)
+@pytest.mark.parametrize("k", THROTTLE_OVERLAYS + PLUGIN_KUSTOMIZATIONS + ["k8s/engine"])
 def test_as_shipped_a_throttle_kustomization_does_not_build(k, tools):
     """`kubectl apply -k` builds first: a build error applies nothing, Bookinfo included."""
     r = run([tools["kustomize"], "build", str(ROOT / k)])
-    assert r.returncode != 0, f"{k} builds without an image url:\n{r.stdout[:2000]}"
-    assert "fieldPath `data.url` is missing" in r.stderr and "throttle-image" in r.stderr, r.stderr
+    assert r.returncode != 0, f"{k} builds without its images set:\n{r.stdout[:2000]}"
+    missing = NO_DIGEST if k in ENGINE_KUSTOMIZATIONS else NO_URL
+    assert all(m in r.stderr for m in missing), r.stderr
+
+
+@pytest.mark.parametrize("k", ENGINE_KUSTOMIZATIONS)
+def test_each_image_setting_is_needed(k, tools, tmp_path):
+    """With the engine's digest set, the cluster-scope overlays still refuse to build until the
+    throttle's url is set, and k8s/engine alone (no throttle image) builds."""
+    copy = configured_copy(tmp_path, TEST_IMAGE_URL)
+    (copy / wasm_image.IMAGE_ENV.relative_to(ROOT)).write_text(wasm_image.IMAGE_ENV.read_text())  # no url again
+    r = run([tools["kustomize"], "build", str(copy / k)])
+    if k == "k8s/engine":
+        assert r.returncode == 0, r.stderr
+    else:
+        assert r.returncode != 0 and all(m in r.stderr for m in NO_URL), r.stderr
 
 
 @pytest.mark.parametrize("k", [f"k8s/overlays/{o}" for o in OVERLAYS if "throttle" not in o] + ["k8s/monitoring"])
@@ -63,12 +93,22 @@ def test_configured_image_reaches_every_plugin(rendered):
                 assert (d["spec"]["url"], d["spec"]["sha256"]) == (TEST_IMAGE_URL, PIN), (k, d["metadata"]["name"])
                 seen += 1
             elif d["kind"] == "EnvoyFilter":
-                for p in d["spec"]["configPatches"]:
+                for p in d["spec"].get("configPatches", []):
                     if p["applyTo"] == "EXTENSION_CONFIG":
                         remote = p["patch"]["value"]["typed_config"]["config"]["vm_config"]["code"]["remote"]
                         assert (remote["http_uri"]["uri"], remote["sha256"]) == (TEST_IMAGE_URL, PIN), k
                         seen += 1
     assert seen >= 7, seen
+
+
+def test_configured_engine_digest_reaches_the_service(rendered):
+    """With ratelimit_digest= set, the ratelimit container runs the tag pinned to that digest,
+    and the ConfigMap that carries it is not applied."""
+    for k in ENGINE_KUSTOMIZATIONS:
+        (dep,) = [d for d in docs(rendered[k]) if d["kind"] == "Deployment" and d["metadata"]["name"] == "ratelimit"]
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == f"{engine_image.image_tag()}@{TEST_ENGINE_DIGEST}", (k, c["image"])
+        assert not [d for d in docs(rendered[k]) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "engine-image"]
 
 
 @pytest.mark.parametrize("url", [
@@ -115,7 +155,7 @@ def test_shipped_failure_policy_is_open(rendered):
             if d["kind"] == "WasmPlugin":
                 assert d["spec"]["failStrategy"] == "FAIL_OPEN", (k, d["metadata"]["name"])
             elif d["kind"] == "EnvoyFilter":
-                for p in d["spec"]["configPatches"]:
+                for p in d["spec"].get("configPatches", []):
                     if p["applyTo"] == "EXTENSION_CONFIG":
                         assert p["patch"]["value"]["typed_config"]["config"]["failure_policy"] == "FAIL_OPEN", k
     readme = (ROOT / "istio" / "README.md").read_text()

@@ -20,7 +20,8 @@ BROKEN = sorted((Path(__file__).parent / "broken").glob("*.yaml"))
 
 def test_overlays_exist():
     assert set(OVERLAYS) == {"nomesh", "sidecar", "sidecar-throttle", "sidecar-throttle-envoyfilter",
-                             "ambient", "ambient-waypoint", "ambient-waypoint-throttle"}
+                             "sidecar-throttle-cluster", "ambient", "ambient-waypoint", "ambient-waypoint-throttle",
+                             "ambient-waypoint-throttle-cluster"}
 
 
 @pytest.mark.parametrize("k", KUSTOMIZATIONS)
@@ -131,22 +132,34 @@ def test_mesh_mode_labels(overlay, labels, rendered):
     assert {k: v for k, v in got.items() if k.startswith(("istio", "kubernetes.io/metadata"))} == labels
 
 
-def test_throttle_overlays_add_only_istio_resources(rendered):
-    for with_t, without in [("sidecar-throttle", "sidecar"), ("sidecar-throttle-envoyfilter", "sidecar"),
-                            ("ambient-waypoint-throttle", "ambient-waypoint")]:
-        a = {(d["kind"], d["metadata"]["name"]): d for d in docs(rendered[f"k8s/overlays/{with_t}"])}
-        b = {(d["kind"], d["metadata"]["name"]): d for d in docs(rendered[f"k8s/overlays/{without}"])}
-        assert all(a[k] == b[k] for k in b), f"{with_t} changes resources of {without}"
-        added = {k[0] for k in set(a) - set(b)}
-        assert added and added <= {"WasmPlugin", "EnvoyFilter", "VirtualService", "HTTPRoute"}, added
+def _keyed(path: Path) -> dict[tuple[str, str, str], dict]:
+    return {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d for d in docs(path)}
+
+
+@pytest.mark.parametrize("with_t, without", [
+    ("sidecar-throttle", "sidecar"), ("sidecar-throttle-envoyfilter", "sidecar"),
+    ("sidecar-throttle-cluster", "sidecar"),
+    ("ambient-waypoint-throttle", "ambient-waypoint"), ("ambient-waypoint-throttle-cluster", "ambient-waypoint"),
+])
+def test_throttle_overlays_add_only_istio_resources_and_the_engine(with_t, without, rendered):
+    """A throttle overlay is its mesh overlay plus Istio resources, and for cluster scope the
+    engine (k8s/engine) exactly as it renders alone: nothing of Bookinfo changes."""
+    a = _keyed(rendered[f"k8s/overlays/{with_t}"])
+    b = _keyed(rendered[f"k8s/overlays/{without}"])
+    assert all(a[k] == b[k] for k in b), f"{with_t} changes resources of {without}"
+    engine = _keyed(rendered["k8s/engine"]) if with_t.endswith("-cluster") else {}
+    assert all(a.get(k) == engine[k] for k in engine), f"{with_t} changes resources of k8s/engine"
+    added = {k[0] for k in set(a) - set(b) - set(engine)}
+    assert added and added <= {"WasmPlugin", "EnvoyFilter", "VirtualService", "HTTPRoute"}, added
 
 
 def test_waypoint_gateway(rendered):
     (gw,) = _by_kind(rendered["k8s/overlays/ambient-waypoint"], "Gateway")
     assert gw["spec"]["gatewayClassName"] == "istio-waypoint"
     assert gw["metadata"]["name"] == _ns_labels(rendered["k8s/overlays/ambient-waypoint"])["istio.io/use-waypoint"]
-    for wp in _by_kind(rendered["k8s/overlays/ambient-waypoint-throttle"], "WasmPlugin"):
-        assert "selector" not in wp["spec"] and wp["spec"]["targetRefs"], wp["metadata"]["name"]
+    for o in ("ambient-waypoint-throttle", "ambient-waypoint-throttle-cluster"):
+        for wp in _by_kind(rendered[f"k8s/overlays/{o}"], "WasmPlugin"):
+            assert "selector" not in wp["spec"] and wp["spec"]["targetRefs"], (o, wp["metadata"]["name"])
 
 
 def test_bookinfo_topology(rendered):
@@ -177,7 +190,7 @@ def test_bookinfo_topology(rendered):
 def test_timeouts_exceed_max_queue_delay(rendered):
     """Every route timeout shipped with the throttle is longer than the longest max_queue_delay."""
     longest = max(duration_s(r.get("max_queue_delay", "1s")) for _, _, cfg in plugin_configs() for r in cfg["rules"])
-    for o in ("sidecar-throttle", "sidecar-throttle-envoyfilter", "ambient-waypoint-throttle"):
+    for o in [o for o in OVERLAYS if "throttle" in o]:
         f = rendered[f"k8s/overlays/{o}"]
         timeouts = [h["timeout"] for vs in _by_kind(f, "VirtualService") for h in vs["spec"]["http"]]
         timeouts += [r["timeouts"]["request"] for hr in _by_kind(f, "HTTPRoute") for r in hr["spec"]["rules"]]

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.procs import Envoy, free_port, http_get, render, throttle_filter
+from harness.engine import Engine
+from harness.procs import Envoy, free_port, http_get, render, throttle_filter, wait_until
 from tests.support.k8s import PLUGIN_KUSTOMIZATIONS, plugin_configs, run
 
 pytestmark = pytest.mark.k8s
@@ -65,12 +66,41 @@ def istio_built(tools, registry, pushed, rendered_plugins, tmp_path_factory) -> 
     return out
 
 
-def with_istio_filter(config: dict, wasm: Path, upstream_port: int) -> dict:
+def with_istio_filter(config: dict, wasm: Path, upstream_port: int, engine_cluster: dict | None = None) -> dict:
     cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=upstream_port, wasm=wasm)
     hf = throttle_filter(cfg)
     assert hf is not None, "envoy/demo.yaml has no throttle filter"
     hf["typed_config"]["config"] = config
+    if engine_cluster is not None:
+        cfg["static_resources"]["clusters"].append(engine_cluster)
     return cfg
+
+
+def plain_envoy_cluster(istio_cluster: dict, port: int) -> dict:
+    """The cluster istiod builds for the engine (tools/istio/istioclusters), for a plain Envoy
+    reaching the engine on 127.0.0.1:`port`. Same name and settings (connect timeout, load
+    balancing, circuit breakers, metadata); changed only where an Istio proxy differs from a
+    plain one: the endpoints come from EDS over ADS there (static here); the
+    `istio.metadata_exchange` upstream filter exists only in Istio's Envoy build; the transport
+    socket matches need istio-agent's SDS and choose plain text for endpoints outside the mesh,
+    as the shipped engine is (tests/k8s/test_k8s_cluster_scope.py checks the cluster itself)."""
+    c = {k: v for k, v in istio_cluster.items()
+         if k not in ("type", "eds_cluster_config", "filters", "transport_socket_matches")}
+    assert istio_cluster["type"] == "EDS", istio_cluster["type"]
+    assert [f["name"] for f in istio_cluster.get("filters", [])] in ([], ["istio.metadata_exchange"])
+    assert "transport_socket" not in c and "load_assignment" not in c
+    c["type"] = "STATIC"
+    c["load_assignment"] = {"cluster_name": c["name"], "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+        "socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}
+    return c
+
+
+def istio_engine_cluster(engine_clusters: dict[str, dict[str, dict[str, dict]]], name: str) -> dict:
+    """The cluster istiod builds under `name` on a proxy of a shipped overlay."""
+    found = [clusters[name] for by_proxy in engine_clusters.values() for clusters in by_proxy.values()
+             if name in clusters]
+    assert found, f"no proxy of any overlay has a cluster {name!r}"
+    return found[0]
 
 
 def test_every_kind_has_configs():
@@ -91,13 +121,58 @@ def test_istio_builds_every_plugin(istio_built, pushed, wasm):
 
 
 @pytest.mark.parametrize("where, plugin", [(w, c) for _, w, c in CONFIGS], ids=WHERE)
-def test_plugin_config_accepted_by_the_filter(where, plugin, istio_built, wasm, upstream):
+def test_plugin_config_accepted_by_the_filter(where, plugin, istio_built, engine_clusters, wasm, upstream):
+    """The filter Istio builds passes `envoy --mode validate`; a cluster-scope plugin's Envoy
+    has the engine's cluster, as istiod builds it for that plugin's proxy."""
     config = istio_built[where]
     # the string the filter's on_configure receives is the configuration as written
     assert json.loads(config["configuration"]["value"]) == plugin
-    rc, out = Envoy(with_istio_filter(config, wasm, upstream.port), concurrency=1).validate()
+    engine = plugin.get("engine")
+    cluster = plain_envoy_cluster(istio_engine_cluster(engine_clusters, engine["cluster"]), free_port()) \
+        if engine else None
+    cfg = with_istio_filter(config, wasm, upstream.port, cluster)
+    rc, out = Envoy(cfg, concurrency=1).validate()
     assert rc == 0, f"{where}: refused:\n{out[-3000:]}"
     assert "OK" in out
+    if engine:
+        assert engine["cluster"] in [c["name"] for c in cfg["static_resources"]["clusters"]]
+
+
+@pytest.fixture
+def engine():
+    """The real engine: Redis and envoyproxy/ratelimit on loopback (harness/engine.py)."""
+    with Engine() as e:
+        yield e
+
+
+@pytest.mark.parametrize("kustomization", ["istio/wasmplugin-sidecar-cluster", "istio/wasmplugin-waypoint-cluster"])
+def test_istio_built_cluster_scope_filter_reaches_the_engine(kustomization, istio_built, engine_clusters, engine,
+                                                             wasm, upstream):
+    """A cluster-scope WasmPlugin exactly as Istio builds it, in a real Envoy whose engine cluster
+    is the one istiod builds for its proxy (pointed at the real engine on loopback): every
+    request is served, the filter's calls reach the service through that cluster by its Istio
+    name, and the grants come back from Redis."""
+    (where,) = [w for w in istio_built if w.startswith(kustomization + ":")]
+    config = istio_built[where]
+    plugin = json.loads(config["configuration"]["value"])
+    name = plugin["engine"]["cluster"]
+    (rule,) = plugin["rules"]
+    cluster = plain_envoy_cluster(istio_engine_cluster(engine_clusters, name), engine.port)
+    n = 40
+    with Envoy(with_istio_filter(config, wasm, upstream.port, cluster), concurrency=2) as envoy:
+        codes = [http_get(f"{envoy.url}/productpage")[0] for _ in range(n)]
+        assert codes == [200] * n, codes
+        stats = wait_until(lambda: (s := envoy.rule_stats(rule["name"]))["engine_calls"] > 0 and s, 10,
+                           "an engine call counted")
+        # Istio sets alt_stat_name, the prefix of the cluster's stats in Envoy.
+        upstream_rq = envoy.stats(f"cluster.{cluster.get('alt_stat_name', name)}.upstream_rq_", settle=False)
+    # Every request took a slot of the shared grid (the first ones were held until the
+    # proxy's first grants came, then released). No call failed, no fallback.
+    assert stats["requests"] == n and stats["slots_taken"] == n, stats
+    assert stats["slots_granted"] >= n and stats["engine_failures"] == 0 and stats["fallback_ms"] == 0, stats
+    # Envoy's own stats of the cluster named as in Istio: the calls went through it, all 200.
+    assert upstream_rq.get("200", 0) >= stats["engine_calls"] > 0, upstream_rq
+    assert engine.redis_stats()["incrby"] > 0
 
 
 def test_istio_built_filter_serves(istio_built, wasm, upstream):

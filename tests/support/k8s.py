@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -11,21 +12,27 @@ from typing import Any
 
 import yaml
 
-from tools import wasm_image
+from tools import engine_image, wasm_image
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 OVERLAYS = sorted(p.name for p in (ROOT / "k8s" / "overlays").iterdir() if (p / "kustomization.yaml").exists())
-# The istio/ kustomizations that hold WasmPlugins or EnvoyFilters (all take the image from istio/image/).
+# The istio/ kustomizations that hold the throttle: WasmPlugins, or EnvoyFilters with the Wasm
+# filter (all take the image from istio/image/). istio/engine-waypoint's EnvoyFilter is not one.
 PLUGIN_KUSTOMIZATIONS = sorted(
     f"istio/{p.parent.name}" for p in (ROOT / "istio").glob("*/kustomization.yaml")
-    if re.search(r"^kind: (WasmPlugin|EnvoyFilter)$", "".join(f.read_text() for f in p.parent.glob("*.yaml")), re.M))
+    if re.search(r"^kind: WasmPlugin$|filters\.http\.wasm\.v3\.Wasm",
+                 "".join(f.read_text() for f in p.parent.glob("*.yaml")), re.M))
 # Everything `kustomize build` must render and the validators must accept: the overlays, the
-# monitoring stack, and the waypoint Gateway example (not used by an overlay).
-KUSTOMIZATIONS = [f"k8s/overlays/{o}" for o in OVERLAYS] + ["k8s/monitoring", "istio/wasmplugin-waypoint-gateway"]
+# monitoring stack, the engine, and the waypoint Gateway example (not used by an overlay).
+KUSTOMIZATIONS = [f"k8s/overlays/{o}" for o in OVERLAYS] + ["k8s/monitoring", "k8s/engine",
+                                                           "istio/wasmplugin-waypoint-gateway"]
 TOOLS_JSON = ROOT / "build" / "k8s" / "tools.json"
 # The image the tests configure, as an operator would (`tools/wasm_image.py set-url`). The
 # `.test` domain never resolves (RFC 6761); Istio's fetcher is pointed at the local registry.
 TEST_IMAGE_URL = "oci://registry.test/envoy-throttle:0.1.0"
+# The rate limit service's digest the tests configure (`tools/engine_image.py set-digest`): the
+# sha256 of a string, a digest no image has; no test pulls it.
+TEST_ENGINE_DIGEST = "sha256:" + hashlib.sha256(b"k8s-check: not an image").hexdigest()
 
 
 def run(cmd: list[str], timeout: float = 300, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -43,11 +50,13 @@ def kubeconform(tools: dict[str, str], schemas: Path, files: list[Path]) -> subp
                 *map(str, files)])
 
 
-def configured_copy(dest: Path, url: str) -> Path:
-    """A copy of istio/ and k8s/ under `dest` whose image.env names `url` (sha256 as shipped)."""
+def configured_copy(dest: Path, url: str, engine_digest: str = TEST_ENGINE_DIGEST) -> Path:
+    """A copy of istio/ and k8s/ under `dest` whose image.env names `url` (sha256 as shipped) and
+    whose k8s/engine/image.env pins the rate limit service to `engine_digest`."""
     for top in ("istio", "k8s"):
         shutil.copytree(ROOT / top, dest / top, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
     wasm_image.set_image(url=url, env=dest / wasm_image.IMAGE_ENV.relative_to(ROOT))
+    engine_image.set_digest(engine_digest, env=dest / engine_image.IMAGE_ENV.relative_to(ROOT))
     return dest
 
 
@@ -69,7 +78,7 @@ def plugin_configs() -> list[tuple[str, str, dict]]:
                 if d["kind"] == "WasmPlugin":
                     out.append((k, where, d["spec"]["pluginConfig"]))
                 elif d["kind"] == "EnvoyFilter":
-                    for p in d["spec"]["configPatches"]:
+                    for p in d["spec"].get("configPatches", []):
                         tc = p["patch"]["value"].get("typed_config", {})
                         if tc.get("@type", "").endswith("filters.http.wasm.v3.Wasm"):
                             out.append((k, where, json.loads(tc["config"]["configuration"]["value"])))
@@ -80,3 +89,44 @@ def duration_s(text: str) -> float:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
     assert m, text
     return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def istio_clusters(tools: dict[str, str], files: list[Path], proxies: list[str]) -> dict[str, dict[str, dict]]:
+    """The clusters istiod would push to each proxy ("sidecar:NS/APP" or "waypoint:NS/GATEWAY"),
+    computed by Istio's code (tools/istio/istioclusters) from rendered manifests:
+    {proxy: {cluster name: cluster (proto JSON)}}."""
+    args = [a for p in proxies for a in ("-" + p.split(":", 1)[0], p.split(":", 1)[1])]
+    r = run([tools["istioclusters"], *args, *map(str, files)], timeout=120)
+    assert r.returncode == 0, f"istioclusters {' '.join(args)}:\n{r.stderr[-3000:]}"
+    return {d["proxy"]: d["clusters"] for d in map(json.loads, r.stdout.splitlines())}
+
+
+def cluster_scope_plugins(path: Path) -> list[tuple[str, str, dict]]:
+    """(WasmPlugin name, the proxy it runs on, its plugin config) for every WasmPlugin of a
+    rendered file with a `scope: cluster` rule. The proxy is "sidecar:NS/APP" for a selector
+    on `app`, "waypoint:NS/GATEWAY" for targetRefs (a Gateway, or a Service whose namespace
+    or own label `istio.io/use-waypoint` names the waypoint)."""
+    all_docs = docs(path)
+    ns_labels = {d["metadata"]["name"]: d["metadata"].get("labels", {}) for d in all_docs if d["kind"] == "Namespace"}
+    svc_labels = {(d["metadata"].get("namespace"), d["metadata"]["name"]): d["metadata"].get("labels", {})
+                  for d in all_docs if d["kind"] == "Service"}
+    out = []
+    for d in all_docs:
+        if d["kind"] != "WasmPlugin":
+            continue
+        cfg = d["spec"].get("pluginConfig", {})
+        if not any(r.get("scope") == "cluster" for r in cfg.get("rules", [])):
+            continue
+        ns, name, spec = d["metadata"]["namespace"], d["metadata"]["name"], d["spec"]
+        if "selector" in spec:
+            proxy = f"sidecar:{ns}/{spec['selector']['matchLabels']['app']}"
+        else:
+            (ref,) = spec["targetRefs"]
+            if ref["kind"] == "Gateway":
+                gateway = ref["name"]
+            else:
+                labels = {**ns_labels.get(ns, {}), **svc_labels.get((ns, ref["name"]), {})}
+                gateway = labels["istio.io/use-waypoint"]
+            proxy = f"waypoint:{ns}/{gateway}"
+        out.append((name, proxy, cfg))
+    return out

@@ -4,7 +4,8 @@
     .venv/bin/python k8s/monitoring/dashboards/generate.py --check  # exit 1 if they are stale
 
 Two dashboards, provisioned into Grafana by the `grafana-dashboards` ConfigMap:
-- throttle.json: the throttle's decisions per rule, held requests, wait-time quantiles;
+- throttle.json: the throttle's decisions per rule, held requests, wait-time quantiles, and
+  cluster scope (calls to the engine per proxy, fallback, grid slots, the rate of all proxies);
 - mesh.json: request rate and p50/p90/p99 per workload from Istio's standard metrics.
 
 Every query uses only the template variables defined here; tests/k8s/test_k8s_dashboards.py
@@ -38,6 +39,11 @@ def query_var(name: str, label: str, query: str) -> db.QueryVariable:
             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC))
 
 
+def textbox_var(name: str, label: str, default: str, description: str) -> db.TextBoxVariable:
+    return (db.TextBoxVariable(name).label(label).description(description).default_value(default)
+            .current(dm.VariableOption(selected=True, text=default, value=default)))
+
+
 def custom_var(name: str, label: str, values: list[str]) -> db.CustomVariable:
     return (db.CustomVariable(name).label(label).values(",".join(values))
             .current(dm.VariableOption(selected=True, text=values[0], value=values[0])))
@@ -52,11 +58,53 @@ def panel(title: str, unit: str, targets: list[tuple[str, str]], description: st
 
 
 THROTTLE_SEL = 'throttle_rule=~"$rule", namespace=~"$namespace"'
+# One Envoy process: a pod in Kubernetes (`pod`, set by the scrape configuration), a scrape
+# target elsewhere (`instance`).
+PROXY = "pod, instance"
+PROXY_LEGEND = "{{throttle_rule}} {{pod}} {{instance}}"
+
+
+def rate_of(stat: str, by: str = "throttle_rule") -> str:
+    return f"sum by ({by}) (rate(throttle_{stat}{{{THROTTLE_SEL}}}[{RATE}]))"
+
+
+def cluster_scope_panels(d: db.Dashboard) -> db.Dashboard:
+    """The row of `scope: "cluster"` rules (filters/throttle/README.md "Cluster scope"): their
+    stats stay 0 for process-scope rules."""
+    d = d.with_row(db.Row("Cluster scope (rules with scope: cluster)"))
+    d = d.with_panel(panel("Engine calls /s per proxy", "reqps", [(rate_of("engine_calls", f"throttle_rule, {PROXY}"),
+                                                                   PROXY_LEGEND)],
+                           "Calls to the rate limit service that carried the rule, per Envoy process: at most "
+                           "10 per second each, whatever the traffic, none while the rule has no demand.", w=8))
+    d = d.with_panel(panel("Engine failures /s per proxy", "reqps",
+                           [(rate_of("engine_failures", f"throttle_rule, {PROXY}"), PROXY_LEGEND)],
+                           "Calls that failed: transport error, non-200, later than engine.timeout, or an answer "
+                           "that makes no sense. After engine.fallback_after of failures the rule falls back.",
+                           w=8))
+    d = d.with_panel(panel("Time in fallback per proxy", "percentunit", [(
+        f"sum by (throttle_rule, {PROXY}) (rate(throttle_fallback_ms{{{THROTTLE_SEL}}}[{RATE}])) / 1000",
+        PROXY_LEGEND)],
+        "Share of the time each proxy paced the rule by its on_engine_failure fallback instead of the shared "
+        "grid (from the gauge fallback_ms, total milliseconds in fallback).", w=8))
+    d = d.with_panel(panel("Grid slots granted vs taken /s", "reqps", [
+        (rate_of("slots_granted"), "{{throttle_rule}} granted"),
+        (rate_of("slots_taken"), "{{throttle_rule}} taken"),
+    ], "Slots of the shared grid the engine granted to all proxies, and the slots their requests used. "
+       "Granted beyond taken is demand that did not come.", w=8))
+    d = d.with_panel(panel("Granted slots unused", "short", [(
+        f"sum by (throttle_rule) (throttle_slots_unused{{{THROTTLE_SEL}}})", "{{throttle_rule}}")],
+        "Slots granted to the proxies that passed unused (granted - taken - still usable), summed.", w=8))
+    d = d.with_panel(panel("Rate of all proxies vs configured", "reqps", [
+        (f"{rate_of('released')} + {rate_of('admitted')}", "{{throttle_rule}} passed (all proxies)"),
+        (rate_of("requests"), "{{throttle_rule}} offered"),
+        ("vector($configured_rate)", "configured rate"),
+    ], "Requests passed to the upstream (released + admitted), summed over every proxy: at most the "
+       "configured rate while the engine answers. Offered: requests the rule applied to. The configured "
+       "rate is the dashboard's `configured_rate` box (the filter does not export it).", w=8))
+    return d
 
 
 def throttle_dashboard() -> db.Dashboard:
-    def rate_of(stat: str) -> str:
-        return f"sum by (throttle_rule) (rate(throttle_{stat}{{{THROTTLE_SEL}}}[{RATE}]))"
 
     d = (db.Dashboard("Throttle").uid("envoy-throttle").tags(["envoy", "wasm", "throttle"])
          .description("The proxy-wasm throttle: decisions per rule, held requests and wait time. "
@@ -64,7 +112,10 @@ def throttle_dashboard() -> db.Dashboard:
          .refresh("10s").time("now-15m", "now")
          .with_variable(datasource_var())
          .with_variable(query_var("namespace", "Namespace", "label_values(throttle_admitted, namespace)"))
-         .with_variable(query_var("rule", "Rule", "label_values(throttle_admitted, throttle_rule)")))
+         .with_variable(query_var("rule", "Rule", "label_values(throttle_admitted, throttle_rule)"))
+         .with_variable(textbox_var("configured_rate", "Configured rate (/s)", "2000",
+                                    "The rate of the cluster rule shown (its `rate`, per second), drawn as a "
+                                    "line in \"Rate of all proxies vs configured\".")))
     decisions = [
         ("admitted", "Admitted at once (fast path)", "Requests within the rate or burst, continued at once."),
         ("queued", "Queued (held)", "Requests held for a later release."),
@@ -91,7 +142,7 @@ def throttle_dashboard() -> db.Dashboard:
         f"sum by (throttle_rule) (rate(throttle_wait_ms_sum{{{THROTTLE_SEL}}}[{RATE}])) / "
         f"sum by (throttle_rule) (rate(throttle_wait_ms_count{{{THROTTLE_SEL}}}[{RATE}]))", "{{throttle_rule}}")],
         "Mean hold time of released requests.", w=12))
-    return d
+    return cluster_scope_panels(d)
 
 
 MESH_SEL = ('reporter=~"$reporter", destination_workload_namespace=~"$namespace", '
