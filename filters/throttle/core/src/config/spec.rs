@@ -200,7 +200,7 @@ pub const CONFIG_FIELDS: &[Field] = &[
 pub const ENGINE_CLUSTER: Field = required(
     "cluster",
     Kind::Text,
-    "Envoy cluster that reaches the rate limit service's HTTP port (`POST /json`). In Istio, the `outbound|8080||<service host>` cluster, or one added by an EnvoyFilter.",
+    "Envoy cluster that reaches the rate limit service's HTTP port (`POST /json`). In Istio, the service's `outbound|8080||<service host>` cluster (a sidecar has it; a waypoint needs the EnvoyFilter of `istio/engine-waypoint`: see the section Cluster scope in the mesh of istio/README.md).",
 );
 pub const ENGINE_TIMEOUT: Field = field(
     "timeout",
