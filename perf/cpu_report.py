@@ -145,10 +145,12 @@ def markdown(result: dict, info: dict, p: Profile) -> str:
                   "### How much rounds vary, and the load generator", "",
                   md_table(*variation_table(rows, [s.name for s in p.shapes])), ""]
         i0, i1 = result.get("idle_start"), result.get("idle_end")
+        fixed = next((s.qps for s in p.shapes if s.qps), None)
         if i0 and i1:
+            worst = max(i0["us_per_s"], i1["us_per_s"])
+            per = f"; at {fixed:,.0f} req/s that is {worst / fixed:.2f} µs per request" if fixed else ""
             parts += [f"Idle Envoy (no traffic, every listener loaded): {i0['us_per_s']:.0f} µs/s at the start, "
-                      f"{i1['us_per_s']:.0f} µs/s at the end (already inside every figure above; at 2,000 req/s "
-                      f"that is {max(i0['us_per_s'], i1['us_per_s']) / 2000:.2f} µs per request).", ""]
+                      f"{i1['us_per_s']:.0f} µs/s at the end (already inside every figure above{per}).", ""]
     if result["handoff"]:
         h = p.handoff
         assert h is not None

@@ -351,3 +351,29 @@ def test_handoff_and_smoothness_tables():
     _, t = cpu_report.smooth_table(sm)
     assert [r[0] for r in t] == ["pace-after", "nginx-limit_req"]
     assert t[0][2] == "**8.50**" and t[0][3] == "8.00, 9.00"
+
+
+def test_summary_has_every_section_and_names_left_out_listeners_and_failures():
+    p = parse_profile("p", {**GOOD, "handoff": {"builds": ["after"]}, "smoothness": {"builds": ["after"]},
+                            "cpu": {"listeners": [{"name": "plain"}, {"name": "noop-wamr", "wasm": "noop",
+                                                                       "runtime": "wamr"}],
+                                    "shapes": [{"name": "s", "connections": 2, "requests": 10, "qps": 2000}]}})
+    result = {"cpu": [_row(1, "s", "plain", "plain", 100.0)], "left_out": ["noop-wamr"],
+              "runtimes": {"wamr": {"loads": False, "log": "compiled without support"}},
+              "handoff": [{"build": "after", "placement": "same", "service_ms": 20.5, "envoy_upstream_ms": 20.7,
+                           "ideal_qps": 195.1, "achieved_qps": 190.0, "achieved_pct": 97.4, "cross_pct": 0.0,
+                           "gap_p50_ms": 0.4, "gap_p99_ms": 1.0, "errors": 0}],
+              "smoothness": [{"variant": "pace-after", "upstream_qps": 500.0, "sd_qps": 8.0, "min_window_qps": 480.0,
+                              "max_window_qps": 520.0, "windows": 199}],
+              "idle_start": {"us_per_s": 900.0}, "idle_end": {"us_per_s": 1100.0},
+              "failures": [{"round": 1, "listener": "x", "error": "boom", "trace": "long"}]}
+    info = {"run_id": "r", "uptime_start": "load average: 1.00", "uptime_end": "load average: 1.50",
+            "builds": {"after": {"path": "a.wasm", "bytes": 1, "sha256": "ab" * 32, "ref": None}}}
+    md = cpu_report.markdown(result, info, p)
+    for heading in ("## Envoy CPU µs per request", "### s:", "### Wasm runtimes", "## Concurrency hand-off",
+                    "## Pacing smoothness", "## Failures"):
+        assert heading in md
+    assert "load average: 1.00" in md and "load average: 1.50" in md
+    assert "Left out (runtime not in this Envoy): noop-wamr." in md
+    assert "boom" in md and "long" not in md
+    assert "0.55 µs per request" in md  # 1100 µs/s idle at 2,000 req/s
