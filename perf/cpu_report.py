@@ -3,7 +3,11 @@ rows of every round. Pure: tested in perf/tests/test_cpu.py."""
 
 from __future__ import annotations
 
-from perf.cpu_config import Profile
+import json
+import sys
+from pathlib import Path
+
+from perf.cpu_config import SPEC, Profile, load_profile
 from perf.cpu_stats import spread
 
 Table = tuple[list[str], list[list[str]]]
@@ -24,14 +28,27 @@ def _median_of(rows: list[dict], key: str) -> float | None:
     return spread(vals).median if vals else None
 
 
+def paired(rows: list[dict], a: str, b: str, key: str = "envoy_us_per_req"):
+    """a − b in each round where both ran (the listeners of one round run back
+    to back, so drifts of the machine mostly cancel); their spread."""
+    by = {(r["round"], r["listener"]): r[key] for r in rows}
+    diffs = [by[(rd, a)] - by[(rd, b)] for rd in sorted({r["round"] for r in rows})
+             if (rd, a) in by and (rd, b) in by]
+    return spread(diffs) if diffs else None
+
+
+def _pm(s) -> str:
+    return "-" if s is None else f"{s.median:+.1f} ({s.lo:+.1f} to {s.hi:+.1f})"
+
+
 def cpu_table(rows: list[dict], shape: str, listeners: list[str]) -> Table:
     """Per listener: Envoy CPU µs per request (median, min-max, IQR), the
     worker threads' share, the difference to plain and to the no-op floor
-    of the same runtime, req/s, and what the client and nginx spent."""
+    of the same runtime (median of the per-round differences, and their
+    range), req/s, and what the client and nginx spent."""
     mine = [r for r in rows if r["shape"] == shape]
-    med = {n: _median_of([r for r in mine if r["listener"] == n], "envoy_us_per_req") for n in listeners}
-    floor = {r["runtime"]: med[r["listener"]] for r in mine if r["kind"] == "noop"}
-    plain = next((med[r["listener"]] for r in mine if r["kind"] == "plain"), None)
+    floor = {r["runtime"]: r["listener"] for r in mine if r["kind"] == "noop"}
+    plain = next((r["listener"] for r in mine if r["kind"] == "plain"), None)
     out = []
     for n in listeners:
         lr = [r for r in mine if r["listener"] == n]
@@ -41,12 +58,37 @@ def cpu_table(rows: list[dict], shape: str, listeners: list[str]) -> Table:
         f = floor.get(lr[0]["runtime"]) if lr[0]["kind"] == "throttle" else None
         out.append([n, f"**{s.median:.1f}**", f"{s.lo:.1f}–{s.hi:.1f}", f"{s.iqr_pct:.1f}%",
                     _f(_median_of(lr, "envoy_workers_us_per_req")),
-                    _f(None if plain is None else s.median - plain, "{:+.1f}"),
-                    _f(None if f is None else s.median - f, "{:+.1f}"),
+                    _pm(paired(mine, n, plain)) if plain and n != plain else "-",
+                    _pm(paired(mine, n, f)) if f else "-",
                     _f(_median_of(lr, "achieved_qps"), "{:.0f}"), _f(_median_of(lr, "client_us_per_req")),
                     _f(_median_of(lr, "nginx_us_per_req")), str(s.n)])
-    return (["listener", "Envoy µs/req (median)", "min–max", "IQR", "workers µs/req", "vs plain",
-             "vs no-op floor", "req/s", "client µs/req", "nginx µs/req", "rounds"], out)
+    return (["listener", "Envoy µs/req (median)", "min–max", "IQR", "workers µs/req", "vs plain, per round",
+             "vs no-op floor, per round", "req/s", "client µs/req", "nginx µs/req", "rounds"], out)
+
+
+def builds_table(rows: list[dict], shapes: list[str]) -> Table:
+    """Each pair of throttle listeners of the same runtime, per shape: the
+    later minus the earlier in each round (median, range, and in how many
+    rounds the later one cost less)."""
+    out = []
+    for sh in shapes:
+        mine = [r for r in rows if r["shape"] == sh]
+        thr = sorted({(r["runtime"], r["listener"]) for r in mine if r["kind"] == "throttle"})
+        for i, (rt, a) in enumerate(thr):
+            for rt2, b in thr[i + 1:]:
+                if rt2 != rt:
+                    continue
+                # "throttle-after" minus "throttle-before": name order puts after first
+                d = paired(mine, a, b)
+                if d is None:
+                    continue
+                by = {(r["round"], r["listener"]): r["envoy_us_per_req"] for r in mine}
+                fewer = sum(1 for rd in {r["round"] for r in mine}
+                            if (rd, a) in by and (rd, b) in by and by[(rd, a)] < by[(rd, b)])
+                out.append([sh, rt, f"{a} − {b}", f"**{d.median:+.1f}**", f"{d.lo:+.1f} to {d.hi:+.1f}",
+                            f"{fewer} of {d.n}"])
+    return (["shape", "runtime", "difference", "µs/req, median of rounds", "range", "rounds where the first costs less"],
+            out)
 
 
 def runtime_table(rows: list[dict], runtimes: dict, shape: str) -> Table:
@@ -60,13 +102,15 @@ def runtime_table(rows: list[dict], runtimes: dict, shape: str) -> Table:
             continue
         here = [r for r in mine if r["runtime"] == rt]
         floor = _median_of([r for r in here if r["kind"] == "noop"], "envoy_us_per_req")
+        floor_name = next((r["listener"] for r in here if r["kind"] == "noop"), None)
         for n in sorted({r["listener"] for r in here if r["kind"] == "throttle"}):
             t = _median_of([r for r in here if r["listener"] == n], "envoy_us_per_req")
             out.append([rt, "loads", _f(floor), f"{n}: {_f(t)}",
-                        _f(None if floor is None or t is None else t - floor, "{:+.1f}"), ""])
+                        _pm(paired(mine, n, floor_name)) if floor_name else "-", ""])
         if not any(r["kind"] == "throttle" for r in here):
             out.append([rt, "loads", _f(floor), "-", "-", ""])
-    return (["runtime", "status", "no-op floor µs/req", "throttle µs/req", "throttle − floor", "Envoy says"], out)
+    return (["runtime", "status", "no-op floor µs/req", "throttle µs/req", "throttle − floor, per round", "Envoy says"],
+            out)
 
 
 def variation_table(rows: list[dict], shapes: list[str]) -> Table:
@@ -140,7 +184,8 @@ def markdown(result: dict, info: dict, p: Profile) -> str:
                 f", {sh.requests} requests per measurement" + (
                 ", Envoy pinned to core 0, fortio and nginx to core 1" if sh.pin else "")
             parts += [f"### {sh.name}: {desc}", "", md_table(*cpu_table(rows, sh.name, listeners)), ""]
-        parts += ["### Wasm runtimes", "", md_table(*runtime_table(rows, result["runtimes"], p.shapes[0].name)), "",
+        parts += ["### Throttle builds, per round", "", md_table(*builds_table(rows, [s.name for s in p.shapes])), "",
+                  "### Wasm runtimes", "", md_table(*runtime_table(rows, result["runtimes"], p.shapes[0].name)), "",
                   f"(shape {p.shapes[0].name})", "",
                   "### How much rounds vary, and the load generator", "",
                   md_table(*variation_table(rows, [s.name for s in p.shapes])), ""]
@@ -177,3 +222,19 @@ def markdown(result: dict, info: dict, p: Profile) -> str:
         parts += ["## Failures", ""] + [f"- {f}" for f in
                                         ({k: v for k, v in x.items() if k != "trace"} for x in result["failures"])] + [""]
     return "\n".join(parts)
+
+
+def render_run(run_dir: Path, spec: Path = SPEC) -> Path:
+    """Re-writes summary.md of a finished run (its cpu.json and info.json)."""
+    result = json.loads((run_dir / "cpu.json").read_text())
+    info = json.loads((run_dir / "info.json").read_text())
+    out = run_dir / "summary.md"
+    out.write_text(markdown(result, info, load_profile(result["profile"], spec)))
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m perf.cpu_report perf/results/<run-id>", file=sys.stderr)
+        sys.exit(2)
+    print(render_run(Path(sys.argv[1])).read_text())

@@ -326,8 +326,10 @@ def test_cpu_table_gives_median_spread_and_the_throttles_own_work():
     headers, table = cpu_report.cpu_table(rows, "s", ["plain", "noop", "throttle-after", "local-ratelimit"])
     by = {t[0]: dict(zip(headers, t)) for t in table}
     assert by["plain"]["Envoy µs/req (median)"] == "**101.0**" and by["plain"]["min–max"] == "99.0–110.0"
-    assert by["throttle-after"]["vs no-op floor"] == "+3.0" and by["throttle-after"]["vs plain"] == "+13.0"
-    assert by["noop"]["vs no-op floor"] == "-" and by["local-ratelimit"]["vs plain"] == "+5.0"
+    assert by["throttle-after"]["vs no-op floor, per round"] == "+3.0 (+3.0 to +3.0)"
+    assert by["throttle-after"]["vs plain, per round"] == "+13.0 (+13.0 to +13.0)"
+    assert by["noop"]["vs no-op floor, per round"] == "-" and by["plain"]["vs plain, per round"] == "-"
+    assert by["local-ratelimit"]["vs plain, per round"] == "+5.0 (+5.0 to +5.0)"
     assert by["plain"]["IQR"] == f"{100 * 2 / 101:.1f}%" and by["plain"]["rounds"] == "5"
 
 
@@ -336,7 +338,7 @@ def test_runtime_table_names_a_missing_runtime_with_envoys_line():
     runtimes = {"v8": {"loads": True, "log": None},
                 "wamr": {"loads": False, "log": "Envoy was compiled without support for it"}}
     _, table = cpu_report.runtime_table(rows, runtimes, "s")
-    assert table[0][:5] == ["v8", "loads", "110.0", "throttle-after: 114.0", "+4.0"]
+    assert table[0][:5] == ["v8", "loads", "110.0", "throttle-after: 114.0", "+4.0 (+4.0 to +4.0)"]
     assert table[1][1] == "not in this Envoy" and "compiled without support" in table[1][5]
 
 
@@ -377,3 +379,17 @@ def test_summary_has_every_section_and_names_left_out_listeners_and_failures():
     assert "Left out (runtime not in this Envoy): noop-wamr." in md
     assert "boom" in md and "long" not in md
     assert "0.55 µs per request" in md  # 1100 µs/s idle at 2,000 req/s
+
+
+def test_builds_are_compared_round_by_round():
+    """A drift that hits both builds alike cancels in the per-round difference,
+    not in the difference of the medians."""
+    rows = []
+    for r, drift in enumerate((0.0, 40.0, -30.0, 80.0, 10.0)):
+        rows += [_row(r, "s", "throttle-before", "throttle", 120 + drift),
+                 _row(r, "s", "throttle-after", "throttle", 115 + drift + (3 if r == 4 else 0))]
+    _, t = cpu_report.builds_table(rows, ["s"])
+    assert t == [["s", "v8", "throttle-after − throttle-before", "**-5.0**", "-5.0 to -2.0", "5 of 5"]]
+    d = cpu_report.paired(rows, "throttle-after", "throttle-before")
+    assert (d.median, d.n) == (-5.0, 5)
+    assert cpu_report.paired(rows, "throttle-after", "nothing") is None
