@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,7 @@ from pathlib import Path
 from harness.procs import Envoy, free_port, go_bin, http_get
 from perf import builds as refbuilds
 from perf import cpu_report, handoff, nginx
-from perf.cpu_config import (SPEC, EnvoyListener, Profile, Shape, SpecError, envoy_config, load_profile,
+from perf.cpu_config import (SPEC, Build, EnvoyListener, Profile, Shape, SpecError, envoy_config, load_profile,
                              parse_wasm_overrides, throttle_rule, wasm_path, NEVER_REACHED)
 from perf.cpu_stats import handoff_summary, pair_handoffs, rotated, stdev, us_per_request, window_rates
 from perf.procinfo import cpu_s, set_affinity, thread_cpu_ns
@@ -62,20 +63,23 @@ HANDOFF_FIRST_HOLD = "3s"  # the first `slots` requests hold the gate while the 
 
 
 def log(msg: str) -> None:
-    print(msg, flush=True)
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(f"perf.cpu: signal {signum}: stopping (Envoy, nginx and fortio are stopped on the way out)")
 
 
 # -- the Wasm builds and runtimes ---------------------------------------------
 
-def resolve_builds(p: Profile, overrides: dict[str, Path]) -> dict[str, Path]:
+def resolve_builds(p: Profile, overrides: dict[str, Build]) -> dict[str, Path]:
     unknown = sorted(set(overrides) - set(p.builds))
     if unknown:
         raise SpecError(f"--wasm: no build {unknown} in profile {p.name} (have {sorted(p.builds)})")
+    p.builds.update(overrides)
     out: dict[str, Path] = {}
     for name, b in p.builds.items():
-        if name in overrides:
-            path = overrides[name]
-        elif b.path is not None:
+        if b.path is not None:
             path = b.path
         else:
             assert b.ref is not None
@@ -403,12 +407,13 @@ def sha256(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="quick", help="profile of perf/cpu.yaml (default quick)")
-    ap.add_argument("--wasm", action="append", default=[], metavar="NAME=PATH",
-                    help="use this .wasm for build NAME (e.g. before=..., after=...)")
+    ap.add_argument("--wasm", action="append", default=[], metavar="NAME=PATH|NAME=git:REF",
+                    help="use this .wasm (or the build of this git ref) for build NAME, e.g. before=git:main")
     ap.add_argument("--skip", nargs="*", default=[], choices=("cpu", "handoff", "smoothness"))
     ap.add_argument("--out", type=Path, help="results directory (default perf/results/<run-id>)")
     ap.add_argument("--spec", type=Path, default=SPEC, help="profiles file (default perf/cpu.yaml)")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # so that every `finally` stops what it started
     try:
         p = load_profile(args.profile, args.spec)
         wasm = resolve_builds(p, parse_wasm_overrides(args.wasm))

@@ -252,14 +252,17 @@ def load_profile(name: str, path: Path = SPEC) -> Profile:
     return parse_profile(name, d[name], path.name)
 
 
-def parse_wasm_overrides(items: list[str]) -> dict[str, Path]:
-    """--wasm NAME=PATH, repeated."""
-    out: dict[str, Path] = {}
+def parse_wasm_overrides(items: list[str]) -> dict[str, Build]:
+    """--wasm NAME=PATH.wasm or NAME=git:REF, repeated."""
+    out: dict[str, Build] = {}
     for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not NAME.fullmatch(name) or not path.endswith(".wasm"):
-            raise SpecError(f"--wasm: expected NAME=PATH.wasm, got {item!r}")
-        out[name] = Path(path)
+        name, sep, value = item.partition("=")
+        if sep and NAME.fullmatch(name) and value.startswith("git:") and len(value) > 4:
+            out[name] = Build(name, ref=value[4:])
+        elif sep and NAME.fullmatch(name) and value.endswith(".wasm"):
+            out[name] = Build(name, path=Path(value))
+        else:
+            raise SpecError(f"--wasm: expected NAME=PATH.wasm or NAME=git:REF, got {item!r}")
     return out
 
 

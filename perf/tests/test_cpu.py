@@ -218,10 +218,11 @@ def test_cross_placement_needs_two_workers():
 
 
 def test_wasm_overrides():
-    assert parse_wasm_overrides(["before=/a/b.wasm", "after=c.wasm"]) == {"before": Path("/a/b.wasm"),
-                                                                           "after": Path("c.wasm")}
-    for bad in ("before", "before=x.so", "Before=x.wasm"):
-        with pytest.raises(SpecError, match="--wasm: expected NAME=PATH.wasm"):
+    o = parse_wasm_overrides(["before=git:8f14453", "after=c.wasm"])
+    assert (o["before"].ref, o["before"].path) == ("8f14453", None)
+    assert (o["after"].ref, o["after"].path) == (None, Path("c.wasm"))
+    for bad in ("before", "before=x.so", "Before=x.wasm", "before=git:"):
+        with pytest.raises(SpecError, match="--wasm: expected NAME=PATH.wasm or NAME=git:REF"):
             parse_wasm_overrides([bad])
 
 
