@@ -4,7 +4,7 @@
 
 PERF_QUICK_DIR := perf/results/ci-quick
 PERF_CPU_QUICK_DIR := perf/results/cpu-quick
-# perf-cpu: extra arguments, e.g. PERF_CPU_ARGS='--wasm after=/path/to/throttle.wasm --skip smoothness'
+# perf-cpu: extra arguments, e.g. PERF_CPU_ARGS='--wasm before=git:8f14453 --wasm after=/path/to/throttle.wasm --skip smoothness'
 PERF_CPU_ARGS ?=
 
 perf-setup: ## Install what the benchmarks need (nginx, ab, chromium, matplotlib)

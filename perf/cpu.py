@@ -17,7 +17,7 @@
 
   python -m perf.cpu --profile full                    # make perf-cpu
   python -m perf.cpu --profile quick --out DIR         # make perf-cpu-quick (CI)
-  python -m perf.cpu --profile full --wasm after=/other/throttle.wasm --skip smoothness
+  python -m perf.cpu --profile full --wasm before=git:8f14453 --wasm after=/other/throttle.wasm --skip smoothness
 
 Writes perf/results/<run-id>/: cpu.csv, handoff.csv, smoothness.csv,
 cpu.json (everything, every round), info.json, summary.md.
