@@ -56,7 +56,8 @@ CPU_COLUMNS = ("round", "shape", "listener", "kind", "runtime", "connections", "
                "client_us_per_req", "nginx_us_per_req", "p50_ms", "p99_ms", "loadavg_1m")
 HANDOFF_COLUMNS = ("round", "build", "placement", "slots", "connections", "requests", "errors",
                    "service_ms", "envoy_upstream_ms", "ideal_qps", "achieved_qps", "achieved_pct",
-                   "handoffs", "cross_pct", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "gap_max_ms")
+                   "handoffs", "cross_pct", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "gap_max_ms",
+                   "cross_gap_p50_ms", "cross_gap_p99_ms", "same_gap_p50_ms", "same_gap_p99_ms")
 SMOOTH_COLUMNS = ("round", "variant", "setting_qps", "requests", "upstream_qps", "windows", "sd_qps",
                   "min_window_qps", "max_window_qps")
 HANDOFF_FIRST_HOLD = "3s"  # the first `slots` requests hold the gate while the rest queue in order
@@ -305,14 +306,17 @@ def placement_order(spec, by_worker: dict[int, list[handoff.Conn]], placement: s
 
 
 def run_handoff(p: Profile, envoy: Envoy, ports: dict[str, int], logs: dict[str, Path], echo: handoff.EchoServer,
-                fortio: Fortio) -> tuple[list[dict], list[dict]]:
+                fortio: Fortio) -> tuple[list[dict], list[dict], dict]:
     spec = p.handoff
     assert spec is not None
     rows, failures = [], []
     names = {b: f"handoff-{b}" for b in spec.builds}
+    workers: dict[str, dict[int, int]] = {}  # listener -> client port -> worker
 
     async def go() -> None:
         opened = await _open(spec, {n: ports[n] for n in names.values()}, envoy.admin_port)
+        for n, by_worker in opened.items():
+            workers[n] = {c.local_port: w for w, cs in by_worker.items() for c in cs}
         try:
             variants = [(b, pl) for b in spec.builds for pl in spec.placements]
             for r in range(spec.rounds):
@@ -334,8 +338,7 @@ def run_handoff(p: Profile, envoy: Envoy, ports: dict[str, int], logs: dict[str,
                            "service_ms": svc["mean_ms"], "envoy_upstream_ms": m["envoy_upstream_ms"],
                            "ideal_qps": ideal, "achieved_qps": m["achieved_qps"],
                            "achieved_pct": 100 * m["achieved_qps"] / ideal,
-                           **{k: m[k] for k in ("handoffs", "cross_pct", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms",
-                                                "gap_max_ms")}}
+                           **{k: m[k] for k in HANDOFF_COLUMNS[12:]}}
                     rows.append(row)
                     log(f"[handoff] round {r + 1} {b:<8} {pl:<5} {m['achieved_qps']:6.1f}/s of ideal {ideal:6.1f}/s "
                         f"({row['achieved_pct']:5.1f}%), service {svc['mean_ms']:.2f} ms, cross "
@@ -346,7 +349,7 @@ def run_handoff(p: Profile, envoy: Envoy, ports: dict[str, int], logs: dict[str,
                 await handoff.close_all([c for cs in by_worker.values() for c in cs])
 
     asyncio.run(go())
-    return rows, failures
+    return rows, failures, workers
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
@@ -437,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu_listeners = [x for x in p.listeners if not x.wasm or runtimes[x.runtime]["loads"]]
     left_out = [x.name for x in p.listeners if x not in cpu_listeners]
     t0 = time.monotonic()
-    logdir = Path(tempfile.mkdtemp(prefix="perf-cpu-"))
+    logdir = out / "logs"  # the hand-off listeners' access logs (kept: re-analysable with cpu.json's connections)
+    logdir.mkdir(exist_ok=True)
     result: dict = {"profile": p.name, "runtimes": runtimes, "left_out": left_out, "failures": []}
     cpu_rows: list[dict] = []
     ho_rows: list[dict] = []
@@ -479,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["failures"] += fails
                 result["idle_end"] = idle_cpu(envoy.proc.pid, p.idle_s)
             if p.handoff and "handoff" not in args.skip:
-                ho_rows, fails = run_handoff(p, envoy, ports, logs, echo, fortio)
+                ho_rows, fails, result["handoff_connections"] = run_handoff(p, envoy, ports, logs, echo, fortio)
                 result["failures"] += fails
             if p.smoothness and "smoothness" not in args.skip:
                 sm_rows, fails = run_smoothness(p, ports, web, fortio)

@@ -133,19 +133,27 @@ def variation_table(rows: list[dict], shapes: list[str]) -> Table:
 
 
 def handoff_table(rows: list[dict]) -> Table:
+    """Per build and placement: achieved / ideal over rounds, and the gap from
+    a freed slot to the release of the waiter that took it, for hand-offs
+    to the other worker and within one worker (median over rounds of each
+    round's p50 and p99)."""
     out = []
     keys = sorted({(r["build"], r["placement"]) for r in rows}, key=lambda k: (k[1], k[0]))
     for b, pl in keys:
         rr = [r for r in rows if r["build"] == b and r["placement"] == pl]
         pct = spread([r["achieved_pct"] for r in rr])
+
+        def gap(prefix: str) -> str:
+            p50, p99 = _median_of(rr, f"{prefix}gap_p50_ms"), _median_of(rr, f"{prefix}gap_p99_ms")
+            return "-" if p50 is None else f"{p50:.2f} / {p99:.2f}"
         out.append([b, pl, _f(_median_of(rr, "service_ms"), "{:.2f}"), _f(_median_of(rr, "envoy_upstream_ms"), "{:.2f}"),
                     _f(_median_of(rr, "ideal_qps")), _f(_median_of(rr, "achieved_qps")),
                     f"**{pct.median:.1f}%** ({pct.lo:.1f}–{pct.hi:.1f})", _f(_median_of(rr, "cross_pct"), "{:.0f}%"),
-                    _f(_median_of(rr, "gap_p50_ms"), "{:.2f}"), _f(_median_of(rr, "gap_p99_ms"), "{:.2f}"),
-                    str(sum(r["errors"] for r in rr)), str(len(rr))])
+                    gap("cross_"), gap("same_"), str(sum(r["errors"] for r in rr)), str(len(rr))])
     return (["build", "waiters", "upstream service ms (direct)", "upstream ms (seen by Envoy)", "ideal req/s",
              "achieved req/s", "achieved / ideal (min–max)", "hand-offs to the other worker",
-             "freed → released p50 ms", "p99 ms", "errors", "rounds"], out)
+             "freed → released ms, to the other worker (p50 / p99)", "within one worker (p50 / p99)", "errors",
+             "rounds"], out)
 
 
 def smooth_table(rows: list[dict]) -> Table:

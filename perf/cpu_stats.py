@@ -145,15 +145,19 @@ def pair_handoffs(frees: list[tuple[float, int]], waits: list[tuple[float, int]]
 
 
 def handoff_summary(handoffs: list[Handoff]) -> dict:
-    """Cross-worker share and the gap from a freed slot to the next release."""
-    if not handoffs:
-        return {"handoffs": 0, "cross_pct": None, "gap_p50_ms": None, "gap_p90_ms": None,
-                "gap_p99_ms": None, "gap_max_ms": None}
-    gaps = [h.gap_ms for h in handoffs]
-    cross = sum(1 for h in handoffs if h.from_worker != h.to_worker)
-    return {"handoffs": len(handoffs), "cross_pct": 100 * cross / len(handoffs),
-            "gap_p50_ms": quantile(gaps, 0.5), "gap_p90_ms": quantile(gaps, 0.9),
-            "gap_p99_ms": quantile(gaps, 0.99), "gap_max_ms": max(gaps)}
+    """Cross-worker share and the gap from a freed slot to the next release:
+    of all hand-offs, and of those that crossed workers and those that did not."""
+    out: dict = {"handoffs": len(handoffs),
+                 "cross_pct": 100 * sum(1 for h in handoffs if h.from_worker != h.to_worker) / len(handoffs)
+                 if handoffs else None}
+    groups = {"": handoffs, "cross_": [h for h in handoffs if h.from_worker != h.to_worker],
+              "same_": [h for h in handoffs if h.from_worker == h.to_worker]}
+    for prefix, hs in groups.items():
+        gaps = [h.gap_ms for h in hs]
+        for q in (50, 90, 99):
+            out[f"{prefix}gap_p{q}_ms"] = quantile(gaps, q / 100) if gaps else None
+        out[f"{prefix}gap_max_ms"] = max(gaps) if gaps else None
+    return out
 
 
 def block_order(by_worker: dict[int, list], block: int, total: int) -> list:

@@ -97,14 +97,17 @@ def test_pair_handoffs_pairs_frees_with_the_next_releases_in_order():
     s = handoff_summary(pairs)
     assert s["handoffs"] == 3 and s["cross_pct"] == pytest.approx(100.0)
     assert s["gap_p50_ms"] == pytest.approx(2.0) and s["gap_max_ms"] == pytest.approx(2.0)
+    assert s["cross_gap_p50_ms"] == pytest.approx(2.0) and s["same_gap_p50_ms"] is None
 
 
 def test_pair_handoffs_same_worker_and_simultaneous_events():
     # a free and a release at the same instant: the free comes first
     pairs = pair_handoffs([(1.0, 0), (1.0, 0)], [(1.0, 0), (1.5, 1)])
     assert [(h.from_worker, h.to_worker, h.gap_ms) for h in pairs] == [(0, 0, 0.0), (0, 1, 500.0)]
-    assert handoff_summary(pairs)["cross_pct"] == 50.0
-    assert handoff_summary([])["handoffs"] == 0
+    s = handoff_summary(pairs)
+    assert s["cross_pct"] == 50.0
+    assert (s["cross_gap_p50_ms"], s["same_gap_p50_ms"]) == (500.0, 0.0)
+    assert handoff_summary([])["handoffs"] == 0 and handoff_summary([])["gap_p50_ms"] is None
 
 
 def test_block_order_alternates_blocks_so_each_freed_slot_goes_to_the_other_worker():
@@ -346,9 +349,11 @@ def test_runtime_table_names_a_missing_runtime_with_envoys_line():
 def test_handoff_and_smoothness_tables():
     ho = [{"build": "after", "placement": "cross", "service_ms": 20.5, "envoy_upstream_ms": 20.7,
            "ideal_qps": 195.1, "achieved_qps": 190.0 + i, "achieved_pct": 97.0 + i, "cross_pct": 100.0,
-           "gap_p50_ms": 0.4, "gap_p99_ms": 1.0, "errors": 0} for i in range(3)]
+           "cross_gap_p50_ms": 0.4 + i, "cross_gap_p99_ms": 1.0, "same_gap_p50_ms": None, "same_gap_p99_ms": None,
+           "errors": 0} for i in range(3)]
     _, t = cpu_report.handoff_table(ho)
     assert t[0][6] == "**98.0%** (97.0–99.0)" and t[0][7] == "100%" and t[0][-1] == "3"
+    assert t[0][8] == "1.40 / 1.00" and t[0][9] == "-"
     sm = [{"variant": v, "upstream_qps": 500.0, "sd_qps": sd, "min_window_qps": 480.0, "max_window_qps": 520.0,
            "windows": 199} for v, sd in (("pace-after", 8.0), ("nginx-limit_req", 7.5), ("pace-after", 9.0))]
     _, t = cpu_report.smooth_table(sm)
