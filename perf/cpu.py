@@ -385,7 +385,7 @@ def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx, fortio: 
             row = {"round": r + 1, "variant": v, "setting_qps": spec.rate, "requests": len(stamps),
                    "upstream_qps": (len(stamps) - 1) / span if span > 0 else None, "windows": len(rates),
                    "sd_qps": stdev(rates), "min_window_qps": min(rates), "max_window_qps": max(rates),
-                   "client_codes": res["codes"]}
+                   "client_codes": res["codes"], "rates": rates}  # every window: cpu.json only
             rows.append(row)
             log(f"[smooth] round {r + 1} {v:<16} {row['upstream_qps']:6.1f}/s upstream, sd of "
                 f"{spec.window_s * 1000:g} ms windows {row['sd_qps']:5.2f} req/s "
