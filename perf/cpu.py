@@ -46,7 +46,7 @@ from perf import builds as refbuilds
 from perf import cpu_report, handoff, nginx
 from perf.cpu_config import (SPEC, Build, EnvoyListener, Profile, Shape, SpecError, envoy_config, load_profile,
                              parse_wasm_overrides, throttle_rule, wasm_path, NEVER_REACHED)
-from perf.cpu_stats import handoff_summary, pair_handoffs, rotated, stdev, us_per_request, window_rates
+from perf.cpu_stats import block_order, handoff_summary, pair_handoffs, rotated, stdev, us_per_request, window_rates
 from perf.procinfo import cpu_s, set_affinity, thread_cpu_ns
 from perf.run import RESULTS, environment
 from perf.scenario import NOOP_WASM
@@ -59,7 +59,7 @@ HANDOFF_COLUMNS = ("round", "build", "placement", "slots", "connections", "reque
                    "handoffs", "cross_pct", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "gap_max_ms",
                    "cross_gap_p50_ms", "cross_gap_p99_ms", "same_gap_p50_ms", "same_gap_p99_ms")
 SMOOTH_COLUMNS = ("round", "variant", "setting_qps", "requests", "upstream_qps", "windows", "sd_qps",
-                  "min_window_qps", "max_window_qps")
+                  "min_window_qps", "max_window_qps", "off_10pct")
 HANDOFF_FIRST_HOLD = "3s"  # the first `slots` requests hold the gate while the rest queue in order
 
 
@@ -194,12 +194,13 @@ def pin(envoy_pid: int, nginx_pids: list[int], on: bool) -> None:
         set_affinity(p, {1} if on else both)
 
 
-def run_cpu(p: Profile, envoy: Envoy, ports: dict[str, int], nginx_pids: list[int], listeners: list,
+def run_cpu(p: Profile, envoy_pid: int, ports: dict[str, int], nginx_pids: list[int], listeners: list,
             fortio: Fortio) -> tuple[list[dict], list[dict]]:
-    rows, failures = [], []
+    rows: list[dict] = []
+    failures: list[dict] = []
     names = [x.name for x in listeners]
     by_name = {x.name: x for x in listeners}
-    pid = envoy.proc.pid
+    pid = envoy_pid
     total = p.rounds * len(p.shapes) * len(names)
     step = 0
     for r in range(p.rounds):
@@ -268,15 +269,15 @@ async def _handoff_one(spec, port: int, admin_port: int, rule: str, conns: list[
         recs = lines()
     if len(recs) < res["sent"]:
         raise RuntimeError(f"access log has {len(recs)} of {res['sent']} requests")
-    ok = [x for x in recs if x.status == 200 and x.released is not None and x.freed is not None]
-    frees = [(x.freed, ports[x.port]) for x in ok]
-    waits = [(x.released, ports[x.port]) for x in ok]
-    pairs = pair_handoffs(frees, waits)
+    # (released upstream, answer back = slot freed, worker) of every answered request
+    ok = sorted((x.released, x.freed, ports[x.port]) for x in recs
+                if x.status == 200 and x.released is not None and x.freed is not None)
+    pairs = pair_handoffs([(f, w) for _, f, w in ok], [(r, w) for r, _, w in ok])
     # steady state: after the first round of every connection (the initial holds)
-    steady = sorted(ok, key=lambda x: x.released)[len(conns):]
-    rel = [x.released for x in steady]
+    steady = ok[len(conns):]
+    rel = [r for r, _, _ in steady]
     achieved = (len(rel) - 1) / (rel[-1] - rel[0]) if len(rel) > 1 and rel[-1] > rel[0] else 0.0
-    upstream_ms = [(x.freed - x.released) * 1000 for x in steady]
+    upstream_ms = [(f - r) * 1000 for r, f, _ in steady]
     return {"client": res, "records": len(recs), "ok": len(ok), "achieved_qps": achieved,
             "envoy_upstream_ms": sum(upstream_ms) / len(upstream_ms) if upstream_ms else None,
             **handoff_summary(pairs[len(conns):])}
@@ -294,7 +295,6 @@ async def _open(spec, listeners: dict[str, int], admin_port: int) -> dict[str, d
 
 
 def placement_order(spec, by_worker: dict[int, list[handoff.Conn]], placement: str) -> list[handoff.Conn]:
-    from perf.cpu_stats import block_order
     if placement == "same":
         w = max(by_worker, key=lambda k: len(by_worker[k]))
         if len(by_worker[w]) < spec.connections:
@@ -385,6 +385,7 @@ def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx, fortio: 
             row = {"round": r + 1, "variant": v, "setting_qps": spec.rate, "requests": len(stamps),
                    "upstream_qps": (len(stamps) - 1) / span if span > 0 else None, "windows": len(rates),
                    "sd_qps": stdev(rates), "min_window_qps": min(rates), "max_window_qps": max(rates),
+                   "off_10pct": sum(1 for x in rates if abs(x - spec.rate) > 0.1 * spec.rate),
                    "client_codes": res["codes"], "rates": rates}  # every window: cpu.json only
             rows.append(row)
             log(f"[smooth] round {r + 1} {v:<16} {row['upstream_qps']:6.1f}/s upstream, sd of "
@@ -473,15 +474,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = envoy_config(envs, admin_port=free_port(), clusters={"nginx": web.upstream_port, "echo": echo.port})
         (out / "envoy.yaml").write_text(json.dumps(cfg, indent=1))
         envoy = Envoy(cfg, concurrency=p.concurrency, log_level="warn").start()
+        assert envoy.proc is not None
+        pid = envoy.proc.pid
         try:
             if "cpu" not in args.skip:
                 for x in cpu_listeners:  # load every VM and connection pool before any measurement
                     fortio.load(f"http://127.0.0.1:{ports[x.name]}{nginx.PATH}", connections=16,
                                 requests=max(p.warmup_requests, 16) * 2)
-                result["idle_start"] = idle_cpu(envoy.proc.pid, p.idle_s)
-                cpu_rows, fails = run_cpu(p, envoy, ports, nginx_pids, cpu_listeners, fortio)
+                result["idle_start"] = idle_cpu(pid, p.idle_s)
+                cpu_rows, fails = run_cpu(p, pid, ports, nginx_pids, cpu_listeners, fortio)
                 result["failures"] += fails
-                result["idle_end"] = idle_cpu(envoy.proc.pid, p.idle_s)
+                result["idle_end"] = idle_cpu(pid, p.idle_s)
             if p.handoff and "handoff" not in args.skip:
                 ho_rows, fails, result["handoff_connections"] = run_handoff(p, envoy, ports, logs, echo, fortio)
                 result["failures"] += fails

@@ -34,7 +34,7 @@ class SpecError(ValueError):
     pass
 
 
-def _check(cond: bool, where: str, msg: str) -> None:
+def _check(cond: object, where: str, msg: str) -> None:
     if not cond:
         raise SpecError(f"{where}: {msg}")
 
@@ -125,15 +125,15 @@ def _keys(d: object, where: str, required: set[str], optional: set[str]) -> dict
 
 def _int(d: dict, key: str, where: str, lo: int, hi: int, default: int | None = None) -> int:
     v = d.get(key, default)
-    _check(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"{where}.{key}",
-           f"expected an integer {lo}..{hi}, got {v!r}")
+    if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+        raise SpecError(f"{where}.{key}: expected an integer {lo}..{hi}, got {v!r}")
     return v
 
 
 def _duration(d: dict, key: str, where: str, default: str | None = None) -> float:
     v = d.get(key, default)
     try:
-        s = seconds(v)
+        s = seconds(v)  # type: ignore[arg-type]  # None and other types are refused by seconds()
     except (ValueError, TypeError) as e:
         raise SpecError(f"{where}.{key}: {e}") from None
     _check(s > 0, f"{where}.{key}", "expected a duration > 0")

@@ -161,11 +161,13 @@ def smooth_table(rows: list[dict]) -> Table:
     for v in sorted({r["variant"] for r in rows}, key=lambda v: (v.startswith("nginx"), v)):
         rr = [r for r in rows if r["variant"] == v]
         s = spread([r["sd_qps"] for r in rr])
+        off = [r.get("off_10pct") for r in rr]
         out.append([v, _f(_median_of(rr, "upstream_qps")), f"**{s.median:.2f}**",
                     ", ".join(f"{r['sd_qps']:.2f}" for r in rr), _f(min(r["min_window_qps"] for r in rr), "{:.0f}"),
-                    _f(max(r["max_window_qps"] for r in rr), "{:.0f}"), str(rr[0]["windows"])])
+                    _f(max(r["max_window_qps"] for r in rr), "{:.0f}"),
+                    "-" if None in off else ", ".join(str(x) for x in off), str(rr[0]["windows"])])
     return (["variant", "upstream req/s", "sd of windows, req/s (median)", "each round", "lowest window",
-             "highest window", "windows per round"], out)
+             "highest window", "windows off by > 10%, each round", "windows per round"], out)
 
 
 def markdown(result: dict, info: dict, p: Profile) -> str:

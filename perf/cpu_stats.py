@@ -175,7 +175,7 @@ def block_order(by_worker: dict[int, list], block: int, total: int) -> list:
     for w in workers:
         if len(by_worker[w]) < need:
             raise ValueError(f"worker {w} has {len(by_worker[w])} items, need {need}")
-    out = []
+    out: list = []
     taken = {w: 0 for w in workers}
     while len(out) < total:
         for w in workers:
