@@ -59,7 +59,7 @@ HANDOFF_COLUMNS = ("round", "build", "placement", "slots", "connections", "reque
                    "handoffs", "cross_pct", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "gap_max_ms",
                    "cross_gap_p50_ms", "cross_gap_p99_ms", "same_gap_p50_ms", "same_gap_p99_ms")
 SMOOTH_COLUMNS = ("round", "variant", "setting_qps", "requests", "upstream_qps", "windows", "sd_qps",
-                  "min_window_qps", "max_window_qps", "off_10pct")
+                  "min_window_qps", "max_window_qps", "off_10pct", "sd_1s_qps")
 HANDOFF_FIRST_HOLD = "3s"  # the first `slots` requests hold the gate while the rest queue in order
 
 
@@ -386,6 +386,7 @@ def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx, fortio: 
                    "upstream_qps": (len(stamps) - 1) / span if span > 0 else None, "windows": len(rates),
                    "sd_qps": stdev(rates), "min_window_qps": min(rates), "max_window_qps": max(rates),
                    "off_10pct": sum(1 for x in rates if abs(x - spec.rate) > 0.1 * spec.rate),
+                   "sd_1s_qps": stdev(window_rates(stamps, 1.0)),
                    "client_codes": res["codes"], "rates": rates}  # every window: cpu.json only
             rows.append(row)
             log(f"[smooth] round {r + 1} {v:<16} {row['upstream_qps']:6.1f}/s upstream, sd of "

@@ -165,9 +165,12 @@ def smooth_table(rows: list[dict]) -> Table:
         out.append([v, _f(_median_of(rr, "upstream_qps")), f"**{s.median:.2f}**",
                     ", ".join(f"{r['sd_qps']:.2f}" for r in rr), _f(min(r["min_window_qps"] for r in rr), "{:.0f}"),
                     _f(max(r["max_window_qps"] for r in rr), "{:.0f}"),
-                    "-" if None in off else ", ".join(str(x) for x in off), str(rr[0]["windows"])])
+                    "-" if None in off else ", ".join(str(x) for x in off),
+                    "-" if any(r.get("sd_1s_qps") is None for r in rr) else ", ".join(
+                        f"{r['sd_1s_qps']:.2f}" for r in rr), str(rr[0]["windows"])])
     return (["variant", "upstream req/s", "sd of windows, req/s (median)", "each round", "lowest window",
-             "highest window", "windows off by > 10%, each round", "windows per round"], out)
+             "highest window", "windows off by > 10%, each round", "sd of 1 s windows, each round",
+             "windows per round"], out)
 
 
 def markdown(result: dict, info: dict, p: Profile) -> str:

@@ -355,11 +355,12 @@ def test_handoff_and_smoothness_tables():
     assert t[0][6] == "**98.0%** (97.0–99.0)" and t[0][7] == "100%" and t[0][-1] == "3"
     assert t[0][8] == "1.40 / 1.00" and t[0][9] == "-"
     sm = [{"variant": v, "upstream_qps": 500.0, "sd_qps": sd, "min_window_qps": 480.0, "max_window_qps": 520.0,
-           "windows": 199, "off_10pct": k} for k, (v, sd) in enumerate((("pace-after", 8.0), ("nginx-limit_req", 7.5),
+           "windows": 199, "off_10pct": k, "sd_1s_qps": 1.5} for k, (v, sd) in enumerate((("pace-after", 8.0), ("nginx-limit_req", 7.5),
                                                                        ("pace-after", 9.0)))]
     _, t = cpu_report.smooth_table(sm)
     assert [r[0] for r in t] == ["pace-after", "nginx-limit_req"]
     assert t[0][2] == "**8.50**" and t[0][3] == "8.00, 9.00" and t[0][6] == "0, 2" and t[1][6] == "1"
+    assert t[0][7] == "1.50, 1.50" and t[1][8] == "199"
 
 
 def test_summary_has_every_section_and_names_left_out_listeners_and_failures():
