@@ -32,6 +32,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -233,13 +234,14 @@ def run_cpu(p: Profile, envoy_pid: int, ports: dict[str, int], nginx_pids: list[
 
 # -- hand-off -----------------------------------------------------------------
 
-def rule_counter(admin_port: int, rule: str, stat: str) -> int:
-    body = http_get(f"http://127.0.0.1:{admin_port}/stats?filter=rule\\.{rule}\\.{stat}$")[2].decode()
+def envoy_counter(admin_port: int, name: str) -> int:
+    """One of Envoy's own counters (not the filter's, which it may batch)."""
+    body = http_get(f"http://127.0.0.1:{admin_port}/stats?filter=^{re.escape(name)}$")[2].decode()
     for line in body.splitlines():
-        name, _, v = line.partition(": ")
-        if name.endswith(f"rule.{rule}.{stat}"):
+        k, _, v = line.partition(": ")
+        if k == name:
             return int(v)
-    raise KeyError(f"no counter rule.{rule}.{stat} in Envoy's statistics")
+    raise KeyError(f"no counter {name} in Envoy's statistics")
 
 
 def service_time(fortio: Fortio, echo: handoff.EchoServer, slots: int, delay_s: float) -> dict:
@@ -254,7 +256,8 @@ async def _handoff_one(spec, port: int, admin_port: int, rule: str, conns: list[
     delay = f"{spec.upstream_delay_s * 1000:g}ms"
     res = await handoff.closed_loop(
         conns, path=f"/echo?delay={delay}", first_path=f"/echo?delay={HANDOFF_FIRST_HOLD}",
-        requests=spec.requests, slots=spec.slots, queued_count=lambda: rule_counter(admin_port, rule, "queued"),
+        requests=spec.requests, slots=spec.slots,
+        arrived_count=lambda: envoy_counter(admin_port, f"http.{rule}.downstream_rq_total"),
         timeout_s=spec.requests / (spec.slots / spec.upstream_delay_s) * 3 + 20)
     ports = {c.local_port: c.worker for c in conns}
 

@@ -8,7 +8,10 @@ clients then run a closed loop (send, read the answer, send again), bounded
 by a request count and a deadline. Their order at the gate is fixed first:
 the first `slots` requests ask the upstream for a long delay, so they hold
 every slot while the others queue one by one (each waits until Envoy counted
-it queued); from then on a closed loop keeps that order. In `cross`
+it: its HTTP connection manager's downstream_rq_total, which moves in the
+same event-loop turn in which the filter saw the request and, every slot
+being held, queued it); from then on a closed loop keeps that order as long
+as no client answers late. In `cross`
 placement the order is blocks of `slots` connections alternating between
 the workers, so the request that takes a freed slot is always on the other
 worker; in `same`, every connection is on one worker.
@@ -133,12 +136,13 @@ async def request(c: Conn, path: str) -> int:
 
 
 async def closed_loop(conns: list[Conn], *, path: str, first_path: str, requests: int, slots: int,
-                      queued_count, timeout_s: float) -> dict:
+                      arrived_count, timeout_s: float) -> dict:
     """Every connection sends `path` again as soon as it has its answer,
     until `requests` were sent or `timeout_s` passed. The first `slots`
-    connections start with `first_path` (a long hold); the others then
-    queue one at a time in list order (`queued_count()` must grow by one
-    for each: Envoy has counted it waiting)."""
+    connections start with `first_path` (a long hold); the others queue
+    behind them. Each first request waits for the one before it
+    (`arrived_count()` must grow by one: Envoy has seen it), so the tickets
+    follow the list order."""
     budget = requests
     codes: dict[int, int] = {}
     deadline = time.monotonic() + timeout_s
@@ -154,12 +158,9 @@ async def closed_loop(conns: list[Conn], *, path: str, first_path: str, requests
 
     tasks = []
     for i, c in enumerate(conns):
-        if i < slots:
-            tasks.append(asyncio.create_task(loop(c, first_path)))
-            continue
-        n0 = queued_count()
-        tasks.append(asyncio.create_task(loop(c, path)))
-        await _wait(lambda: queued_count() > n0, 10, f"Envoy to queue connection {i}'s first request",
+        n0 = arrived_count()
+        tasks.append(asyncio.create_task(loop(c, first_path if i < slots else path)))
+        await _wait(lambda: arrived_count() > n0, 10, f"Envoy to see connection {i}'s first request",
                     interval=0.001)
     t0 = time.monotonic()
     done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 1) + 30)
