@@ -11,8 +11,11 @@ CPU time is user + system of all the process's threads, not of its children."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
@@ -91,3 +94,34 @@ class Sampler:
     @property
     def peak_mb(self) -> float:
         return self.peak_kib / 1024
+
+
+def threads(pid: int) -> list[int]:
+    """Thread ids of a process (empty if it is gone)."""
+    try:
+        return [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """CPU nanoseconds (user + system, the scheduler's exact sum: the first
+    field of /proc/<pid>/task/<tid>/schedstat) of each live thread, by thread
+    name ("name#tid" when names repeat)."""
+    out: dict[str, int] = {}
+    for tid in threads(pid):
+        base = Path(f"/proc/{pid}/task/{tid}")
+        try:
+            name = (base / "comm").read_text().strip()
+            ns = int((base / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        out[f"{name}#{tid}" if name in out else name] = ns
+    return out
+
+
+def set_affinity(pid: int, cpus: set[int]) -> None:
+    """Pins every thread of a process to `cpus`."""
+    for tid in threads(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.sched_setaffinity(tid, cpus)

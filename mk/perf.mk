@@ -1,8 +1,11 @@
 # Benchmarks (perf/): the throttle against plain Envoy, Envoy's native
 # local_ratelimit and nginx limit_req, in one run. See perf/README.md.
-.PHONY: perf perf-quick perf-setup perf-noop
+.PHONY: perf perf-quick perf-setup perf-noop perf-cpu perf-cpu-quick
 
 PERF_QUICK_DIR := perf/results/ci-quick
+PERF_CPU_QUICK_DIR := perf/results/cpu-quick
+# perf-cpu: extra arguments, e.g. PERF_CPU_ARGS='--wasm before=git:8f14453 --wasm after=/path/to/throttle.wasm --skip smoothness'
+PERF_CPU_ARGS ?=
 
 perf-setup: ## Install what the benchmarks need (nginx, ab, chromium, matplotlib)
 	@bash tools/setup-perf.sh
@@ -19,4 +22,13 @@ perf-quick: setup perf-setup build perf-noop ## Benchmarks, quick subset (~2 min
 	$(PY) -m perf.run --set quick --out $(PERF_QUICK_DIR)
 	PERF_RUN_DIR=$(PERF_QUICK_DIR) $(PYTEST) -m perf -q
 
-CI_EXTRA += perf-quick
+perf-cpu: setup perf-setup build perf-noop ## Envoy CPU µs/request side by side in one Envoy, before (main) vs after, runtimes, hand-off, smoothness (~15 min)
+	$(PY) -m perf.cpu --profile full $(PERF_CPU_ARGS)
+	$(PY) -m pytest perf/tests/test_cpu.py -q
+
+perf-cpu-quick: setup perf-setup build perf-noop ## The same, short (< 2 min, CI): checks the tool works, asserts no timing
+	rm -rf $(PERF_CPU_QUICK_DIR)
+	$(PY) -m perf.cpu --profile quick --out $(PERF_CPU_QUICK_DIR)
+	$(PY) -m pytest perf/tests/test_cpu.py -q
+
+CI_EXTRA += perf-quick perf-cpu-quick

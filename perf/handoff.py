@@ -1,0 +1,218 @@
+"""Concurrency hand-off: how fast a freed slot reaches the next waiter, on
+the same worker and on the other one.
+
+The listener spreads connections with Envoy's exact balance (each new
+connection to the worker with the fewest), and `open_on_workers` checks
+where each one landed from Envoy's per-worker listener statistics. The
+clients then run a closed loop (send, read the answer, send again), bounded
+by a request count and a deadline. Their order at the gate is fixed first:
+the first `slots` requests ask the upstream for a long delay, so they hold
+every slot while the others queue one by one (each waits until Envoy counted
+it: its HTTP connection manager's downstream_rq_total, which moves in the
+same event-loop turn in which the filter saw the request and, every slot
+being held, queued it); from then on a closed loop keeps that order as long
+as no client answers late. In `cross`
+placement the order is blocks of `slots` connections alternating between
+the workers, so the request that takes a freed slot is always on the other
+worker; in `same`, every connection is on one worker.
+
+Envoy's access log (perf/cpu_config.HANDOFF_LOG_FORMAT) gives, per request,
+the client's port (so its worker), when it went upstream and when its answer
+came back (its slot freed): perf/cpu_stats.pair_handoffs measures each
+hand-off's gap and whether it crossed workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from harness.procs import _can_connect, free_port, go_bin, http_get, stop, wait_until
+
+T = TypeVar("T")
+
+
+@dataclass
+class Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    local_port: int
+    worker: int
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    start: float          # wall clock, s
+    port: int             # the client's port
+    released: float | None  # request sent upstream (wall clock, s)
+    freed: float | None   # answer received from upstream
+    status: int
+
+
+def parse_log(text: str) -> list[LogRecord]:
+    """Lines of HANDOFF_LOG_FORMAT: `start port us_tx_beg_us us_rx_end_us status`
+    ("-" where a time point was not reached)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 5:
+            continue
+        start, port, tx, rx, status = parts
+
+        def at(us: str, start: str = start) -> float | None:
+            return None if us == "-" else float(start) + int(us) / 1e6
+
+        out.append(LogRecord(float(start), int(port), at(tx), at(rx), int(status) if status.isdigit() else 0))
+    return out
+
+
+def worker_counts(admin_port: int, listener_port: int) -> dict[int, int]:
+    """Active downstream connections of one listener, per worker."""
+    body = http_get(f"http://127.0.0.1:{admin_port}/stats?filter=worker_[0-9]+\\.downstream_cx_active$")[2]
+    out: dict[int, int] = {}
+    pat = re.compile(rf"^listener\.127\.0\.0\.1_{listener_port}\.worker_(\d+)\.downstream_cx_active: (\d+)$")
+    for line in body.decode().splitlines():
+        m = pat.match(line)
+        if m:
+            out[int(m.group(1))] = int(m.group(2))
+    return out
+
+
+async def _wait(pred: Callable[[], T | None], timeout: float, what: str, interval: float = 0.002) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        await asyncio.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def open_on_workers(port: int, admin_port: int, n: int) -> list[Conn]:
+    """Opens `n` connections one at a time and finds each one's worker."""
+    conns = []
+    for _ in range(n):
+        before = worker_counts(admin_port, port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        def counted(before: dict[int, int] = before) -> dict[int, int] | None:
+            c = worker_counts(admin_port, port)
+            return c if sum(c.values()) > sum(before.values()) else None
+
+        after = await _wait(counted, 5, "Envoy to count the new connection")
+        grown = [w for w in after if after[w] > before.get(w, 0)]
+        if len(grown) != 1:
+            raise RuntimeError(f"cannot tell the worker of a connection: {before} -> {after}")
+        conns.append(Conn(reader, writer, writer.get_extra_info("sockname")[1], grown[0]))
+    return conns
+
+
+async def close_all(conns: list[Conn]) -> None:
+    for c in conns:
+        c.writer.close()
+    for c in conns:
+        with contextlib.suppress(OSError):
+            await c.writer.wait_closed()
+
+
+async def request(c: Conn, path: str) -> int:
+    """One HTTP/1.1 keep-alive request; the status (the body is read and dropped)."""
+    c.writer.write(f"GET {path} HTTP/1.1\r\nhost: handoff\r\n\r\n".encode())
+    await c.writer.drain()
+    head = await c.reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    length = None
+    for h in lines[1:]:
+        k, _, v = h.partition(":")
+        if k.strip().lower() == "content-length":
+            length = int(v.strip())
+        elif k.strip().lower() == "transfer-encoding":
+            raise RuntimeError(f"unexpected transfer-encoding {v.strip()!r}: the upstream should send a length")
+    if length is None:
+        raise RuntimeError("response without content-length")
+    if length:
+        await c.reader.readexactly(length)
+    return status
+
+
+async def closed_loop(conns: list[Conn], *, path: str, first_path: str, requests: int, slots: int,
+                      arrived_count: Callable[[], int], timeout_s: float) -> dict:
+    """Every connection sends `path` again as soon as it has its answer,
+    until `requests` were sent or `timeout_s` passed. The first `slots`
+    connections start with `first_path` (a long hold); the others queue
+    behind them. Each first request waits for the one before it
+    (`arrived_count()` must grow by one: Envoy has seen it), so the tickets
+    follow the list order."""
+    budget = requests
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
+
+    async def loop(c: Conn, first: str) -> None:
+        nonlocal budget
+        p = first
+        while budget > 0 and time.monotonic() < deadline:
+            budget -= 1
+            status = await request(c, p)
+            codes[status] = codes.get(status, 0) + 1
+            p = path
+
+    tasks = []
+    for i, c in enumerate(conns):
+        n0 = arrived_count()
+        tasks.append(asyncio.create_task(loop(c, first_path if i < slots else path)))
+        def seen(n0: int = n0) -> bool | None:
+            return arrived_count() > n0 or None
+
+        await _wait(seen, 10, f"Envoy to see connection {i}'s first request", interval=0.001)
+    t0 = time.monotonic()
+    done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 1) + 30)
+    for t in pending:
+        t.cancel()
+    for t in done:
+        if t.exception():
+            raise t.exception()  # type: ignore[misc]
+    return {"codes": codes, "sent": requests - budget, "loop_s": time.monotonic() - t0,
+            "timed_out": bool(pending) or budget > 0}
+
+
+def read_new(path: Path, offset: int) -> tuple[str, int]:
+    if not path.exists():
+        return "", offset
+    data = path.read_bytes()
+    return data[offset:].decode(errors="replace"), len(data)
+
+
+class EchoServer:
+    """`fortio server` on loopback: its echo handler answers after `?delay=`
+    (a Go timer: sub-millisecond precise). Long first holds need a higher cap
+    than fortio's default 1.5 s."""
+
+    def __init__(self, max_delay: str = "10s"):
+        self.port = free_port()
+        self.max_delay = max_delay
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> EchoServer:
+        self.proc = subprocess.Popen(
+            [go_bin("fortio"), "server", "-http-port", f"127.0.0.1:{self.port}", "-grpc-port", "disabled",
+             "-redirect-port", "disabled", "-loglevel", "warning", "-max-echo-delay", self.max_delay],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: self.proc is not None and self.proc.poll() is None and _can_connect(self.port), 15,
+                       f"fortio server on :{self.port}")
+        except Exception:
+            stop(self.proc)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop(self.proc)
+
+    def url(self, path: str = "/echo") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
