@@ -33,6 +33,8 @@ pub struct Calls {
     pending: Option<u32>,
     /// Stats last handed to the host, per caller rule.
     reported: Vec<RuleStats>,
+    /// When the host last refused a call and we said so (wall ns): once a minute at most.
+    warned_at: Option<u64>,
 }
 
 impl Calls {
@@ -56,6 +58,7 @@ impl Calls {
             me: me.max(1),
             pending: None,
             reported,
+            warned_at: None,
         })
     }
 
@@ -124,14 +127,20 @@ impl Calls {
         match host.http_call(&engine.cluster, &headers, &call.body, timeout_ms) {
             Ok(token) => self.pending = Some(token),
             Err(status) => {
-                host.log(
-                    Level::Warn,
-                    &format!(
-                        "throttle: the engine's cluster {:?} refused the call (status {status})",
-                        engine.cluster
-                    ),
-                );
                 let now = host.wall_ns();
+                if self
+                    .warned_at
+                    .is_none_or(|t| now.saturating_sub(t) >= 60 * throttle_core::NS_PER_S)
+                {
+                    self.warned_at = Some(now);
+                    host.log(
+                        Level::Warn,
+                        &format!(
+                            "throttle: the engine's cluster {:?} refused the call (status {status}); is it defined in this Envoy? (said at most once a minute)",
+                            engine.cluster
+                        ),
+                    );
+                }
                 let updates = self.caller.on_answer(now, Err(Failure::Transport));
                 self.publish(host, plugin, now, &updates);
             }
