@@ -108,7 +108,7 @@ pub const TABLE: [Spec; COUNT] = [
     spec(Stat::SlotsUnused, "slots_unused", Kind::Gauge,
         "Cluster scope: slots granted to this proxy that passed unused (granted - taken - still usable)."),
     spec(Stat::EngineCalls, "engine_calls", Kind::Counter,
-        "Cluster scope: calls to the rate limit service that carried the rule (at most 10 per second per proxy)."),
+        "Cluster scope: calls to the rate limit service that carried the rule (at most 10 per second per proxy over time, 11 within any second)."),
     spec(Stat::EngineFailures, "engine_failures", Kind::Counter,
         "Cluster scope: of those, calls that failed (transport error, non-200, timeout, or an answer that makes no sense)."),
     spec(Stat::FallbackMs, "fallback_ms", Kind::Gauge,

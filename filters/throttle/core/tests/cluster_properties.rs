@@ -230,9 +230,10 @@ proptest! {
             let slack = 2.0 * o.rule.0.grid.slots_per_epoch as f64 + 2.0;
             prop_assert!((got - want).abs() <= slack.max(0.02 * want), "got {} want {} ({:?})", got, want, c);
         }
-        // Calls: at most 10 per second per proxy.
+        // Calls: at most 10 per second per proxy (paced at 100 ms, up to
+        // CALL_TOLERANCE_NS early: one more than the duration's tenths at most).
         for p in &o.world.proxies {
-            prop_assert!(p.calls <= c.duration_ms / 100 + 1);
+            prop_assert!(p.calls <= c.duration_ms / 100 + 2);
         }
     }
 }

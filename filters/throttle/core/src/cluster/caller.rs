@@ -45,8 +45,15 @@ use super::wire::{parse_answer, request_body, Counted, Descriptor, Failure, Fami
 /// How many member looks (epochs) the `local_share` divisor remembers (~5 s).
 pub const MEMBERS_MEMORY: usize = 50;
 
-/// Calls are at least this far apart (at most 10 per second per process).
+/// Calls are paced at one per this interval (at most 10 per second per
+/// process, whatever the rules), with [`CALL_TOLERANCE_NS`] of tolerance.
 pub const MIN_CALL_INTERVAL_NS: u64 = 100 * crate::NS_PER_MS;
+
+/// How early a call may come against its pace: a call that came late (the
+/// calling VM's tick is late by up to its period) does not push the next
+/// epoch's call into the epoch after, so no epoch goes without its call.
+/// Over any second: at most 11 calls; over time: at most 10 per second.
+pub const CALL_TOLERANCE_NS: u64 = 40 * crate::NS_PER_MS;
 
 /// One cluster rule as the calling VM sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,7 +186,8 @@ pub struct Caller {
     fallback_after_ns: u64,
     skew_ns: u64,
     rules: Vec<RuleState>,
-    last_sent: Option<u64>,
+    /// The calls' pace (GCRA): the next call is due at this time.
+    call_due: Option<u64>,
     in_flight: Option<InFlight>,
     /// When the current run of failures began (None: the last call succeeded).
     failing_since: Option<u64>,
@@ -242,7 +250,7 @@ impl Caller {
                     stats: RuleStats::default(),
                 })
                 .collect(),
-            last_sent: None,
+            call_due: None,
             in_flight: None,
             failing_since: None,
             phase_permille: 0,
@@ -292,8 +300,8 @@ impl Caller {
     fn plan(&mut self, now: u64, facts: &[RuleFacts]) -> Option<Call> {
         if self.in_flight.is_some()
             || self
-                .last_sent
-                .is_some_and(|t| now.saturating_sub(t) < MIN_CALL_INTERVAL_NS)
+                .call_due
+                .is_some_and(|t| now.saturating_add(CALL_TOLERANCE_NS) < t)
         {
             return None;
         }
@@ -391,7 +399,11 @@ impl Caller {
             }
         }
         let body = request_body(&self.domain, &descriptors);
-        self.last_sent = Some(now);
+        self.call_due = Some(
+            self.call_due
+                .map_or(now, |t| t.max(now))
+                .saturating_add(MIN_CALL_INTERVAL_NS),
+        );
         self.in_flight = Some(InFlight {
             sent_at: now,
             plan,

@@ -53,7 +53,10 @@ pub mod grid;
 pub mod sim;
 pub mod wire;
 
-pub use caller::{Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, MIN_CALL_INTERVAL_NS};
+pub use caller::{
+    Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
+    MIN_CALL_INTERVAL_NS,
+};
 pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, SharedBlob, Take};
 pub use grid::Grid;
 pub use wire::Failure;
