@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--split: {len(weights)} weights for {args.proxies} proxies")
     if not WASM.exists():
         ap.error(f"{WASM} missing: run `make build`")
-    results = []
+    results: list[dict[str, object]] = []
     failed = False
     for rate in args.rates:
         plugin = plugin_config(f"{rate:g}/s", max_queue_delay=f"{args.max_queue_delay:g}s",
