@@ -93,7 +93,7 @@ def proxy_config(plugin: dict[str, Any] | None, *, upstream_port: int, tag: str,
 
 
 def native_ratelimit_config(*, upstream_port: int, grpc_port: int, rate: float, tag: str,
-                            timeout: str = "50ms", failure_mode_deny: bool = False) -> dict[str, Any]:
+                            timeout: str = "0.05s", failure_mode_deny: bool = False) -> dict[str, Any]:
     """`envoy/baseline.yaml` (no throttle) with Envoy's native global rate
     limit filter in front of the router: every request sends one descriptor
     `(native_rl, "<rate>")` of domain `envoy_throttle` over gRPC to the rate
@@ -215,7 +215,8 @@ class FortioLoad:
                                f"{err.decode(errors='replace')[-2000:]}") from None
         finally:
             self.json_path.unlink(missing_ok=True)
-        return summarize(data)
+        # With the histogram's buckets, so several loads' percentiles can be merged.
+        return dict(summarize(data), histogram=data["DurationHistogram"].get("Data") or [])
 
     def kill(self) -> None:
         stop(self.proc)
@@ -311,6 +312,13 @@ class ClusterLab:
         return proxy_config(self.plugin, upstream_port=self.upstream.port, tag=tag, engine_cluster=cluster,
                             wasm=self.wasm)
 
+    @property
+    def service_key(self) -> str:
+        """The descriptor key whose hits the service counts once per call:
+        the member add of a cluster rule's claim, or the native filter's one
+        descriptor per request."""
+        return NATIVE_KEY if self.native_rate is not None else "throttle_members"
+
     @staticmethod
     def tag(i: int) -> str:
         return f"p{i}"
@@ -355,7 +363,7 @@ class ClusterLab:
         their start to `tail_s` before their end."""
         self.upstream.clear()
         before = [self._counters(i) for i in range(self.n)]
-        service0 = self.engine.service_calls() if self.engine is not None else None
+        service0 = self.engine.service_calls(self.service_key) if self.engine is not None else None
         t0 = time.monotonic()
         runs = self.loads(qps, duration_s=duration_s, max_queue_delay_s=max_queue_delay_s)
         try:
@@ -379,10 +387,10 @@ class ClusterLab:
         assert self.engine is not None
         if self.engine.service.metrics_port is None:
             return None
-        seen: list[int | None] = [self.engine.service_calls()]
+        seen: list[int | None] = [self.engine.service_calls(self.service_key)]
 
         def settled() -> bool:
-            seen.append(self.engine.service_calls() if self.engine is not None else None)
+            seen.append(self.engine.service_calls(self.service_key) if self.engine is not None else None)
             return seen[-1] == seen[-2]
 
         with contextlib.suppress(TimeoutError):  # still moving after 6 s: report what it says now

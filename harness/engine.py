@@ -466,8 +466,9 @@ class Engine:
             return None
         total = 0.0
         for name, value in self.service.metrics().items():
+            # key1 is the configuration's key, with `_<value>` when the configuration names a value.
             if (name.startswith("ratelimit_service_rate_limit_total_hits{") and f'domain="{DOMAIN}"' in name
-                    and f'key1="{key}"' in name):
+                    and (f'key1="{key}"' in name or f'key1="{key}_' in name)):
                 total += value
         return int(total)
 
