@@ -274,8 +274,11 @@ class FaultProxy:
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
+                try:
+                    self.end_headers()
+                    self.wfile.write(answer)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller gave up first (a slow answer past its timeout): nothing to deliver
 
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True

@@ -9,11 +9,10 @@ Timing tolerances, and why (each assertion repeats its reason):
   Fortio loads (and, here, other jobs). So a window may hold releases whose
   slots lie up to JITTER_S earlier: the worst 100 ms window is checked against
   the filter's stated bound (rate x 0.1 s + burst + 2) plus rate x JITTER_S.
-  JITTER_S = 40 ms: the process-scope control (3 proxies at rate/3, the
-  benchmark's `process` variant, same lab) showed its worst 100 ms window
-  up to 6 over its own bound at 300/s (20 ms of rate) at load average ~2
-  (perf/README.md, "Three proxies, one rate"); twice that covers the run-to-run
-  spread seen there.
+  JITTER_S = 70 ms, from the benchmark (`make perf-cluster`, 2026-11-23 22:48 UTC, load
+  average 2.5 rising to 6 from other jobs): at 300/s the process-scope control (3 proxies
+  at 100/s each, whose schedules are exact: at most 33 in any 100 ms) had a worst window
+  of 43 (+10, 33 ms of rate), the cluster-scope run right after it 51 (+19, 63 ms).
 - The total and the 1 s windows use the issue's figures (1%, 2%) unchanged.
 """
 
@@ -35,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 RATE = 300.0
 MQD_S = 1.0
-JITTER_S = 0.040
+JITTER_S = 0.070
 FALLBACK_AFTER_S = 0.25
 # "No hang": the longest a request may take is max_queue_delay plus this much of
 # scheduling delay in Envoy and Fortio on the shared cores (1.27 s seen once with
@@ -184,6 +183,9 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
         stamps = sorted(lab.upstream.arrivals)
         in_fallback = windows.rate(stamps, *span)
         resumed = max(e - back for e in ends)
+        print(f"\nfallback entered {[round(s - killed, 3) for s in starts]} s after the service was killed; "
+              f"{in_fallback:.1f}/s in fallback; grid again {[round(e - back, 3) for e in ends]} s after "
+              f"Redis and the service were back; {load()}")
         assert resumed <= 1.0, (
             f"both back -> every proxy on the grid again within 1 s of the service answering "
             f"(its first calls, an epoch apart): {[round(e - back, 3) for e in ends]}; {load()}")
