@@ -23,6 +23,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -73,6 +74,23 @@ def plugin_config(rate: str, *, scope: str = "cluster", max_queue_delay: str = "
 def _hcm(cfg: dict[str, Any]) -> dict[str, Any]:
     hcm: dict[str, Any] = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     return hcm
+
+
+def log_5xx(cfg: dict[str, Any], path: Path) -> None:
+    """Adds an access log of answers with status 500 or more to `path`: status,
+    Envoy's response flags and details, duration (to tell an upstream failure
+    from a local reply when a lab run sees failures)."""
+    _hcm(cfg)["access_log"] = [{
+        "name": "envoy.access_loggers.file",
+        "filter": {"status_code_filter": {"comparison": {
+            "op": "GE", "value": {"default_value": 500, "runtime_key": "lab.log_5xx_from"}}}},
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": str(path),
+            "log_format": {"text_format_source": {"inline_string":
+                "%START_TIME% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %DURATION%ms\n"}},
+        },
+    }]
 
 
 def _tag_requests(cfg: dict[str, Any], tag: str) -> None:
@@ -274,6 +292,7 @@ class ClusterLab:
         self.upstream = Upstream(tag_header=LAB_HEADER)
         self.proxies: list[Envoy] = []
         self.configs: list[dict[str, Any]] = []
+        self.logdir = Path(tempfile.mkdtemp(prefix="cluster-lab-"))
 
     # -- lifecycle ---------------------------------------------------------
     def __enter__(self) -> ClusterLab:
@@ -300,17 +319,30 @@ class ClusterLab:
         self.upstream.stop()
         if self.engine is not None:
             self.engine.close()
+        shutil.rmtree(self.logdir, ignore_errors=True)
 
     def _config(self, i: int) -> dict[str, Any]:
         tag = self.tag(i)
         if self.native_rate is not None:
             assert self.engine is not None
-            return native_ratelimit_config(upstream_port=self.upstream.port, grpc_port=self.engine.service.grpc_port,
-                                           rate=self.native_rate, tag=tag)
-        assert self.plugin is not None
-        cluster = self.engine.envoy_cluster() if self.engine is not None else None
-        return proxy_config(self.plugin, upstream_port=self.upstream.port, tag=tag, engine_cluster=cluster,
-                            wasm=self.wasm)
+            cfg = native_ratelimit_config(upstream_port=self.upstream.port, grpc_port=self.engine.service.grpc_port,
+                                          rate=self.native_rate, tag=tag)
+        else:
+            assert self.plugin is not None
+            cluster = self.engine.envoy_cluster() if self.engine is not None else None
+            cfg = proxy_config(self.plugin, upstream_port=self.upstream.port, tag=tag, engine_cluster=cluster,
+                               wasm=self.wasm)
+        log_5xx(cfg, self.logdir / f"{tag}-5xx.log")
+        return cfg
+
+    def errors(self) -> list[str]:
+        """Every proxy's logged answers of status 500 or more (see `log_5xx`)."""
+        out = []
+        for i in range(self.n):
+            path = self.logdir / f"{self.tag(i)}-5xx.log"
+            if path.exists():
+                out += [f"{self.tag(i)}: {line}" for line in path.read_text(errors="replace").splitlines()]
+        return out
 
     @property
     def service_key(self) -> str:

@@ -96,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             m = lab.run(qps, duration_s=args.duration, warmup_s=args.warmup,
                         max_queue_delay_s=args.max_queue_delay, rate=rate)
             panics = lab.panics()
+            errors = lab.errors()
         print("\n".join(report(m, label=f"rate {rate:g}/s (load average {_load()})")))
+        if errors:
+            print(f"  5xx answers logged by Envoy ({len(errors)}): " + "; ".join(errors[:3]))
         if panics:
             print("  PANIC in Envoy logs: " + "; ".join(panics[:3]))
         print()

@@ -70,7 +70,8 @@ def test_three_proxies_with_uneven_load_share_one_rate(lab):
     assert m.worst_100ms <= m.bound_100ms + allowance, (
         f"worst 100 ms window within the stated bound {m.bound_100ms} + {allowance} for release jitter "
         f"(rate x {JITTER_S * 1000:.0f} ms: worker ticks and scheduling on 2 shared cores): " + figures(m))
-    assert m.failures == 0, "no answer other than 200 or 429 (overload beyond max_queue_delay): " + figures(m)
+    assert m.failures == 0, ("no answer other than 200 or 429 (overload beyond max_queue_delay): " + figures(m)
+                             + f"; 5xx logged: {lab.errors()[:10]}")
     for i, calls in enumerate(m.calls_per_s):
         assert calls is not None and 5 <= calls <= 10.5, (
             f"p{i}: at most 10 engine calls per second per proxy (one per 100 ms epoch; 10.5 for the "
@@ -83,7 +84,8 @@ def test_within_the_rate_no_request_fails(lab):
     """Half the rate in all (60/30/10): every request's turn is within max_queue_delay."""
     m = lab.run(split(0.5 * RATE, [60, 30, 10]), duration_s=6, warmup_s=1.5, max_queue_delay_s=MQD_S, rate=RATE)
     codes = [c["codes"] for c in m.clients]
-    assert m.failures == 0 and m.rejected == 0, f"every request within the rate answered 200: {codes}; {load()}"
+    assert m.failures == 0 and m.rejected == 0, (f"every request within the rate answered 200: {codes}; {load()}; "
+                                                 f"5xx logged: {lab.errors()[:10]}")
     assert m.total_rate == pytest.approx(0.5 * RATE, rel=0.05), (
         "everything offered reaches the upstream (5%: the span's edges cut the even load): " + figures(m))
     for c in m.clients:
@@ -197,7 +199,8 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
         after = windows.rate(stamps, max(ends) + 1.0, t0 + 11.7)
         assert abs(after / RATE - 1) <= 0.02, f"cluster pacing resumed at the rate (2%): {after:.1f}/s; {load()}"
         failures = sum(c["requests"] - c["codes"].get(200, 0) - c["codes"].get(429, 0) for c in clients)
-        assert failures == 0, f"no answer other than 200/429 while the engine was down: {[c['codes'] for c in clients]}"
+        assert failures == 0, (f"no answer other than 200/429 while the engine was down: {[c['codes'] for c in clients]}"
+                               f"; 5xx logged: {lab.errors()[:10]}")
         for c in clients:
             assert c["max_ms"] <= 1000 * (MQD_S + SCHEDULING_S), (
                 f"no hang: nothing waits longer than max_queue_delay + {SCHEDULING_S:g} s of scheduling because "
@@ -245,7 +248,7 @@ def test_a_slow_engine_falls_back_and_deny_answers_429(wasm):
             for r in runs:
                 r.kill()
         for c in clients:
-            assert c["requests"] == c["codes"].get(200, 0) + c["codes"].get(429, 0), c["codes"]
+            assert c["requests"] == c["codes"].get(200, 0) + c["codes"].get(429, 0), (c["codes"], lab.errors()[:10])
             assert c["max_ms"] <= 1000 * (MQD_S + SCHEDULING_S), (
                 f"nothing waits longer than max_queue_delay + {SCHEDULING_S:g} s of scheduling because of a slow "
                 f"engine: {c['max_ms']:.0f} ms; {load()}")
