@@ -212,11 +212,6 @@ class FortioLoad:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return self
 
-    def interrupt(self) -> None:
-        """Ends the load early (SIGINT: Fortio stops and still writes its result)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(2)
-
     def result(self) -> dict[str, Any]:
         """Waits for the run (at most its timeout) and returns `harness.procs.summarize` of it."""
         assert self.proc is not None, "start() first"
@@ -243,8 +238,8 @@ class FortioLoad:
 
 @dataclass
 class Measurement:
-    """What one run of loads through the lab showed (rates per second; times in
-    seconds relative to the loads' start unless said otherwise)."""
+    """What one run of loads through the lab showed (rates per second, times in
+    monotonic seconds)."""
 
     rate: float  # the setting, per second
     span: tuple[float, float]  # the measured span [a, b) (monotonic s), warm-up and tail left out
@@ -255,7 +250,9 @@ class Measurement:
     per_second: list[int]  # arrivals in each whole second of the span
     worst_100ms: int  # the busiest 100 ms window anywhere in the span
     bound_100ms: int  # the filter's stated bound for it (rate x 0.1 + burst + 2)
-    offered: list[float]  # client side: requests sent per second, per load (as planned; see clients' max_ms)
+    # Client side, per load: requests sent per second. As planned when every request took less than its
+    # connection's interval (clients' max_ms < interval_ms): Fortio then never fell behind its schedule.
+    offered: list[float]
     clients: list[dict[str, Any]]  # summarize() of each load
     calls_per_s: list[float | None]  # filter's engine_calls per proxy per second over the loads
     envoy_calls_per_s: list[float]  # Envoy's own count of requests to the engine cluster, per second
@@ -276,7 +273,7 @@ class ClusterLab:
     that rate instead of the throttle."""
 
     def __init__(self, plugin: dict[str, Any] | None = None, *, proxies: int = 3, concurrency: int = 2,
-                 fault_proxy: bool = False, engine: bool = True, native_rate: float | None = None,
+                 fault_proxy: bool = False, native_rate: float | None = None,
                  wasm: Path = WASM, log_level: str = "warn", service_metrics: bool = False) -> None:
         if (plugin is None) == (native_rate is None):
             raise ValueError("give a throttle plugin configuration or native_rate, not both")
@@ -288,7 +285,7 @@ class ClusterLab:
         self.log_level = log_level
         needs_engine = native_rate is not None or (plugin is not None and "engine" in plugin)
         self.engine: Engine | None = (Engine(fault_proxy=fault_proxy, metrics=service_metrics)
-                                      if engine and needs_engine else None)
+                                      if needs_engine else None)
         self.upstream = Upstream(tag_header=LAB_HEADER)
         self.proxies: list[Envoy] = []
         self.configs: list[dict[str, Any]] = []

@@ -39,7 +39,10 @@ def report(m: Measurement, *, label: str) -> list[str]:
         f"{m.worst_100ms - m.bound_100ms:+d})",
         "  share per proxy       : " + "  ".join(f"{t} {s:.1%}" for t, s in m.shares.items()),
         "  offered (client side) : " + "  ".join(
-            f"{c['offered_qps']:.0f}/s on {c['connections']} conns" for c in m.clients),
+            f"{c['offered_qps']:.0f}/s on {c['connections']} conns" for c in m.clients)
+        + ("  (as planned: every request took less than its connection's interval)"
+           if all(c["max_ms"] < c["interval_ms"] for c in m.clients) else
+           "  (BEHIND: some requests took longer than their connection's interval)"),
         "  answers               : " + "  ".join(
             f"200 {c['codes'].get(200, 0)} / 429 {c['codes'].get(429, 0)}" for c in m.clients)
         + f";  failures (neither 200 nor 429) {m.failures}",
