@@ -117,6 +117,8 @@ def test_a_proxy_stopped_mid_run_the_total_recovers_within_1s(lab):
         f"(a 200 ms window at >= 90% of the rate): back after "
         f"{'never' if back is None else f'{back - stopped_at:.2f} s'}; before {before:.1f}/s; {load()}")
     after = windows.rate(stamps, back + 0.2, t0 + 7.7)
+    print(f"\np0 stopped: the rate was back {back - stopped_at:.2f} s later; {before:.1f}/s before, {after:.1f}/s "
+          f"after; {load()}")
     assert abs(after / RATE - 1) <= 0.02, (
         f"after recovery the two proxies keep the rate within 2% (1 s windows' figure): {after:.1f}/s; {load()}")
 
@@ -174,7 +176,8 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
             wait_until(lambda: time.monotonic() >= span[1], 3, "2 s with both down")
             # Both back: Redis first (the service exits at start without it).
             lab.engine.start_redis()
-            lab.engine.start_service()
+            starting = time.monotonic()
+            lab.engine.start_service()  # returns once the service answers a real POST /json
             back = time.monotonic()
             # Each rule's fallback ended at its start + the time its gauge added since.
             ends = [starts[i] + (_back_on_grid(lab, i, "engine back", 5) - before[i]) / 1000 for i in range(3)]
@@ -183,19 +186,25 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
             for r in runs:
                 r.kill()
         stamps = sorted(lab.upstream.arrivals)
+        pairs = sorted(zip(lab.upstream.arrivals, lab.upstream.tags, strict=True))
+        per_proxy = [windows.rate([t for t, g in pairs if g == lab.tag(i)], *span) for i in range(3)]
         in_fallback = windows.rate(stamps, *span)
         resumed = max(e - back for e in ends)
         print(f"\nfallback entered {[round(s - killed, 3) for s in starts]} s after the service was killed; "
-              f"{in_fallback:.1f}/s in fallback; grid again {[round(e - back, 3) for e in ends]} s after "
-              f"Redis and the service were back; {load()}")
+              f"{in_fallback:.1f}/s in fallback ({[round(r, 1) for r in per_proxy]}); grid again {[round(e - back, 3) for e in ends]} s after "
+              f"the service answered the harness ({back - starting:.2f} s after it was started; a proxy's call can "
+              f"succeed just before the harness's own check returns); {load()}")
         assert resumed <= 1.0, (
             f"both back -> every proxy on the grid again within 1 s of the service answering "
             f"(its first calls, an epoch apart): {[round(e - back, 3) for e in ends]}; {load()}")
-        expected = RATE / 3 * 2 + min(qps[2], RATE / 3)
-        assert abs(in_fallback / expected - 1) <= 0.05, (
-            f"local_share in fallback: each proxy paces at rate / expected_replicas (p2 offers only "
-            f"{qps[2]:.0f}/s): {expected:.0f}/s expected, {in_fallback:.1f}/s seen (5%: each proxy's own "
-            f"schedule, measured over 2 s); {load()}")
+        for i in range(3):
+            # p0 and p1 offer more than rate/3 and pace at it; p2 offers 90/s, below it, but first
+            # drains the requests it held when the engine went (at rate/3): at most rate/3.
+            low = 0.97 * RATE / 3 if qps[i] > RATE / 3 else 0.97 * qps[i]
+            assert low <= per_proxy[i] <= 1.02 * RATE / 3, (
+                f"local_share in fallback: p{i} paces at rate / expected_replicas = {RATE / 3:.0f}/s (offered "
+                f"{qps[i]:.0f}/s; 3%/2%: its own exact schedule, measured at the upstream over 2 s): "
+                f"{[round(r, 1) for r in per_proxy]}; {load()}")
         after = windows.rate(stamps, max(ends) + 1.0, t0 + 11.7)
         assert abs(after / RATE - 1) <= 0.02, f"cluster pacing resumed at the rate (2%): {after:.1f}/s; {load()}"
         failures = sum(c["requests"] - c["codes"].get(200, 0) - c["codes"].get(429, 0) for c in clients)
