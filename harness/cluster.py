@@ -35,6 +35,7 @@ from typing import Any
 from harness import windows
 from harness.engine import Engine
 from harness.procs import WASM, Envoy, free_port, go_bin, render, stop, summarize, wait_until
+from harness.stalls import StallMonitor
 from harness.upstream import Upstream
 
 #: The header each proxy adds to requests it sends upstream: its name in the lab.
@@ -260,6 +261,9 @@ class Measurement:
     failures: int  # answers that are neither 200 nor 429 (socket errors included)
     rejected: int  # 429s
     stats: list[dict[str, int]] = field(default_factory=list)  # each proxy's rule stats (deltas over the loads)
+    # The longest this machine held up a thread that asked to wake every 5 ms, during the span
+    # (harness/stalls.py): how late releases could be because the cores were busy.
+    stall_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -394,21 +398,24 @@ class ClusterLab:
         before = [self._counters(i) for i in range(self.n)]
         service0 = self.engine.service_calls(self.service_key) if self.engine is not None else None
         t0 = time.monotonic()
-        runs = self.loads(qps, duration_s=duration_s, max_queue_delay_s=max_queue_delay_s)
-        try:
-            clients = [dict(r.result(), offered_qps=r.calls / r.duration_s, connections=r.connections,
-                            interval_ms=1000 * r.connections / r.qps) for r in runs]
-        finally:
-            for r in runs:
-                r.kill()
+        with StallMonitor() as stalls:
+            runs = self.loads(qps, duration_s=duration_s, max_queue_delay_s=max_queue_delay_s)
+            try:
+                clients = [dict(r.result(), offered_qps=r.calls / r.duration_s, connections=r.connections,
+                                interval_ms=1000 * r.connections / r.qps) for r in runs]
+            finally:
+                for r in runs:
+                    r.kill()
         t1 = time.monotonic()
         after = [self._counters(i) for i in range(self.n)]
         service1 = self._service_calls_settled() if self.engine is not None else None
-        return measure(self.upstream.arrivals, self.upstream.tags, start=t0 + warmup_s,
-                       end=t0 + duration_s - tail_s, rate=rate, burst=burst, clients=clients,
-                       load_s=t1 - t0, before=before, after=after,
-                       service_calls=(None if service0 is None or service1 is None else service1 - service0),
-                       tags=[self.tag(i) for i in range(self.n)])
+        m = measure(self.upstream.arrivals, self.upstream.tags, start=t0 + warmup_s,
+                    end=t0 + duration_s - tail_s, rate=rate, burst=burst, clients=clients,
+                    load_s=t1 - t0, before=before, after=after,
+                    service_calls=(None if service0 is None or service1 is None else service1 - service0),
+                    tags=[self.tag(i) for i in range(self.n)])
+        m.stall_s = stalls.worst(*m.span)
+        return m
 
     def _service_calls_settled(self) -> int | None:
         """The service's count once it stopped moving (it flushes every second;

@@ -30,7 +30,7 @@ def report(m: Measurement, *, label: str) -> list[str]:
     a, b = m.span
     worst_1s = max((abs(c - m.rate) for c in m.per_second), default=0.0)
     lines = [
-        f"{label}",
+        f"{label}; the machine held a 5 ms timer of this process up to {m.stall_s * 1000:.0f} ms",
         f"  total at the upstream : {m.total_rate:8.2f}/s  ({m.error:+.2%} of {m.rate:g}/s; "
         f"{m.total} requests in {b - a:.1f} s, warm-up left out)",
         f"  each 1 s window       : {' '.join(str(c) for c in m.per_second)}  "

@@ -51,7 +51,8 @@ def load() -> str:
 def figures(m: Measurement) -> str:
     return (f"total {m.total_rate:.1f}/s ({m.error:+.2%}), 1 s windows {m.per_second}, worst 100 ms "
             f"{m.worst_100ms} (bound {m.bound_100ms}), shares {m.shares}, calls/s {m.calls_per_s}, "
-            f"engine failures {[s.get('engine_failures') for s in m.stats]}, failures {m.failures}; {load()}")
+            f"engine failures {[s.get('engine_failures') for s in m.stats]}, failures {m.failures}; longest hold-up "
+            f"of this process by the machine {m.stall_s * 1000:.0f} ms (Envoy's can be longer); {load()}")
 
 
 @pytest.fixture
