@@ -16,6 +16,8 @@ from harness.cluster import (
     proxy_config,
     split,
 )
+from harness.procs import wait_until
+from harness.stalls import StallMonitor
 
 
 def test_count_and_rate_use_half_open_windows():
@@ -98,3 +100,15 @@ def test_native_config_sends_the_rate_as_its_descriptor():
                                                                    "descriptor_value": "300"}}]}]
     with pytest.raises(ValueError, match="whole rate"):
         native_ratelimit_config(upstream_port=9, grpc_port=10, rate=2.5, tag="p0")
+
+
+def test_stall_monitor_worst_counts_the_wake_up_that_ends_the_span():
+    m = StallMonitor()
+    m.times = [1.0, 1.1, 1.2, 1.5]
+    m.lateness = [0.001, 0.002, 0.003, 0.25]
+    assert m.worst(1.05, 1.25) == 0.25  # the wake-up at 1.5 was due inside the span: 250 ms late
+    assert m.worst(0.0, 1.05) == 0.002
+    assert m.worst(2.0, 3.0) == 0.0
+    with StallMonitor(period_s=0.001) as live:
+        wait_until(lambda: len(live.times) >= 3, 2, "three wake-ups")
+    assert all(x >= 0 for x in live.lateness)
