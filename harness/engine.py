@@ -166,10 +166,13 @@ class Redis(_Child):
 class RateLimitService(_Child):
     """envoyproxy/ratelimit with the project's configuration, all listeners on loopback."""
 
-    def __init__(self, redis_port: int, workdir: Path, log_level: str = "warn"):
+    def __init__(self, redis_port: int, workdir: Path, log_level: str = "warn", metrics: bool = False):
         self.port = free_port()
         self.grpc_port = free_port()
         self.debug_port = free_port()
+        # With `metrics`, the service's own counters on 127.0.0.1:<metrics_port>/metrics
+        # (its Prometheus sink, flushed every second); off by default (it costs the service CPU).
+        self.metrics_port = free_port() if metrics else None
         self.redis_port = redis_port
         self.workdir = workdir
         self.log_level = log_level
@@ -193,7 +196,31 @@ class RateLimitService(_Child):
             "USE_STATSD": "false", "USE_PROMETHEUS": "false",
             "LOG_LEVEL": self.log_level, "LOG_FORMAT": "text",
         })
+        if self.metrics_port is not None:
+            env.update({"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": f"127.0.0.1:{self.metrics_port}",
+                        "PROMETHEUS_PATH": "/metrics", "STATS_FLUSH_INTERVAL": "1s"})
         return env
+
+    def metrics(self) -> dict[str, float]:
+        """The service's own counters (Prometheus text from its sink), as
+        `name{labels}` -> value; empty when started without `metrics`."""
+        if self.metrics_port is None:
+            return {}
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=2.0)
+        try:
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode(errors="replace")
+        finally:
+            conn.close()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    continue
+        return out
 
     def start(self, timeout: float = 20.0) -> None:
         if self.running():
@@ -247,8 +274,11 @@ class FaultProxy:
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
+                try:
+                    self.end_headers()
+                    self.wfile.write(answer)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller gave up first (a slow answer past its timeout): nothing to deliver
 
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
@@ -334,10 +364,10 @@ def _nonsense_answer(kind: str, body: bytes) -> tuple[int, bytes]:
 class Engine:
     """Redis + the rate limit service (+ optional fault proxy), stopped on exit."""
 
-    def __init__(self, fault_proxy: bool = False, log_level: str = "warn"):
+    def __init__(self, fault_proxy: bool = False, log_level: str = "warn", metrics: bool = False):
         self.workdir = Path(tempfile.mkdtemp(prefix="throttle-engine-"))
         self.redis = Redis(free_port(), self.workdir)
-        self.service = RateLimitService(self.redis.port, self.workdir, log_level)
+        self.service = RateLimitService(self.redis.port, self.workdir, log_level, metrics=metrics)
         self.proxy: FaultProxy | None = FaultProxy(self.service.port) if fault_proxy else None
 
     # -- lifecycle -------------------------------------------------------
@@ -428,6 +458,22 @@ class Engine:
             return status, json.loads(body)
         except ValueError:
             return status, body
+
+    def service_calls(self, key: str = "throttle_members") -> int | None:
+        """The service's own count of hits on one descriptor key of our domain,
+        summed over values (None without `metrics`). For `throttle_members`
+        that is the calls carrying one cluster rule (each adds 1 member, and
+        looks with 0): the service's view of the calls. It trails by up to
+        the service's 1 s flush."""
+        if self.service.metrics_port is None:
+            return None
+        total = 0.0
+        for name, value in self.service.metrics().items():
+            # key1 is the configuration's key, with `_<value>` when the configuration names a value.
+            if (name.startswith("ratelimit_service_rate_limit_total_hits{") and f'domain="{DOMAIN}"' in name
+                    and (f'key1="{key}"' in name or f'key1="{key}_' in name)):
+                total += value
+        return int(total)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) used so far by Redis and by the service."""

@@ -10,8 +10,11 @@ Endpoints (any method):
 
 `in_flight` counts requests between the end of their headers and the end of
 the answer (or reset, or the client closing the connection during /slow:
-`aborted`); /stats itself is not counted. Run it in a thread of the
-test process (`Upstream().start()`) or as `python -m harness.upstream PORT`.
+`aborted`); /stats itself is not counted. `arrivals` holds the monotonic time
+of each counted request's arrival (end of its headers); with `tag_header`,
+`tags` holds that header's value for each (None when absent), in the same
+order: which proxy sent it, when several share one upstream. Run it in a thread
+of the test process (`Upstream().start()`) or as `python -m harness.upstream PORT`.
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ from harness.procs import _can_connect, free_port, wait_until
 
 
 class Upstream:
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, tag_header: str | None = None):
         self.port = port or free_port()
+        self.tag_header = tag_header.lower() if tag_header else None
         self.in_flight = 0
         self.max_in_flight = 0
         self.served = 0
         self.resets = 0
         self.aborted = 0
         self.arrivals: list[float] = []
+        self.tags: list[str | None] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -92,6 +97,7 @@ class Upstream:
         self.resets = 0
         self.aborted = 0
         self.arrivals = []
+        self.tags = []
 
     # -- protocol --------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -119,6 +125,8 @@ class Upstream:
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
                 self.arrivals.append(time.monotonic())
+                if self.tag_header is not None:
+                    self.tags.append(headers.get(self.tag_header))
                 try:
                     if url.path == "/slow":
                         # Like a server that cancels work when its client (Envoy)

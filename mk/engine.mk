@@ -1,7 +1,7 @@
 # Cluster scope's engine (issue 12): Redis + envoyproxy/ratelimit on loopback,
 # the facts the design relies on, and the many-proxy simulation.
 # See engine/README.md.
-.PHONY: setup-engine engine engine-test cluster-sim cluster-sim-quick
+.PHONY: setup-engine engine engine-test cluster-sim cluster-sim-quick demo-cluster
 
 setup-engine: ## Install Redis (apt) and envoyproxy/ratelimit (go install) for cluster scope
 	@bash tools/setup-engine.sh
@@ -20,3 +20,6 @@ cluster-sim: setup setup-engine ## Many simulated proxies vs the real engine (an
 
 cluster-sim-quick: setup setup-engine ## The same, two short runs (~40 s)
 	$(PY) -m perf.cluster_sim --quick --out perf/cluster-sim/results/quick
+
+demo-cluster: setup setup-engine build ## Cluster scope: 3 Envoys share one rate through the engine; uneven Fortio loads at two rates
+	$(PY) -m harness.demo_cluster

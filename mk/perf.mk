@@ -1,6 +1,6 @@
 # Benchmarks (perf/): the throttle against plain Envoy, Envoy's native
 # local_ratelimit and nginx limit_req, in one run. See perf/README.md.
-.PHONY: perf perf-quick perf-setup perf-noop perf-cpu perf-cpu-quick
+.PHONY: perf perf-quick perf-setup perf-noop perf-cpu perf-cpu-quick perf-cluster
 
 PERF_QUICK_DIR := perf/results/ci-quick
 PERF_CPU_QUICK_DIR := perf/results/cpu-quick
@@ -17,7 +17,7 @@ perf: setup perf-setup build perf-noop ## Benchmarks, standard set (< ~15 min): 
 	$(PY) -m perf.run --set standard
 	PERF_RUN_DIR=perf/results/latest $(PYTEST) -m perf -q
 
-perf-quick: setup perf-setup build perf-noop ## Benchmarks, quick subset (~2 min, CI): numbers reported, not asserted
+perf-quick: setup setup-engine perf-setup build perf-noop ## Benchmarks, quick subset (~2 min, CI): numbers reported, not asserted
 	rm -rf $(PERF_QUICK_DIR)
 	$(PY) -m perf.run --set quick --out $(PERF_QUICK_DIR)
 	PERF_RUN_DIR=$(PERF_QUICK_DIR) $(PYTEST) -m perf -q
@@ -30,5 +30,9 @@ perf-cpu-quick: setup perf-setup build perf-noop ## The same, short (< 2 min, CI
 	rm -rf $(PERF_CPU_QUICK_DIR)
 	$(PY) -m perf.cpu --profile quick --out $(PERF_CPU_QUICK_DIR)
 	$(PY) -m pytest perf/tests/test_cpu.py -q
+
+perf-cluster: setup setup-engine perf-setup build ## Three proxies, one rate: process vs cluster scope vs Envoy's native global rate limit (~3 min)
+	$(PY) -m perf.run --set cluster --out perf/results/cluster-latest
+	PERF_RUN_DIR=perf/results/cluster-latest $(PYTEST) -m perf -q
 
 CI_EXTRA += perf-quick perf-cpu-quick

@@ -151,6 +151,33 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
     return out
 
 
+def cluster_table(rows: list[dict]) -> tuple[str, str, Table]:
+    """Three proxies, one rate (perf/cluster_bench.py rows, CLUSTER_COLUMNS)."""
+    head = ["scenario", "variant", "rate /s", "offered /s", "upstream /s", "vs rate", "worst 1 s",
+            "worst 100 ms (bound)", "429s", "failures", "p50 ms", "p99 ms", "engine calls /s per proxy",
+            "service calls /s", "shares"]
+    body = []
+    for r in rows:
+        bound = r.get("bound_100ms")
+        body.append([r["label"], r["variant"], _f(r["rate"], "{:.0f}"), _f(r["offered_qps"], "{:.0f}"),
+                     _f(r["upstream_qps"]), _pct(r["error_pct"]),
+                     "" if r.get("worst_1s_pct") is None else f"±{r['worst_1s_pct']:.1f}%",
+                     f"{_f(r['worst_100ms'], '{:.0f}')} ({_f(bound, '{:.0f}')})",
+                     _f(r["rejected"], "{:.0f}"), _f(r["failures"], "{:.0f}"), _f(r["p50"], "{:.1f}"),
+                     _f(r["p99"], "{:.1f}"), r.get("calls_per_proxy_s") or "", _f(r.get("service_calls_s")),
+                     r.get("shares") or ""])
+    note = ("Three Envoy processes at the same total rate, the same uneven loads (Fortio, offered evenly; "
+            "offered = all proxies together) and one upstream recording its own arrival times. process = the "
+            "throttle at rate/3 per proxy; cluster = the throttle with scope cluster through the engine "
+            "(envoyproxy/ratelimit + Redis); native = Envoy's envoy.filters.http.ratelimit, gRPC to the same "
+            "service, fixed 1 s windows. upstream /s and the windows are over the measured span (warm-up left "
+            "out); worst 1 s = the 1 s window furthest from the rate; worst 100 ms = the busiest 100 ms anywhere, "
+            "against the throttle's stated bound rate x 0.1 s + burst + 2; failures = answers neither 200 nor "
+            "429; latency = all proxies' requests together; engine calls: the throttle's engine_calls, or for "
+            "native Envoy's requests to the service (one per request); service calls: the service's own count.")
+    return ("Three proxies, one rate", note, (head, body))
+
+
 def _limiter(stats: dict | None) -> str:
     if not stats:
         return ""
@@ -378,10 +405,12 @@ def html_page(title: str, tabs: list[tuple[str, str, Table]], charts: list[tuple
 
 def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict | None = None,
            memory: dict | None = None, info: dict | None = None,
-           title: str = "Throttle benchmarks") -> dict[str, Path]:
+           title: str = "Throttle benchmarks", cluster: dict | None = None) -> dict[str, Path]:
     """Writes summary.md and report.html into out_dir; returns their paths.
     meta[label] may give "baseline" (label of the row to compare with) and
-    "setting_qps" (the limiter's rate; rows without one are pass-through)."""
+    "setting_qps" (the limiter's rate; rows without one are pass-through).
+    cluster = {"rows": [...], "timeseries": {...}} of `kind: cluster` scenarios
+    (perf/cluster_bench.py) adds their table and charts."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = normalize(csv_rows)
@@ -392,6 +421,11 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
     memory = memory or {}
     info = info or {}
     tabs = tables(rows, timeseries, meta, memory)
+    text = ("label", "variant", "calls_per_proxy_s", "shares")
+    crow: list[dict[str, Any]] = [{k: (v if k in text else _num(v)) for k, v in r.items()}
+                                  for r in (cluster or {}).get("rows", [])]
+    if crow:
+        tabs.append(cluster_table(crow))
     summary = out_dir / "summary.md"
     summary.write_text(markdown(title, tabs, info))
     labels = [r["label"] for r in rows]
@@ -404,6 +438,13 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
         ("Rate seen by the upstream, pass-through scenarios", chart_rates(timeseries, through, "Pass-through: upstream rate per 100 ms")),
         ("Memory", chart_memory(memory)),
     ]
+    if crow:
+        cts = (cluster or {}).get("timeseries", {})
+        charts[1:1] = [
+            ("Three proxies, one rate: rate seen by the upstream",
+             chart_rates(cts, [r["label"] for r in crow], "Three proxies, one rate: upstream rate per 100 ms vs rate")),
+            ("Three proxies, one rate: latency", chart_latency(crow)),
+        ]
     drawn = [(n, c) for n, c in charts if c]
     page = out_dir / "report.html"
     page.write_text(html_page(title, tabs, drawn, info))
@@ -427,7 +468,8 @@ def render_run(run_dir: Path) -> dict[str, Path]:
                             "rounds_qps": d.get("rounds_achieved_qps"),
                             "requests": (d.get("client") or {}).get("requests"),
                             "limiter": d.get("filter_stats")}
-    return render(rows, timeseries, run_dir, meta=meta, memory=memory, info=info)
+    cluster = json.loads((run_dir / "cluster.json").read_text()) if (run_dir / "cluster.json").exists() else None
+    return render(rows, timeseries, run_dir, meta=meta, memory=memory, info=info, cluster=cluster)
 
 
 if __name__ == "__main__":

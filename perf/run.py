@@ -6,6 +6,7 @@ warm-up, and writes self-describing results to perf/results/<run-id>/:
   results.csv         one fixed-column row per load run (CSV_COLUMNS)
   timeseries.json     the rate the upstream saw per 100 ms window, per run
   memory.json         Envoy RSS idle and with held requests
+  cluster.csv, cluster.json  kind: cluster scenarios (three proxies, one rate; perf/cluster_bench.py)
   summary.md, report.html  (perf/report.py)
 
   python -m perf.run --set quick          # or standard; --only LABEL... to pick some
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from harness.procs import ROOT, Envoy, envoy_bin, free_port
 from harness.procstats import Sampler
-from perf import loadgen, memory, nginx, report
+from perf import cluster_bench, loadgen, memory, nginx, report
 from perf.scenario import Scenario, ScenarioError, load_set
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     info = environment(run_id, args.set)
     t0 = time.monotonic()
     rows, timeseries, mem, failed, rounds_qps, requests, limiter = [], {}, {}, [], {}, {}, {}
+    cluster_rows: list[dict] = []
+    cluster_ts: dict[str, dict] = {}
     rates = tuple(sorted({s.nginx_limit["rate"] for s in scenarios if s.topology == "nginx_limit"}))
     total = sum(len(g) * n for g, n in groups)
     step = 0
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(s.label)
                 elif s.kind == "memory":
                     mem[s.label] = result
+                elif s.kind == "cluster":
+                    cluster_rows.append(result["row"])
+                    cluster_ts[s.label] = result["timeseries"]
                 else:
                     rows.append(result["row"])
                     timeseries[s.label] = result["timeseries"]
@@ -91,11 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     (out / "timeseries.json").write_text(json.dumps(timeseries))
     (out / "memory.json").write_text(json.dumps(mem, indent=1))
     (out / "info.json").write_text(json.dumps(info, indent=1))
+    cluster = None
+    if cluster_rows:
+        write_csv(out / "cluster.csv", cluster_rows, cluster_bench.CLUSTER_COLUMNS)
+        cluster = {"rows": read_csv(out / "cluster.csv"), "timeseries": cluster_ts}
+        (out / "cluster.json").write_text(json.dumps(cluster, indent=1))
     meta = {s.label: {"baseline": s.baseline, "setting_qps": s.setting_qps, "description": s.description,
                       "concurrency": s.envoy.get("concurrency"), "rounds_qps": rounds_qps.get(s.label),
                       "requests": requests.get(s.label), "limiter": limiter.get(s.label)}
             for s in scenarios}
-    paths = report.render(read_csv(out / "results.csv"), timeseries, out, meta=meta, memory=mem, info=info)
+    paths = report.render(read_csv(out / "results.csv"), timeseries, out, meta=meta, memory=mem, info=info,
+                          cluster=cluster)
     latest = RESULTS / "latest"
     if out.parent == RESULTS:
         if latest.is_symlink() or latest.exists():
@@ -113,6 +125,10 @@ def run_one(s: Scenario, web: nginx.Nginx) -> dict:
     try:
         if s.kind == "memory":
             result = run_memory(s, web)
+        elif s.kind == "cluster":
+            result = cluster_bench.run(s)
+            print("    " + "  ".join(f"{k}={_fmt(result['row'][k])}" for k in cluster_bench.CLUSTER_COLUMNS[1:]),
+                  flush=True)
         else:
             result = run_load(s, web)
             print("    " + "  ".join(f"{k}={_fmt(result['row'][k])}" for k in CSV_COLUMNS[2:]), flush=True)
@@ -221,12 +237,12 @@ def upstream_rate(stamps: list[float]) -> float | None:
     return (len(stamps) - 1) / span if span > 0 else None
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...] = CSV_COLUMNS) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         for r in rows:
-            w.writerow({k: _fmt(r[k]) for k in CSV_COLUMNS})
+            w.writerow({k: _fmt(r[k]) for k in columns})
 
 
 def read_csv(path: Path) -> list[dict]:

@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,7 +21,10 @@ SETS = HERE / "sets.yaml"
 TOPOLOGIES = ("direct", "envoy", "nginx_limit")
 ENVOY_CONFIGS = ("baseline.yaml", "tcp_proxy.yaml", "demo.yaml", "local_ratelimit.yaml")
 TOP_KEYS = {"label", "description", "kind", "topology", "envoy", "nginx_limit", "tool", "connections",
-            "requests", "duration", "qps", "keepalive", "warmup_requests", "baseline", "steps"}
+            "requests", "duration", "qps", "keepalive", "warmup_requests", "baseline", "steps", "cluster"}
+# kind: cluster (perf/cluster_bench.py): several proxies, one rate.
+CLUSTER_KEYS = {"variant", "rate", "load", "split", "duration", "warmup", "max_queue_delay", "proxies", "concurrency"}
+CLUSTER_VARIANTS = ("process", "cluster", "native")
 ENVOY_KEYS = {"config", "concurrency", "throttle", "local_ratelimit", "wasm"}
 THROTTLE_KEYS = {"rate", "burst", "max_queue_delay"}
 # The floor of any proxy-wasm filter (perf/noop-filter, built by `make perf-noop`).
@@ -50,12 +54,15 @@ class Scenario:
     envoy: dict = field(default_factory=dict)
     nginx_limit: dict = field(default_factory=dict)
     steps: list[int] = field(default_factory=list)
+    cluster: dict = field(default_factory=dict)
 
     @property
     def setting_qps(self) -> float | None:
         """The limiter's configured rate, or None when there is no limiter or
         it is set so high that it is never reached (overhead scenarios)."""
         rate = None
+        if self.kind == "cluster":
+            return float(self.cluster["rate"])
         if self.topology == "nginx_limit":
             rate = float(self.nginx_limit["rate"])
         elif "throttle" in self.envoy:
@@ -129,7 +136,10 @@ def parse(path: Path) -> Scenario:
     _check(d.get("label") == path.stem, f"{where}: label", f"must equal the file name {path.stem!r}")
     _check(isinstance(d.get("description"), str), f"{where}: description", "required text")
     kind = d.get("kind", "load")
-    _check(kind in ("load", "memory"), f"{where}: kind", f"expected load or memory, got {kind!r}")
+    _check(kind in ("load", "memory", "cluster"), f"{where}: kind", f"expected load, memory or cluster, got {kind!r}")
+    if kind == "cluster":
+        return _parse_cluster(d, where)
+    _check("cluster" not in d, f"{where}: cluster", "only with kind cluster")
     topo = d.get("topology")
     _check(topo in TOPOLOGIES, f"{where}: topology", f"expected one of {TOPOLOGIES}, got {topo!r}")
     s = Scenario(label=d["label"], description=d["description"], topology=topo, kind=kind)
@@ -213,6 +223,49 @@ def parse(path: Path) -> Scenario:
         _check(isinstance(d["baseline"], str), f"{where}: baseline", "expected a scenario label")
         s.baseline = d["baseline"]
     return s
+
+
+def _parse_cluster(d: dict, where: str) -> Scenario:
+    """kind: cluster: N proxies sharing one rate (perf/cluster_bench.py)."""
+    unknown = set(d) - {"label", "description", "kind", "cluster"}
+    _check(not unknown, where, f"fields {sorted(unknown)} do not apply to kind cluster")
+    raw = d.get("cluster")
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: cluster: required mapping for kind cluster")
+    c: dict[str, Any] = raw
+    unknown = set(c) - CLUSTER_KEYS
+    _check(not unknown, f"{where}: cluster", f"unknown field(s) {sorted(unknown)}")
+    _check(c.get("variant") in CLUSTER_VARIANTS, f"{where}: cluster.variant",
+           f"expected one of {CLUSTER_VARIANTS}, got {c.get('variant')!r}")
+    rate: Any = c.get("rate")
+    _check(isinstance(rate, int) and 1 <= rate <= 100_000, f"{where}: cluster.rate",
+           "expected a whole number of requests per second for all proxies, 1..100000")
+    load: Any = c.get("load")
+    _check(isinstance(load, (int, float)) and 0 < load <= 10, f"{where}: cluster.load",
+           "expected the offered load as a multiple of the rate, above 0 and at most 10")
+    proxies = c.get("proxies", 3)
+    _check(isinstance(proxies, int) and 1 <= proxies <= 8, f"{where}: cluster.proxies", "expected 1..8")
+    split = c.get("split", [1] * proxies)
+    _check(isinstance(split, list) and len(split) == proxies and all(isinstance(x, (int, float)) and x >= 0
+                                                                    for x in split) and sum(split) > 0,
+           f"{where}: cluster.split", f"expected {proxies} weights >= 0 (one per proxy) with a positive sum")
+    _check(c.get("concurrency", 2) in (1, 2, 4), f"{where}: cluster.concurrency", "expected 1, 2 or 4")
+    out: dict[str, Any] = {"variant": c["variant"], "rate": rate, "load": float(load), "split": split, "proxies": proxies,
+           "concurrency": c.get("concurrency", 2)}
+    for key, default, top in (("duration", None, 120.0), ("warmup", "2s", 60.0), ("max_queue_delay", "1s", 60.0)):
+        try:
+            value: Any = c.get(key, default)
+            out[key] = seconds(value)
+        except (ValueError, KeyError, TypeError):
+            raise ScenarioError(f"{where}: cluster.{key}: expected a duration like 500ms or 10s, "
+                                f"got {c.get(key)!r}") from None
+        _check(0 <= out[key] <= top, f"{where}: cluster.{key}", f"expected at most {top:g} s")
+    _check(out["warmup"] < out["duration"], f"{where}: cluster.warmup", "must be shorter than the duration")
+    if c["variant"] == "process":
+        _check(rate * 60 % proxies == 0, f"{where}: cluster.rate", f"process scope gives each proxy rate/{proxies} "
+               f"(per minute): make rate x 60 a multiple of {proxies}")
+    return Scenario(label=d["label"], description=d["description"], topology="cluster", kind="cluster",
+                    cluster=out)
 
 
 def load_all() -> dict[str, Scenario]:

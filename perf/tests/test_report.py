@@ -39,7 +39,22 @@ def _synthetic(out: Path) -> dict[str, Path]:
     memory = {"memory-throttle-c2": {"idle_rss_mb": 99.0, "points": [{"held": 0, "rss_mb": 99.0},
                                                                       {"held": 1000, "rss_mb": 120.0}],
                                      "mb_per_1000": 21.0}}
-    return report.render(rows, ts, out, meta=meta, memory=memory, info={"run_id": "synthetic"})
+    crow = {"label": "cluster-300-cluster", "variant": "cluster", "rate": "300", "load": "3", "offered_qps": "900",
+            "upstream_qps": "299.8", "error_pct": "-0.07", "worst_1s_pct": "0.7", "worst_100ms": "35",
+            "bound_100ms": "32", "rejected": "3600", "failures": "0", "p50": "160", "p90": "900", "p99": "1010",
+            "p99.9": "1020", "calls_per_proxy_s": "9.0 / 9.0 / 8.9", "service_calls_s": "26.9",
+            "shares": "55% / 30% / 15%"}
+    cluster = {"rows": [crow], "timeseries": {"cluster-300-cluster": {"window_s": 0.1, "rates": [300.0] * 80,
+                                                                       "setting_qps": 300.0}}}
+    return report.render(rows, ts, out, meta=meta, memory=memory, info={"run_id": "synthetic"}, cluster=cluster)
+
+
+def _cluster_only() -> bool:
+    """A run of kind: cluster scenarios only (make perf-cluster): no results.csv rows."""
+    if not RUN_DIR:
+        return False
+    with open(Path(RUN_DIR) / "results.csv", newline="") as f:
+        return len(list(csv.reader(f))) <= 1 and (Path(RUN_DIR) / "cluster.json").exists()
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +67,8 @@ def rendered(tmp_path_factory) -> dict[str, Path]:
 def test_csv_has_the_fixed_columns():
     if not RUN_DIR:
         pytest.skip("no PERF_RUN_DIR: no real run to check")
+    if _cluster_only():
+        pytest.skip("a run of kind: cluster scenarios only: see test_cluster_table")
     with open(Path(RUN_DIR) / "results.csv", newline="") as f:
         reader = csv.reader(f)
         assert tuple(next(reader)) == CSV_COLUMNS
@@ -61,6 +78,8 @@ def test_csv_has_the_fixed_columns():
 
 
 def test_summary_has_tables_with_ratios(rendered):
+    if _cluster_only():
+        pytest.skip("a run of kind: cluster scenarios only: see test_cluster_table")
     md = rendered["summary"].read_text()
     assert "| scenario | tool | conns | req/s |" in md and "| vs baseline |" in md
     assert " of http-c2-" in md  # a ratio to a baseline row of the same run
@@ -69,7 +88,18 @@ def test_summary_has_tables_with_ratios(rendered):
 
 def test_html_embeds_charts(rendered):
     page = rendered["html"].read_text()
-    assert page.count("src='data:image/png;base64,") >= 3
+    # cluster only: its rate chart and its latency chart
+    assert page.count("src='data:image/png;base64,") >= (2 if _cluster_only() else 3)
+
+
+def test_cluster_table(rendered):
+    if RUN_DIR and not (Path(RUN_DIR) / "cluster.json").exists():
+        pytest.skip("no kind: cluster scenarios in this run")
+    md = rendered["summary"].read_text()
+    assert "## Three proxies, one rate" in md
+    assert "| scenario | variant | rate /s | offered /s | upstream /s |" in md
+    assert "| cluster" in md
+    assert "<h2>Three proxies, one rate: rate seen by the upstream</h2>" in rendered["html"].read_text()
 
 
 def test_html_renders_to_a_non_trivial_png(rendered):
