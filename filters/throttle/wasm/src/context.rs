@@ -28,6 +28,11 @@ impl Context for RootCtx {
     ) {
         self.0.on_http_call_response(token_id, body_size);
     }
+
+    fn on_done(&mut self) -> bool {
+        self.0.on_done();
+        true
+    }
 }
 
 impl RootContext for RootCtx {

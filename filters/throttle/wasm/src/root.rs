@@ -158,6 +158,17 @@ impl<H: Host> Root<H> {
         }
     }
 
+    /// The plugin is going away (its listener drained or its configuration
+    /// replaced): hands the counts still pending to the host, so that the
+    /// streams that ended last (cancelled by the drain) are counted and the
+    /// `held` gauge comes back to zero. Envoy deletes the plugin after its
+    /// last stream, and may do so before another tick would have flushed.
+    pub fn on_done(&mut self) {
+        if let (Some(plugin), Ok(mut l)) = (self.plugin.clone(), self.local.try_borrow_mut()) {
+            l.flush(self.host, &plugin);
+        }
+    }
+
     /// The answer to a call to the engine.
     pub fn on_http_call_response(&mut self, token: u32, body_size: usize) {
         if let (Some(plugin), Some(calls)) = (self.plugin.clone(), self.calls.as_mut()) {

@@ -363,6 +363,24 @@ fn a_client_that_leaves_while_queued_is_cancelled_and_never_resumed() {
 }
 
 #[test]
+fn counts_pending_when_the_plugin_goes_away_reach_the_host() {
+    // A drain closes held streams and Envoy then deletes the plugin, with no
+    // tick in between: the root's on_done hands the last counts over.
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    w.request(10, &[]);
+    w.request(11, &[]);
+    w.done(11);
+    let name = "throttle.rule.r.cancelled";
+    assert_eq!(host.state().metric(name), 0, "batched, not yet handed over");
+    w.root.on_done();
+    assert_eq!(host.state().metric(name), 1);
+    assert_eq!(host.state().metric("throttle.rule.r.held"), 0);
+    assert_eq!(host.state().metric("throttle.rule.r.queued"), 1);
+}
+
+#[test]
 fn a_stream_gone_at_its_turn_is_counted_gone() {
     let host = Fake::new();
     let mut w = Worker::new(host, 1, RATE);
