@@ -45,20 +45,30 @@ def test_no_slot_leaks_through_errors_resets_and_cancels(envoy_with, app):
     resets = drive(envoy, "/reset?ms=5", 100)
     assert errs["codes"] == {500: 100}, errs["codes"]
     assert set(resets["codes"]) == {503}, resets["codes"]
-    # Client cancels: 30 clients send a slow request and leave, some while in
-    # flight, most while waiting for a slot.
+    # Client cancels: 30 clients send a slow request and leave, N while in
+    # flight, the rest while waiting for a slot. The upstream holds each for
+    # 3 s, far longer than the test takes to close them, so no waiter gets its
+    # turn by a request finishing (with 300 ms, a busy CI machine took longer
+    # than that to see the waiters and close: 8 went upstream, 18 cancelled).
     socks = []
     for _ in range(30):
         s = socket.create_connection(("127.0.0.1", envoy.port), timeout=5)
-        s.sendall(b"GET /slow?ms=300 HTTP/1.1\r\nhost: t\r\n\r\n")
+        s.sendall(b"GET /slow?ms=3000 HTTP/1.1\r\nhost: t\r\n\r\n")
         socks.append(s)
-    wait_until(lambda: envoy.rule_stats("gate").get("held", 0) >= 20, 5, "clients waiting for slots")
+    wait_until(lambda: envoy.rule_stats("gate").get("held", 0) == 30 - N, 5, "clients waiting for slots")
     for s in socks:
         s.close()
     stats = wait_until(lambda: (st := envoy.rule_stats("gate")) and st["in_flight"] == 0 and st["held"] == 0 and st,
                        10, "gate drained")
-    print(f"after errors, resets and cancels: {stats}, upstream {app.stats()}")
-    assert stats["cancelled"] >= 20
+    up = wait_until(lambda: (u := app.stats()) and u["in_flight"] == 0 and u, 10, "upstream idle")
+    print(f"after errors, resets and cancels: {stats}, upstream {up}")
+    # Nothing is stranded (held and in_flight back to 0, above) and no slow
+    # request was answered. A slot freed by one close may be handed to a
+    # waiter whose close Envoy has not read yet, which is then released (and
+    # cut before or at the upstream): measured 18-26 of the 26 waiters
+    # cancelled here, so at least half is asserted.
+    assert up["served"] == 100 and up["aborted"] <= 30 - stats["cancelled"], (stats, up)
+    assert stats["cancelled"] >= (30 - N) // 2, (stats, up)
     # Every slot came back: the gate still lets exactly N through.
     app.clear()
     s = drive(envoy, "/slow?ms=20", 200)
