@@ -35,7 +35,7 @@ build: ## Build the filter (.wasm, release profile)
 demo: setup build ## Run the demo: 100 connections of load through Envoy + throttle at 500/s
 	$(PY) -m harness.demo
 
-check: ## While working (< 1 min warm, no network, no Envoy): rustfmt, clippy, rustdoc, core tests, ruff, mypy, pure-Python tests
+check: ## While working (< 1 min warm, no network, no Envoy): rustfmt, clippy, rustdoc, core and glue tests, ruff, mypy, pure-Python tests
 	@bash tools/check.sh
 
 unit: ## Core unit and property tests only (host target, injected clock)
