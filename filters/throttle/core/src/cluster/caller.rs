@@ -29,7 +29,8 @@
 //! became of them); `waiting` = requests waiting for grants now.
 //! The limit is never reached, so each answer's counter `after` tells the
 //! positions this claim of `n` holds: `[after - n, min(after, L))` of the
-//! epoch, i.e. global slots `f*L + position`. Nothing is granted twice.
+//! epoch, i.e. at most 8 ranges of global slots spread over the epoch
+//! ([`Grid::position_ranges`]). Nothing is granted twice.
 //!
 //! Failures (transport, non-200, timeout, nonsense) grant nothing; once calls
 //! have kept failing for `fallback_after`, every rule switches to its
@@ -508,9 +509,8 @@ impl Caller {
                     let before = c.after - p.hits;
                     let end = c.after.min(g.slots_per_epoch);
                     if before < end {
-                        let first = g.first_slot(p.epoch);
                         if let Some(list) = ranges.get_mut(p.rule) {
-                            list.push((first + before, first + end));
+                            list.extend(g.position_ranges(p.epoch, before, end));
                         }
                         bump(&mut r.granted, p.epoch, |v| v + (end - before));
                         r.stats.granted += end - before;

@@ -7,7 +7,9 @@
 //!   shared by every worker: `next_slot` is the next owned slot not yet
 //!   taken, `end` the end of the owned range it lies in. The fast path is one
 //!   cursor read and one compare-and-swap, as in process scope; the blob is
-//!   read only when the current range runs out or lies in the past.
+//!   read only when the current range runs out or lies in the past. Workers
+//!   only move it forward; the calling VM moves it back when it publishes a
+//!   new range below it ([`publish`]).
 //!
 //! A request at wall time `now` takes the earliest owned, untaken slot whose
 //! time is at least `now - slack` (slack = `(burst + 1) * T`; older untaken
@@ -50,8 +52,9 @@ pub enum Mode {
 }
 
 /// Most ranges a blob holds; beyond it the oldest are dropped (forfeited).
-/// A proxy holds at most a few epochs of grants, at most 2 ranges per epoch.
-pub const MAX_RANGES: usize = 64;
+/// A proxy holds at most a few epochs of grants, at most two claims per epoch
+/// of at most [`super::grid::LANES`] ranges each (16 per epoch).
+pub const MAX_RANGES: usize = 256;
 
 const MAGIC: u32 = 0x5447_5231; // "TGR1"
 
@@ -394,6 +397,17 @@ fn no_slot(g: &Grants, max_delay: u64, attempt: Attempt, queued: u64) -> Take {
 /// Writes the calling VM's news into the blob: the mode and grant rate, new
 /// ranges, and drops what lies below the cursor or out of reach. Returns the
 /// owned slots still usable (for the unused count: granted - taken - usable).
+///
+/// New ranges may lie *below* the cursor: positions are spread over the
+/// epoch ([`Grid::position_ranges`]), so leftovers of the next epoch can come
+/// before slots that held requests have taken already. Workers look in the
+/// blob only at or above the cursor, so such ranges are reachable only if the
+/// cursor moves back to them. The order keeps every slot taken at most once:
+/// the blob is stored first, pruned at the cursor it was computed against;
+/// the cursor then moves back by compare-and-swap against that very value.
+/// If a worker moved the cursor meanwhile, the blob is pruned again at the new
+/// cursor (what workers took since lies below it) and the new ranges that
+/// were below the first cursor (which no worker could reach) are added back.
 pub fn publish<C: SharedCell, B: SharedBlob>(
     blob: &mut B,
     cursor: &mut C,
@@ -403,25 +417,50 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     grant_rate_per_s: u64,
     new_ranges: &[(u64, u64)],
 ) -> Result<u64, StoreError> {
+    let min = reach.min_slot(now);
+    // The new ranges below the cursor of the first stored blob, once stored.
+    let mut unreachable: Option<Vec<(u64, u64)>> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (bytes, token) = blob.load()?;
-        let next = cursor.load()?.0.map_or(0, |[n, _]| n);
+        let (value, cursor_token) = cursor.load()?;
+        let next = value.map_or(0, |[n, _]| n);
         let mut g = bytes
             .as_deref()
             .and_then(Grants::decode)
             .unwrap_or_default();
         g.mode = mode;
         g.grant_rate_per_s = grant_rate_per_s;
-        for &r in new_ranges {
-            g.add(r);
+        g.prune_below(next.max(min));
+        let adding: Vec<(u64, u64)> = match &unreachable {
+            None => new_ranges.to_vec(),
+            Some(low) => low.clone(),
+        };
+        for &(a, b) in &adding {
+            g.add((a.max(min), b));
         }
-        g.prune_below(next.max(reach.min_slot(now)));
         while g.ranges.len() > MAX_RANGES {
             g.ranges.remove(0);
         }
         let usable = g.owned_from(0);
-        if blob.store(&g.encode(), token)? {
-            return Ok(usable);
+        if !blob.store(&g.encode(), token)? {
+            continue;
+        }
+        if unreachable.is_none() {
+            unreachable = Some(
+                new_ranges
+                    .iter()
+                    .map(|&(a, b)| (a.max(min), b.min(next)))
+                    .filter(|r| r.0 < r.1)
+                    .collect(),
+            );
+        }
+        match g.ranges.first() {
+            Some(&(a, b)) if a < next => {
+                if cursor.store([a, b], cursor_token)? {
+                    return Ok(usable);
+                }
+            }
+            _ => return Ok(usable),
         }
     }
     Err(StoreError(0))
@@ -871,6 +910,107 @@ mod tests {
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
         assert_eq!(g.ranges, vec![(1004, 1010), (1020, 1030), (1040, 1045)]);
         assert_eq!(usable, 6 + 10 + 5);
+    }
+
+    #[test]
+    fn new_ranges_below_the_cursor_are_reached_and_nothing_is_taken_twice() {
+        // Owned 1000..1010 and 1020..1030; held requests took 1000..1025.
+        let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
+        let r = Reach::new(Grid::new(2 * MS), 0, 100 * MS);
+        let mut taken = Vec::new();
+        let take_one = |c: &mut MemCell, b: &mut MemBlob| match take(
+            c,
+            b,
+            &mut MemCell::default(),
+            &r,
+            at(1000),
+            true,
+            FIRST,
+        ) {
+            Take::Now { slot } | Take::Hold { slot, .. } => slot,
+            other => panic!("{other:?}"),
+        };
+        for _ in 0..15 {
+            taken.push(take_one(&mut c, &mut b));
+        }
+        assert_eq!(c.v, Some([1025, 1030]));
+        // Leftovers granted at 1012..1014 (below the cursor) and 1040..1042.
+        let usable = publish(
+            &mut b,
+            &mut c,
+            &r,
+            at(1000),
+            Mode::Grid,
+            0,
+            &[(1012, 1014), (1040, 1042)],
+        )
+        .unwrap();
+        assert_eq!(usable, 2 + 5 + 2);
+        assert_eq!(
+            c.v,
+            Some([1012, 1014]),
+            "the cursor came back to the new range"
+        );
+        for _ in 0..9 {
+            taken.push(take_one(&mut c, &mut b));
+        }
+        let want: Vec<u64> = (1000..1010)
+            .chain(1020..1025)
+            .chain([1012, 1013])
+            .chain(1025..1030)
+            .chain([1040, 1041])
+            .collect();
+        assert_eq!(taken, want);
+    }
+
+    #[test]
+    fn a_cursor_moved_while_publishing_prunes_again_and_keeps_the_unreachable() {
+        // The blob is stored, then a worker takes a slot before the cursor
+        // moves back: the compare-and-swap fails, and the second attempt
+        // prunes at the new cursor and keeps the range below the first one.
+        struct Racing {
+            inner: MemCell,
+            loads: u32,
+        }
+        impl SharedCell for Racing {
+            type Token = u32;
+            fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
+                self.loads += 1;
+                let seen = self.inner.load();
+                if self.loads == 1 {
+                    // A worker takes slot 1025 right after this load.
+                    let (v, t) = self.inner.load()?;
+                    let [n, e] = v.unwrap_or([0, 0]);
+                    assert!(self.inner.store([n + 1, e], t)?);
+                }
+                seen
+            }
+            fn store(&mut self, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
+                self.inner.store(value, token)
+            }
+        }
+        let (c, mut b) = setup(&[(1020, 1030)]);
+        let mut c = Racing { inner: c, loads: 0 };
+        let r = Reach::new(Grid::new(2 * MS), 0, 100 * MS);
+        c.inner.v = Some([1025, 1030]);
+        publish(
+            &mut b,
+            &mut c,
+            &r,
+            at(1000),
+            Mode::Grid,
+            0,
+            &[(1012, 1014), (1027, 1027)],
+        )
+        .unwrap();
+        assert_eq!(c.loads, 2, "a second attempt");
+        assert_eq!(c.inner.v, Some([1012, 1014]));
+        let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            g.ranges,
+            vec![(1012, 1014), (1026, 1030)],
+            "1025 was taken meanwhile"
+        );
     }
 
     #[test]

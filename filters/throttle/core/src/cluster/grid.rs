@@ -4,6 +4,18 @@
 //! least 1) and lasts `E = L*T` (`E` in [100 ms, 200 ms) for `T <= 100 ms`,
 //! `E = T` for slower rates).
 //!
+//! Positions are not times. The engine hands out *positions* `0..L` of an
+//! epoch in the order claims arrive, so one claim holds a run of positions.
+//! Were position `p` the slot `f*L + p`, each proxy's slots would be one
+//! run of time, and a request arriving outside its proxy's run would wait
+//! for the next epoch even well within the rate. Positions are therefore
+//! dealt over [`LANES`] lanes (`p mod LANES`), and the lanes laid out in time
+//! in bit-reversed order ([`Grid::position_ranges`]): a run of positions
+//! covers a share of every lane, so each proxy's slots are spread over the
+//! whole epoch in at most [`LANES`] short runs, and any run of positions is
+//! still at most [`LANES`] ranges of slots. Every proxy computes the same
+//! bijection from `L` alone.
+//!
 //! The service appends the hour of *its own* clock to every counter's key
 //! (engine/README.md). All claims on one epoch must land on one counter, so a
 //! claim for epoch `f` is sent only while the caller's clock is inside the hour
@@ -16,6 +28,15 @@ use crate::{NS_PER_MS, NS_PER_S};
 pub const EPOCH_TARGET_NS: u64 = 100 * NS_PER_MS;
 /// The service's counter window (`unit: hour` in engine/config/throttle.yaml).
 pub const WINDOW_NS: u64 = 3600 * NS_PER_S;
+
+/// Lanes an epoch's positions are dealt over (a power of two).
+pub const LANES: u64 = 8;
+const LANE_BITS: u32 = LANES.trailing_zeros();
+
+/// Lane `j`'s place in time among the lanes (bit reversal of `j`; its own inverse).
+fn block_of_lane(j: u64) -> u64 {
+    (j.reverse_bits() >> (u64::BITS - LANE_BITS)) & (LANES - 1)
+}
 
 /// One rule's grid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +89,49 @@ impl Grid {
     /// The epoch holding slot `k`.
     pub fn epoch_of_slot(&self, k: u64) -> u64 {
         k / self.slots_per_epoch
+    }
+
+    /// Positions of lane `j` (those `p < L` with `p mod LANES = j`).
+    fn lane_len(&self, j: u64) -> u64 {
+        self.slots_per_epoch.saturating_sub(j).div_ceil(LANES)
+    }
+
+    /// Offset from the epoch's first slot at which lane `j`'s slots start:
+    /// the lanes placed before it in time, in bit-reversed order.
+    fn lane_offset(&self, j: u64) -> u64 {
+        (0..block_of_lane(j))
+            .map(|b| self.lane_len(block_of_lane(b)))
+            .sum()
+    }
+
+    /// The global slot of position `p` (< L) of epoch `f`.
+    pub fn slot_of_position(&self, f: u64, p: u64) -> u64 {
+        let j = p % LANES;
+        self.first_slot(f) + self.lane_offset(j) + p / LANES
+    }
+
+    /// The global slots of positions `[a, b)` of epoch `f` (`b <= L`), as
+    /// sorted, disjoint ranges `[start, end)`: at most [`LANES`] of them.
+    pub fn position_ranges(&self, f: u64, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let b = b.min(self.slots_per_epoch);
+        let first = self.first_slot(f);
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut offset = 0;
+        for block in 0..LANES {
+            let j = block_of_lane(block);
+            // Lane indices i with a <= i*LANES + j < b.
+            let lo = a.saturating_sub(j).div_ceil(LANES);
+            let hi = b.saturating_sub(j).div_ceil(LANES);
+            if lo < hi {
+                let r = (first + offset + lo, first + offset + hi);
+                match out.last_mut() {
+                    Some(last) if last.1 == r.0 => last.1 = r.1,
+                    _ => out.push(r),
+                }
+            }
+            offset += self.lane_len(j);
+        }
+        out
     }
 
     /// The descriptor value naming this grid for rule `name` at epoch `f`:
@@ -127,6 +191,93 @@ mod tests {
         assert_eq!((g.slots_per_epoch, g.epoch_ns), (2, 133_333_334));
         // 1,000,000/s: L = 100,000.
         assert_eq!(Grid::new(1000).slots_per_epoch, 100_000);
+    }
+
+    #[test]
+    fn positions_map_one_to_one_onto_the_epochs_slots() {
+        for l in (1..=70).chain([97, 100, 128, 1000]) {
+            let g = Grid::new(EPOCH_TARGET_NS.div_ceil(l));
+            assert_eq!(g.slots_per_epoch, l);
+            let f = 12_345;
+            let mut slots: Vec<u64> = (0..l).map(|p| g.slot_of_position(f, p)).collect();
+            slots.sort_unstable();
+            let want: Vec<u64> = (g.first_slot(f)..g.first_slot(f + 1)).collect();
+            assert_eq!(slots, want, "L = {l}");
+        }
+    }
+
+    #[test]
+    fn a_run_of_positions_is_at_most_lanes_ranges_of_the_same_slots() {
+        for l in [1, 2, 3, 7, 8, 9, 15, 16, 17, 30, 50, 97] {
+            let g = Grid::new(EPOCH_TARGET_NS.div_ceil(l));
+            let f = 7;
+            for a in 0..=l {
+                for b in a..=l + 2 {
+                    let ranges = g.position_ranges(f, a, b);
+                    assert!(ranges.len() as u64 <= LANES);
+                    assert!(
+                        ranges.windows(2).all(|w| w[0].1 < w[1].0),
+                        "sorted, disjoint, merged"
+                    );
+                    let mut got: Vec<u64> = ranges.iter().flat_map(|&(s, e)| s..e).collect();
+                    got.sort_unstable();
+                    let mut want: Vec<u64> =
+                        (a..b.min(l)).map(|p| g.slot_of_position(f, p)).collect();
+                    want.sort_unstable();
+                    assert_eq!(got, want, "L = {l}, [{a}, {b})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_third_of_the_positions_is_spread_over_the_whole_epoch() {
+        // 300/s: L = 30 in lanes of 4,4,4,4,4,4,3,3 slots, placed in time in
+        // the order of lanes 0,4,2,6,1,5,3,7.
+        let g = Grid::new(3_333_334);
+        let first = g.first_slot(3);
+        let rel = |a, b| -> Vec<(u64, u64)> {
+            g.position_ranges(3, a, b)
+                .into_iter()
+                .map(|(s, e)| (s - first, e - first))
+                .collect()
+        };
+        // Positions 0..10: lanes 0 and 1 twice, the others once.
+        assert_eq!(
+            rel(0, 10),
+            vec![
+                (0, 2),
+                (4, 5),
+                (8, 9),
+                (12, 13),
+                (15, 17),
+                (19, 20),
+                (23, 24),
+                (27, 28)
+            ]
+        );
+        assert_eq!(
+            rel(10, 20),
+            vec![
+                (2, 3),
+                (5, 6),
+                (9, 11),
+                (13, 14),
+                (17, 18),
+                (20, 21),
+                (24, 26),
+                (28, 29)
+            ]
+        );
+        // The longest stretch of the epoch without a slot of positions 0..10:
+        // 3 slots (10 ms), where positions in order of time would leave 20.
+        let owned = rel(0, 10);
+        let longest_gap = owned.windows(2).map(|w| w[1].0 - w[0].1).max();
+        assert_eq!(longest_gap, Some(3));
+        // Positions in time order, position 0 first.
+        assert_eq!(g.slot_of_position(3, 0), first);
+        assert_eq!(g.slot_of_position(3, 4), first + 4);
+        assert_eq!(g.slot_of_position(3, 7), first + 27);
     }
 
     #[test]

@@ -208,9 +208,18 @@ fn answers_grant_exact_positions_and_a_second_proxy_gets_the_next_ones() {
     let (_, ua) = exchange(&mut eng, &mut a, T0, &facts);
     let (_, ub) = exchange(&mut eng, &mut b, T0 + 2 * MS, &facts);
     let first = (E0 + 1) * 50; // slot 0 of epoch e+1
-                               // Each needs 4: 3 waiting plus at least one arrival per epoch.
-    assert_eq!(ranges(&ua), vec![(first, first + 4)]);
-    assert_eq!(ranges(&ub), vec![(first + 4, first + 8)]);
+                               // Each needs 4: 3 waiting plus at least one arrival per epoch. a holds
+                               // positions 0..4, b positions 4..8 of epoch e+1: at 500/s (L = 50, lanes
+                               // of 7,7,6,6,6,6,6,6 slots, in time in the order of lanes 0,4,2,6,1,5,3,7)
+                               // the first slot of lanes 0..4 and of lanes 4..8, spread over the epoch.
+    let at = |offsets: &[u64]| -> Vec<(u64, u64)> {
+        offsets
+            .iter()
+            .map(|&o| (first + o, first + o + 1))
+            .collect()
+    };
+    assert_eq!(ranges(&ua), at(&[0, 13, 25, 38]));
+    assert_eq!(ranges(&ub), at(&[7, 19, 32, 44]));
     assert_eq!(ua[0].mode, Mode::Grid);
     assert_eq!(
         a.stats(0).map(|s| (s.calls, s.granted, s.members)),
