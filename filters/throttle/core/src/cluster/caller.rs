@@ -25,8 +25,9 @@
 //!   served (there are some only when a proxy did not claim its share: new,
 //!   idle, gone, or its call failed).
 //!
-//! `a` = requests of the rule that arrived during the last epoch (whatever
-//! became of them); `waiting` = requests waiting for grants now.
+//! `a` = requests of the rule that arrived per epoch (whatever became of
+//! them), over the last 5 epochs ([`ARRIVAL_SAMPLES`]); `waiting` = requests
+//! waiting for grants now.
 //! The limit is never reached, so each answer's counter `after` tells the
 //! positions this claim of `n` holds: `[after - n, min(after, L))` of the
 //! epoch, i.e. at most 8 ranges of global slots spread over the epoch
@@ -42,6 +43,15 @@ use crate::NS_PER_S;
 use super::grants::Mode;
 use super::grid::{Grid, WINDOW_NS};
 use super::wire::{parse_answer, request_body, Counted, Descriptor, Failure, Family};
+
+/// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
+/// The process counter they read moves when each worker hands its counts
+/// over (at its ticks: every ~4 ms while requests are held, else every
+/// 100 ms), so a single epoch's increment can read 0 or twice the truth;
+/// over 5 epochs that lag is at most a fifth. A proxy whose estimate read 0
+/// claimed nothing for that epoch, and its requests waited for the next
+/// (p99 ~100 ms within the rate).
+pub const ARRIVAL_SAMPLES: usize = 6;
 
 /// How many member looks (epochs) the `local_share` divisor remembers (~5 s).
 pub const MEMBERS_MEMORY: usize = 50;
@@ -171,9 +181,10 @@ struct RuleState {
     /// total: `1 + ceil((max_clock_skew + timeout) / E)`, so that every
     /// proxy's add has been counted (whatever its clock) before anyone reads it.
     lag: u64,
-    /// Last arrived_total sample: (value, wall time).
-    arrived_sample: Option<(u64, u64)>,
-    /// Requests arrived per epoch, recently.
+    /// arrived_total samples (value, wall time), at least an epoch apart,
+    /// the oldest first ([`ARRIVAL_SAMPLES`] at most).
+    arrived_samples: Vec<(u64, u64)>,
+    /// Requests arrived per epoch, over the samples' span.
     arrived_per_epoch: u64,
     mode: Mode,
     stats: RuleStats,
@@ -245,7 +256,7 @@ impl Caller {
                     demand_totals: Vec::new(),
                     member_looks: Vec::new(),
                     lag: 1 + (engine.max_clock_skew_ns + engine.timeout_ns).div_ceil(epoch_ns),
-                    arrived_sample: None,
+                    arrived_samples: Vec::new(),
                     arrived_per_epoch: 0,
                     mode: Mode::Grid,
                     stats: RuleStats::default(),
@@ -593,20 +604,23 @@ fn rules_of(plan: &[Planned]) -> Vec<usize> {
     out
 }
 
-/// Updates the estimate of arrivals per epoch from the process counter
-/// (measured over at least one epoch).
+/// Updates the estimate of arrivals per epoch from the process counter,
+/// over the span of the samples kept (one epoch at first, then up to
+/// `ARRIVAL_SAMPLES - 1` epochs).
 fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     let e_ns = r.spec.grid.epoch_ns;
-    match r.arrived_sample {
-        None => r.arrived_sample = Some((arrived_total, now)),
-        Some((prev, at)) => {
-            let dt = now.saturating_sub(at);
-            if dt >= e_ns {
-                let n = arrived_total.saturating_sub(prev);
-                r.arrived_per_epoch = div_ceil_u128(n, e_ns, dt);
-                r.arrived_sample = Some((arrived_total, now));
-            }
+    if let Some(&(_, at)) = r.arrived_samples.last() {
+        if now.saturating_sub(at) < e_ns {
+            return;
         }
+    }
+    if let Some(&(prev, at)) = r.arrived_samples.first() {
+        let n = arrived_total.saturating_sub(prev);
+        r.arrived_per_epoch = div_ceil_u128(n, e_ns, now.saturating_sub(at));
+    }
+    r.arrived_samples.push((arrived_total, now));
+    if r.arrived_samples.len() > ARRIVAL_SAMPLES {
+        r.arrived_samples.remove(0);
     }
 }
 

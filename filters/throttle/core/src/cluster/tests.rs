@@ -228,6 +228,32 @@ fn answers_grant_exact_positions_and_a_second_proxy_gets_the_next_ones() {
 }
 
 #[test]
+fn a_counter_that_moves_in_steps_keeps_a_sparse_proxy_claiming() {
+    // 2 requests every 500 ms, counted when the workers hand their counts
+    // over: the counter moves once every 5 epochs. Measured over one epoch,
+    // 4 epochs in 5 read 0 arrivals and the proxy claimed nothing for them
+    // (every request then waited for grants); over up to 5 epochs it reads 1.
+    let mut eng = FakeEngine::default();
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let mut calls = 0;
+    for k in 0..30u64 {
+        let facts = [RuleFacts {
+            arrived_total: 2 * (k / 5),
+            waiting: 0,
+        }];
+        if exchange(&mut eng, &mut c, T0 + k * 101 * MS, &facts).0 && k >= 10 {
+            calls += 1;
+        }
+    }
+    assert_eq!(calls, 20, "a call every epoch");
+    // None while nothing had arrived (the first 5 epochs).
+    assert_eq!(c.stats(0).map(|s| s.calls), Some(25));
+}
+
+#[test]
 fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
     // Two proxies, 30 and 10 arrivals per epoch, calling once per epoch.
     let mut eng = FakeEngine::default();
