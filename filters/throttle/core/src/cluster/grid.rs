@@ -104,32 +104,25 @@ impl Grid {
             .sum()
     }
 
-    /// The global slot of position `p` (< L) of epoch `f`.
-    pub fn slot_of_position(&self, f: u64, p: u64) -> u64 {
-        let j = p % LANES;
-        self.first_slot(f) + self.lane_offset(j) + p / LANES
-    }
-
     /// The global slots of positions `[a, b)` of epoch `f` (`b <= L`), as
     /// sorted, disjoint ranges `[start, end)`: at most [`LANES`] of them.
+    /// Position `p` is slot `first + lane_offset(p mod LANES) + p div LANES`.
     pub fn position_ranges(&self, f: u64, a: u64, b: u64) -> Vec<(u64, u64)> {
         let b = b.min(self.slots_per_epoch);
         let first = self.first_slot(f);
         let mut out: Vec<(u64, u64)> = Vec::new();
-        let mut offset = 0;
         for block in 0..LANES {
             let j = block_of_lane(block);
+            let start = first + self.lane_offset(j);
             // Lane indices i with a <= i*LANES + j < b.
             let lo = a.saturating_sub(j).div_ceil(LANES);
             let hi = b.saturating_sub(j).div_ceil(LANES);
             if lo < hi {
-                let r = (first + offset + lo, first + offset + hi);
                 match out.last_mut() {
-                    Some(last) if last.1 == r.0 => last.1 = r.1,
-                    _ => out.push(r),
+                    Some(last) if last.1 == start + lo => last.1 = start + hi,
+                    _ => out.push((start + lo, start + hi)),
                 }
             }
-            offset += self.lane_len(j);
         }
         out
     }
@@ -193,13 +186,18 @@ mod tests {
         assert_eq!(Grid::new(1000).slots_per_epoch, 100_000);
     }
 
+    /// The global slot of position `p` (< L) of epoch `f`, one at a time.
+    fn slot_of_position(g: &Grid, f: u64, p: u64) -> u64 {
+        g.first_slot(f) + g.lane_offset(p % LANES) + p / LANES
+    }
+
     #[test]
     fn positions_map_one_to_one_onto_the_epochs_slots() {
         for l in (1..=70).chain([97, 100, 128, 1000]) {
             let g = Grid::new(EPOCH_TARGET_NS.div_ceil(l));
             assert_eq!(g.slots_per_epoch, l);
             let f = 12_345;
-            let mut slots: Vec<u64> = (0..l).map(|p| g.slot_of_position(f, p)).collect();
+            let mut slots: Vec<u64> = (0..l).map(|p| slot_of_position(&g, f, p)).collect();
             slots.sort_unstable();
             let want: Vec<u64> = (g.first_slot(f)..g.first_slot(f + 1)).collect();
             assert_eq!(slots, want, "L = {l}");
@@ -222,7 +220,7 @@ mod tests {
                     let mut got: Vec<u64> = ranges.iter().flat_map(|&(s, e)| s..e).collect();
                     got.sort_unstable();
                     let mut want: Vec<u64> =
-                        (a..b.min(l)).map(|p| g.slot_of_position(f, p)).collect();
+                        (a..b.min(l)).map(|p| slot_of_position(&g, f, p)).collect();
                     want.sort_unstable();
                     assert_eq!(got, want, "L = {l}, [{a}, {b})");
                 }
@@ -275,9 +273,9 @@ mod tests {
         let longest_gap = owned.windows(2).map(|w| w[1].0 - w[0].1).max();
         assert_eq!(longest_gap, Some(3));
         // Positions in time order, position 0 first.
-        assert_eq!(g.slot_of_position(3, 0), first);
-        assert_eq!(g.slot_of_position(3, 4), first + 4);
-        assert_eq!(g.slot_of_position(3, 7), first + 27);
+        assert_eq!(slot_of_position(&g, 3, 0), first);
+        assert_eq!(slot_of_position(&g, 3, 4), first + 4);
+        assert_eq!(slot_of_position(&g, 3, 7), first + 27);
     }
 
     #[test]
