@@ -340,13 +340,19 @@ fn legacy_names_when_asked() {
     );
 }
 
+/// At 0 ms under [`RATE`]: stream 10 admitted, stream 11 held behind it.
+fn one_admitted_one_held(host: Fake) -> Worker {
+    let mut w = Worker::new(host, 1, RATE);
+    w.at(0);
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    assert_eq!(w.request(11, &[]), Flow::Pause);
+    w
+}
+
 #[test]
 fn a_client_that_leaves_while_queued_is_cancelled_and_never_resumed() {
     let host = Fake::new();
-    let mut w = Worker::new(host, 1, RATE);
-    w.at(0);
-    w.request(10, &[]);
-    w.request(11, &[]);
+    let mut w = one_admitted_one_held(host);
     w.done(11);
     assert_eq!(
         w.stats("r"),
@@ -367,10 +373,7 @@ fn counts_pending_when_the_plugin_goes_away_reach_the_host() {
     // A drain closes held streams and Envoy then deletes the plugin, with no
     // tick in between: the root's on_done hands the last counts over.
     let host = Fake::new();
-    let mut w = Worker::new(host, 1, RATE);
-    w.at(0);
-    w.request(10, &[]);
-    w.request(11, &[]);
+    let mut w = one_admitted_one_held(host);
     w.done(11);
     let name = "throttle.rule.r.cancelled";
     assert_eq!(host.state().metric(name), 0, "batched, not yet handed over");
@@ -383,10 +386,7 @@ fn counts_pending_when_the_plugin_goes_away_reach_the_host() {
 #[test]
 fn a_stream_gone_at_its_turn_is_counted_gone() {
     let host = Fake::new();
-    let mut w = Worker::new(host, 1, RATE);
-    w.at(0);
-    w.request(10, &[]);
-    w.request(11, &[]);
+    let mut w = one_admitted_one_held(host);
     host.state().gone.insert(11);
     w.at(100);
     w.tick();
@@ -403,10 +403,7 @@ fn a_stream_gone_at_its_turn_is_counted_gone() {
 #[test]
 fn envoy_answering_a_held_request_counts_as_timed_out_not_cancelled() {
     let host = Fake::new();
-    let mut w = Worker::new(host, 1, RATE);
-    w.at(0);
-    w.request(10, &[]);
-    w.request(11, &[]);
+    let mut w = one_admitted_one_held(host);
     // stream_idle_timeout: Envoy's 504 passes through the response callback.
     w.at(50);
     w.respond(11, true);
