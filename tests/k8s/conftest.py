@@ -23,6 +23,7 @@ from tests.support.k8s import (
     configured_copy,
     image_path,
     istio_clusters,
+    kustomize_build,
     run,
 )
 from tools import wasm_image
@@ -49,15 +50,7 @@ def configured(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def rendered(tools: dict[str, str], configured: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """`kustomize build` of every overlay and of k8s/monitoring (image configured), as files."""
-    out = tmp_path_factory.mktemp("rendered")
-    files = {}
-    for k in KUSTOMIZATIONS:
-        r = run([tools["kustomize"], "build", str(configured / k)])
-        assert r.returncode == 0, f"kustomize build {k}:\n{r.stderr}"
-        f = out / (k.replace("/", "_") + ".yaml")
-        f.write_text(r.stdout)
-        files[k] = f
-    return files
+    return kustomize_build(tools, configured, KUSTOMIZATIONS, tmp_path_factory.mktemp("rendered"))
 
 
 @pytest.fixture(scope="session")

@@ -22,26 +22,12 @@ import pytest
 
 from harness.engine import Engine
 from harness.procs import Envoy, free_port, http_get, render, throttle_filter, wait_until
-from tests.support.k8s import PLUGIN_KUSTOMIZATIONS, plugin_configs, run
+from tests.support.k8s import PLUGIN_KUSTOMIZATIONS, kustomize_build, plugin_configs, run
 
 pytestmark = pytest.mark.k8s
 
 CONFIGS = plugin_configs()
 WHERE = [w for _, w, _ in CONFIGS]
-
-
-def render_plugins(tools, configured: Path, out: Path) -> dict[Path, str]:
-    """`kustomize build` of each istio/ kustomization holding plugins, from the configured
-    copy: {rendered file: kustomization}."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for k in PLUGIN_KUSTOMIZATIONS:
-        r = run([tools["kustomize"], "build", str(configured / k)])
-        assert r.returncode == 0, f"kustomize build {k}:\n{r.stderr}"
-        f = out / (k.replace("/", "_") + ".yaml")
-        f.write_text(r.stdout)
-        files[f] = k
-    return files
 
 
 def istiowasm(tools, registry, files: dict[Path, str], cache: Path) -> tuple[int, dict[str, dict], str]:
@@ -55,7 +41,10 @@ def istiowasm(tools, registry, files: dict[Path, str], cache: Path) -> tuple[int
 
 @pytest.fixture(scope="module")
 def rendered_plugins(tools, configured, tmp_path_factory) -> dict[Path, str]:
-    return render_plugins(tools, configured, tmp_path_factory.mktemp("plugins"))
+    """Each istio/ kustomization holding plugins, built from the configured copy:
+    {rendered file: kustomization}."""
+    built = kustomize_build(tools, configured, PLUGIN_KUSTOMIZATIONS, tmp_path_factory.mktemp("plugins"))
+    return {f: k for k, f in built.items()}
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,20 @@ def run(cmd: list[str], timeout: float = 300, **kw: Any) -> subprocess.Completed
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
 
 
+def kustomize_build(tools: dict[str, str], configured: Path, kustomizations: list[str], out: Path) -> dict[str, Path]:
+    """`kustomize build` of each kustomization (a path under the configured copy of the
+    repository) into a file of `out`: {kustomization: rendered file}."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for k in kustomizations:
+        r = run([tools["kustomize"], "build", str(configured / k)])
+        assert r.returncode == 0, f"kustomize build {k}:\n{r.stderr}"
+        f = out / (k.replace("/", "_") + ".yaml")
+        f.write_text(r.stdout)
+        files[k] = f
+    return files
+
+
 def docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
