@@ -329,7 +329,9 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
                         .unwrap_or_default(),
                 );
             }
-            let g = grants.as_ref().map_or_else(Grants::default, Clone::clone);
+            let Some(g) = grants.as_ref() else {
+                return Take::Contention;
+            };
             let queued = match attempt {
                 Attempt::First => match waiting.load() {
                     Ok((v, _)) => v.map_or(0, |[n, _]| n),
@@ -339,7 +341,7 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
             };
             match g.first_from(next.max(min_slot)) {
                 Some(found) if queued == 0 => found,
-                _ => return no_slot(&g, max_delay, attempt, queued),
+                _ => return no_slot(g, max_delay, attempt, queued),
             }
         };
         let t = reach.grid.slot_time(slot);
