@@ -118,8 +118,7 @@ impl<H: Host> Root<H> {
         Rc::clone(&self.local)
     }
 
-    /// Hands pending counters to the host now (tests; the tick does it).
-    #[cfg(test)]
+    /// Hands pending counters to the host now (the tick does it too).
     pub fn flush(&self) {
         if let (Some(plugin), Ok(mut l)) = (&self.plugin, self.local.try_borrow_mut()) {
             l.flush(self.host, plugin);
@@ -164,9 +163,7 @@ impl<H: Host> Root<H> {
     /// `held` gauge comes back to zero. Envoy deletes the plugin after its
     /// last stream, and may do so before another tick would have flushed.
     pub fn on_done(&mut self) {
-        if let (Some(plugin), Ok(mut l)) = (self.plugin.clone(), self.local.try_borrow_mut()) {
-            l.flush(self.host, &plugin);
-        }
+        self.flush();
     }
 
     /// The answer to a call to the engine.
