@@ -5,8 +5,8 @@
 //!
 //! Nothing here talks to a host. Time is always passed in as integer
 //! nanoseconds of a monotonic clock (the clock is injected), and shared state
-//! is reached through the [`Store`] and [`SharedCell`] traits, so every
-//! behaviour is unit-tested exactly.
+//! is reached through the [`Store`] and [`SharedCell`] traits ([`store`], the
+//! ground floor), so every behaviour is unit-tested exactly.
 
 #![cfg_attr(
     test,
@@ -33,21 +33,16 @@ pub mod stats;
 pub mod store;
 pub mod stream;
 pub mod units;
-pub mod wire;
 pub mod worker;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+pub use clock::{NS_PER_MS, NS_PER_S};
 pub use config::{Config, ConfigError, Rule};
 pub use queue::{Held, HeldQueue};
-pub use schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule, SharedCell};
+pub use schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule};
 pub use stats::{Counts, Stat};
-pub use store::{CellId, Store};
+pub use store::{BlobId, CellId, SharedBlob, SharedCell, Store, StoreError};
 pub use stream::{Decision, Env, Stream, Verdict};
 pub use worker::{TickAction, TickPlan, Worker};
-
-/// Nanoseconds per millisecond.
-pub const NS_PER_MS: u64 = 1_000_000;
-/// Nanoseconds per second.
-pub const NS_PER_S: u64 = 1_000_000_000;

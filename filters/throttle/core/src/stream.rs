@@ -11,6 +11,7 @@
 //! admitted), but hold and reject nothing.
 
 use crate::clock::Clock;
+use crate::clock::NS_PER_MS;
 use crate::cluster::{self, Attempt, Take};
 use crate::config::{Config, Rule};
 use crate::gate::{self, Enter};
@@ -20,9 +21,8 @@ use crate::ratelimit::{self, HeaderStyle};
 use crate::reply::{rejection, Reply};
 use crate::schedule::{admit, admit_keyed, admit_with_quota, Admission};
 use crate::stats::{Counts, Stat};
-use crate::store::{BlobId, CellId, Store};
+use crate::store::{BlobId, CellId, Initial, Store};
 use crate::worker::Worker;
-use crate::NS_PER_MS;
 
 /// What the request-headers callback does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +122,34 @@ pub struct Env<'a, S> {
     pub config: &'a Config,
     pub hasher: &'a KeyHasher,
     pub store: S,
+}
+
+/// The shared values rule `index`'s stages need before its first request
+/// (so that every update carries a compare-and-swap token). Key tables are
+/// not listed: a slot is written with a token of 0 the first time.
+pub fn initial_values(index: usize, rule: &Rule) -> Vec<Initial> {
+    let mut out = Vec::new();
+    if rule.schedule.is_some() {
+        out.push(Initial::Cell(CellId::Rate(index)));
+    }
+    if rule.concurrency.is_some() {
+        out.push(Initial::Cell(CellId::Gate(index)));
+    }
+    if rule.cluster.is_some() {
+        out.extend(
+            [
+                CellId::Cursor(index),
+                CellId::Waiting(index),
+                CellId::Fallback(index),
+            ]
+            .map(Initial::Cell),
+        );
+        out.push(Initial::Blob(
+            BlobId::Grants(index),
+            cluster::Grants::default().encode(),
+        ));
+    }
+    out
 }
 
 impl Stream {

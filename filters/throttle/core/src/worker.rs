@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::clock::Clock;
+use crate::clock::NS_PER_MS;
 use crate::cluster::{self, Attempt, Take};
 use crate::config::Config;
 use crate::gate::{self, Enter, GateWaiters, Waiter};
@@ -19,7 +20,6 @@ use crate::reply::{rejection, Reply};
 use crate::schedule::{admit, Admission, Schedule};
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store};
-use crate::NS_PER_MS;
 
 /// Requests of cluster rules waiting for grants from the engine, oldest first.
 #[derive(Debug, Default)]

@@ -85,7 +85,7 @@ impl Calls {
     /// One tick of this VM: if it holds the lease, read the facts, let the
     /// core plan, send the call and publish any change.
     pub fn on_tick<H: Host>(&mut self, host: H, plugin: &Plugin) {
-        let store = SharedStore { host, plugin };
+        let store = plugin.store(host);
         if !self.lease(store, host.monotonic_ns()) {
             return;
         }
@@ -168,7 +168,7 @@ impl Calls {
 
     /// Writes each update into its rule's grants.
     fn publish<H: Host>(&self, host: H, plugin: &Plugin, now: u64, updates: &[RuleUpdate]) {
-        let store = SharedStore { host, plugin };
+        let store = plugin.store(host);
         for u in updates {
             let Some(&index) = self.rules.get(u.rule) else {
                 continue;

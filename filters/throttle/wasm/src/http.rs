@@ -56,10 +56,7 @@ impl<H: Host> HttpStream<H> {
         Env {
             config: &plugin.config,
             hasher: &plugin.hasher,
-            store: SharedStore {
-                host: self.host,
-                plugin,
-            },
+            store: plugin.store(self.host),
         }
     }
 

@@ -10,8 +10,8 @@
 )]
 //! The throttle filter: proxy-wasm glue around `throttle-core`. Modules
 //! import one way: `context` (the SDK's traits, wasm32 only) → `root` →
-//! `caller`, `http` → `local`, `plugin`, `request`, `shared` → `host` (the
-//! ABI, all `unsafe`).
+//! `http` → `local` → `caller` → `plugin` → `shared`, `request` → `host`
+//! (the ABI, all `unsafe` in `host::abi`).
 //! Everything but `context` and `host::abi` also builds natively, where the
 //! glue is tested against a fake host.
 

@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use throttle_core::config;
+use throttle_core::store::WAKE_QUEUE_PREFIX;
 use throttle_core::stream::Env;
 use throttle_core::worker::{TickAction, TickPlan};
 
@@ -66,7 +67,7 @@ impl<H: Host> Root<H> {
             return false;
         };
         let plugin = Plugin::new(self.host, config, seed, config_hash(bytes));
-        for name in plugin.init_cells(self.host) {
+        for name in plugin.store(self.host).create_initial() {
             self.log(
                 Level::Warn,
                 &format!("rule {name}: could not initialise its shared cells"),
@@ -75,7 +76,7 @@ impl<H: Host> Root<H> {
         if self.queue.is_none() && plugin.config.rules.iter().any(|r| r.concurrency.is_some()) {
             let mut tag = [0u8; 8];
             let _ = self.host.random(&mut tag);
-            let name = format!("throttle/v2/wake/{:016x}", u64::from_le_bytes(tag));
+            let name = format!("{WAKE_QUEUE_PREFIX}{:016x}", u64::from_le_bytes(tag));
             self.queue = self.host.register_queue(&name);
             if !self.queue.is_some_and(|q| add_wake_queue(self.host, q)) {
                 self.log(
@@ -189,10 +190,7 @@ impl<H: Host> Root<H> {
     }
 
     fn store<'p>(&self, plugin: &'p Plugin) -> SharedStore<'p, H> {
-        SharedStore {
-            host: self.host,
-            plugin,
-        }
+        plugin.store(self.host)
     }
 
     /// Carries out a plan. No borrow of the worker is held while acting: a

@@ -37,8 +37,8 @@
 //! have kept failing for `fallback_after`, every rule switches to its
 //! `on_engine_failure` mode, and the first good answer switches them back.
 
+use crate::clock::NS_PER_S;
 use crate::config::{EngineConfig, OnEngineFailure};
-use crate::NS_PER_S;
 
 use super::grants::Mode;
 use super::grid::{Grid, WINDOW_NS};
@@ -58,13 +58,13 @@ pub const MEMBERS_MEMORY: usize = 50;
 
 /// Calls are paced at one per this interval (at most 10 per second per
 /// process, whatever the rules), with [`CALL_TOLERANCE_NS`] of tolerance.
-pub const MIN_CALL_INTERVAL_NS: u64 = 100 * crate::NS_PER_MS;
+pub const MIN_CALL_INTERVAL_NS: u64 = 100 * crate::clock::NS_PER_MS;
 
 /// How early a call may come against its pace: a call that came late (the
 /// calling VM's tick is late by up to its period) does not push the next
 /// epoch's call into the epoch after, so no epoch goes without its call.
 /// Over any second: at most 11 calls; over time: at most 10 per second.
-pub const CALL_TOLERANCE_NS: u64 = 40 * crate::NS_PER_MS;
+pub const CALL_TOLERANCE_NS: u64 = 40 * crate::clock::NS_PER_MS;
 
 /// One cluster rule as the calling VM sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,7 @@
 //! holding the epoch's start, and at least `max_clock_skew` from its start and
 //! `max_clock_skew + timeout` from its end ([`Grid::may_claim`]).
 
-use crate::{NS_PER_MS, NS_PER_S};
+use crate::clock::{NS_PER_MS, NS_PER_S};
 
 /// Target epoch length: at most 10 epochs (10 calls) per second per rule.
 pub const EPOCH_TARGET_NS: u64 = 100 * NS_PER_MS;

@@ -8,7 +8,7 @@
 //! * [`caller`]: the calling VM — what to claim, when, what an answer grants,
 //!   fallback and return.
 //! * [`grants`]: owned slots in shared data — the grants blob
-//!   ([`SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
+//!   ([`crate::SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
 //! * `sim` (feature `testing`): an in-memory engine that models the service (window suffix
 //!   included) and simulated proxies, for tests and the simulation driver.
 //!
@@ -37,14 +37,16 @@
 //!    time in fallback ([`RuleStats::fallback_total_ns`]); slots unused =
 //!    granted - taken - the usable count [`publish`] returns.
 //!
-//! Shared data per rule (proxy-wasm shared data, written with CAS):
+//! Shared data per rule (proxy-wasm shared data, written with CAS; the keys
+//! are the layout of [`crate::store`]: [`CellId::key`](crate::store::CellId::key)):
 //!
-//! | key (suggested) | value | written by |
+//! | key | value | written by |
 //! |---|---|---|
-//! | `throttle.cluster.<rule>.grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
-//! | `throttle.cluster.<rule>.cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
-//! | `throttle.cluster.<rule>.waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
-//! | `throttle.cluster.<rule>.local` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
+//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
+//! | `throttle/v2/rule/<rule>/cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
+//! | `throttle/v2/rule/<rule>/waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
+//! | `throttle/v2/rule/<rule>/fallback` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
+//! | `throttle/v2/caller/<hash of the configuration>` | the caller lease `[holder, until]` | the VMs that may call |
 
 pub mod caller;
 pub mod grants;
@@ -57,17 +59,12 @@ pub use caller::{
     Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
     MIN_CALL_INTERVAL_NS,
 };
-pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, SharedBlob, Take};
+pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, Take};
 pub use grid::Grid;
 pub use wire::Failure;
 
 use crate::config::Rule;
 use crate::schedule::Schedule;
-use crate::NS_PER_S;
-
-/// Slowest interval cluster scope accepts (a rate of 1/s): slower grids have
-/// epochs so long that claims two epochs ahead would often cross the hour.
-pub const MAX_INTERVAL_NS: u64 = NS_PER_S;
 
 /// The calling VM's view of a validated cluster rule (None for process scope).
 pub fn rule_spec(rule: &Rule) -> Option<RuleSpec> {

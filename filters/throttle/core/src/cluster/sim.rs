@@ -9,9 +9,9 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use serde_json::{json, Value};
 
+use crate::clock::NS_PER_S;
 use crate::config::EngineConfig;
 use crate::schedule::{admit, Admission};
-use crate::NS_PER_S;
 
 use super::caller::{Call, Caller, RuleFacts, RuleSpec, RuleUpdate};
 use super::grants::{add_waiting, publish, take, Attempt, Reach, Take};
@@ -438,8 +438,8 @@ impl World {
             proxies,
             engine: FakeEngine::default(),
             engine_skew_ns: 0,
-            tick_ns: 5 * crate::NS_PER_MS,
-            step_ns: crate::NS_PER_MS,
+            tick_ns: 5 * crate::clock::NS_PER_MS,
+            step_ns: crate::clock::NS_PER_MS,
             timeout_ns,
             events: BinaryHeap::new(),
             seq: 0,
@@ -508,9 +508,11 @@ impl World {
                             }
                         }
                         Net::Refused(ns) => self.push(to + ns, p, Ev::Fail(false)),
-                        Net::Nonsense(status, body) => {
-                            self.push(to + crate::NS_PER_MS, p, Ev::Answer(status, body.to_vec()))
-                        }
+                        Net::Nonsense(status, body) => self.push(
+                            to + crate::clock::NS_PER_MS,
+                            p,
+                            Ev::Answer(status, body.to_vec()),
+                        ),
                     }
                 }
             }

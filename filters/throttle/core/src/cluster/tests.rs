@@ -3,8 +3,8 @@
 
 use super::sim::{first_overlap, max_in_window, Net, SimProxy, World};
 use super::*;
+use crate::clock::{NS_PER_MS, NS_PER_S};
 use crate::config::{EngineConfig, OnEngineFailure};
-use crate::{NS_PER_MS, NS_PER_S};
 
 const MS: u64 = NS_PER_MS;
 /// 2026-11-23 20:00:00 UTC + 10 min: well inside an hour.

@@ -1,6 +1,7 @@
 //! What the filter needs from its host, as one small trait: the real
 //! proxy-wasm ABI ([`abi`], the only `unsafe` code) in Envoy, and a fake in
-//! native tests ([`fake`]), so the glue's every path is tested without Envoy.
+//! native tests ([`fake`]), so the glue's every path is tested without Envoy;
+//! [`map`] is the ABI's header-map encoding (natively tested).
 //!
 //! Every call reports failure as a value; none panics (the SDK's own
 //! wrappers `panic!` on statuses they do not expect, which would trap the VM).
@@ -9,6 +10,7 @@
 pub mod abi;
 #[cfg(test)]
 pub mod fake;
+pub mod map;
 
 use throttle_core::reply::Reply;
 use throttle_core::stats::Kind;
