@@ -165,28 +165,57 @@ impl Stream {
         self.rule
     }
 
+    /// The rule that applies to a request (None: none matches).
+    fn pick<'c, R: Request>(config: &'c Config, req: &mut Facts<R>) -> Option<(usize, &'c Rule)> {
+        let index = if config.first_rule_takes_all() {
+            0
+        } else {
+            config.rules.iter().position(|r| r.matcher.matches(req))?
+        };
+        Some((index, config.rules.get(index)?))
+    }
+
+    /// The request's headers arrived while the worker's state was busy (the
+    /// glue found it borrowed; cannot happen in one thread): decided without
+    /// it, failing closed. Counted as contention, then rejected (under
+    /// dry-run: would be rejected, and it goes on). Reads no clock.
+    pub fn on_busy<S: Store, R: Request>(
+        &mut self,
+        env: Env<'_, S>,
+        req: &mut Facts<R>,
+    ) -> Decision {
+        let config = env.config;
+        let Some((index, rule)) = Self::pick(config, req) else {
+            return Decision::pass();
+        };
+        self.rule = Some(index);
+        let mut d = Decision {
+            verdict: Verdict::Continue,
+            rule: Some(index),
+            counts: Counts::of(&[(Stat::Requests, 1), (Stat::Contention, 1)]),
+        };
+        if rule.dry_run {
+            d.counts.inc(Stat::WouldReject);
+            self.note(config, "rejected; contention".into());
+        } else {
+            d.counts.inc(Stat::Rejected);
+            d.verdict = Verdict::Reply(self.reject(config, rule, req, 1, 0));
+        }
+        d
+    }
+
     /// The request's headers arrived: pick the rule, then admit, hold or
     /// reject. `clock` is read only if a rule applies (the wall clock only for
-    /// cluster rules). `worker` is None if the worker's state is busy (cannot
-    /// happen in one thread, but then nothing is held: what would be held is
-    /// rejected, and a gate is not entered).
+    /// cluster rules).
     pub fn on_request<S: Store, R: Request>(
         &mut self,
         env: Env<'_, S>,
-        worker: Option<&mut Worker>,
+        worker: &mut Worker,
         req: &mut Facts<R>,
         clock: &mut impl Clock,
     ) -> Decision {
         let config = env.config;
-        let index = if config.first_rule_takes_all() {
-            0
-        } else {
-            match config.rules.iter().position(|r| r.matcher.matches(req)) {
-                Some(i) => i,
-                None => return Decision::pass(),
-            }
-        };
-        let Some(rule) = config.rules.get(index) else {
+        let Some((index, rule)) = Self::pick(config, req) else {
             return Decision::pass();
         };
         self.rule = Some(index);
@@ -199,8 +228,7 @@ impl Stream {
             counts: Counts::NONE,
         };
         let max_held = usize::try_from(config.max_held_per_worker).unwrap_or(usize::MAX);
-        let can_hold = rule.dry_run || worker.as_ref().is_some_and(|w| w.held() < max_held);
-        let mut worker = worker;
+        let can_hold = rule.dry_run || worker.held() < max_held;
         let mut would = false;
         let now = clock.mono();
         d.counts.inc(Stat::Requests);
@@ -224,24 +252,20 @@ impl Stream {
                 );
             }
             Rate::Hold(release_at) => {
-                if let Some(w) = worker.as_deref_mut() {
-                    w.queue.hold(self.id, index, now, release_at);
-                    self.held_by(w, req);
-                    d.counts.add(Stat::Queued, 1);
-                    d.counts.add(Stat::Held, 1);
-                    d.verdict = Verdict::Hold;
-                    return d;
-                }
+                worker.queue.hold(self.id, index, now, release_at);
+                self.held_by(worker, req);
+                d.counts.add(Stat::Queued, 1);
+                d.counts.add(Stat::Held, 1);
+                d.verdict = Verdict::Hold;
+                return d;
             }
             Rate::WaitGrants(deadline) => {
-                if let Some(w) = worker.as_deref_mut() {
-                    w.grants.wait(self.id, index, now, deadline);
-                    self.held_by(w, req);
-                    d.counts.add(Stat::Queued, 1);
-                    d.counts.add(Stat::Held, 1);
-                    d.verdict = Verdict::Hold;
-                    return d;
-                }
+                worker.grants.wait(self.id, index, now, deadline);
+                self.held_by(worker, req);
+                d.counts.add(Stat::Queued, 1);
+                d.counts.add(Stat::Held, 1);
+                d.verdict = Verdict::Hold;
+                return d;
             }
             Rate::Reject(retry_after_s) if rule.dry_run => {
                 would = true;
@@ -282,20 +306,7 @@ impl Stream {
             }
             return d;
         };
-        let Some(w) = worker else {
-            // No worker state to record a slot or a wait in: fail closed.
-            d.counts.inc(Stat::Contention);
-            if rule.dry_run {
-                if !would {
-                    d.counts.inc(Stat::WouldReject);
-                }
-                self.note(config, "rejected; contention".into());
-                return d;
-            }
-            d.counts.inc(Stat::Rejected);
-            d.verdict = Verdict::Reply(self.reject(config, rule, req, 1, now));
-            return d;
-        };
+        let w = worker;
         match gate::enter(&mut env.store.cell(CellId::Gate(index)), limit, can_hold) {
             Enter::Go => {
                 w.in_flight.insert(self.id, index);
@@ -537,8 +548,8 @@ impl Stream {
     }
 
     /// Whether the request's body or trailers must wait (it is held).
-    pub fn is_held(&self, worker: Option<&Worker>) -> bool {
-        self.held && worker.is_some_and(|w| w.holds(self.id))
+    pub fn is_held(&self, worker: &Worker) -> bool {
+        self.held && worker.holds(self.id)
     }
 
     /// The response's headers arrived (from the upstream, or a local reply).
@@ -546,12 +557,12 @@ impl Stream {
     pub fn on_response_headers<S: Store>(
         &mut self,
         env: Env<'_, S>,
-        worker: Option<&mut Worker>,
+        w: &mut Worker,
         clock: impl FnOnce() -> u64,
         end_of_stream: bool,
     ) -> ResponseDecision {
         let mut out = ResponseDecision::default();
-        let (Some(index), Some(w)) = (self.rule, worker) else {
+        let Some(index) = self.rule else {
             return out;
         };
         let Some(rule) = env.config.rules.get(index) else {
@@ -583,15 +594,9 @@ impl Stream {
     }
 
     /// The response ended (last body chunk or trailers): the slot goes back.
-    pub fn on_response_end<S: Store>(
-        &mut self,
-        env: Env<'_, S>,
-        worker: Option<&mut Worker>,
-    ) -> EndDecision {
+    pub fn on_response_end<S: Store>(&mut self, env: Env<'_, S>, w: &mut Worker) -> EndDecision {
         let mut out = EndDecision::default();
-        if let Some(w) = worker {
-            self.end_of_response(env, w, &mut out.counts, &mut out.wake);
-        }
+        self.end_of_response(env, w, &mut out.counts, &mut out.wake);
         out
     }
 
@@ -613,13 +618,8 @@ impl Stream {
 
     /// The stream ended, for whatever reason. If it is still held, its client
     /// went away; a slot it holds goes back.
-    pub fn on_done<S: Store>(
-        &mut self,
-        env: Env<'_, S>,
-        worker: Option<&mut Worker>,
-    ) -> EndDecision {
+    pub fn on_done<S: Store>(&mut self, env: Env<'_, S>, w: &mut Worker) -> EndDecision {
         let mut out = EndDecision::default();
-        let Some(w) = worker else { return out };
         if self.held {
             if w.unhold(env.store, self.id) {
                 out.counts = Counts::of(&[(Stat::Cancelled, 1), (Stat::Held, -1)]);

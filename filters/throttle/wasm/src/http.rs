@@ -62,7 +62,7 @@ impl<H: Host> HttpStream<H> {
 
     fn busy(&self) {
         // Cannot happen: no borrow outlives a callback, and callbacks of one
-        // worker do not nest while it is borrowed. The core then fails closed.
+        // worker do not nest while it is borrowed.
         self.host.log(
             Level::Error,
             "throttle: worker state busy; deciding without it",
@@ -82,7 +82,7 @@ impl<H: Host> HttpStream<H> {
             Ok(mut l) => {
                 let d = self
                     .stream
-                    .on_request(env, Some(&mut l.worker), &mut req, &mut clock);
+                    .on_request(env, &mut l.worker, &mut req, &mut clock);
                 if let Some(rule) = d.rule {
                     l.count(host, rule, &d.counts);
                 }
@@ -92,8 +92,9 @@ impl<H: Host> HttpStream<H> {
                 d
             }
             Err(_) => {
+                // Nothing can be held or recorded: fail closed, counted.
                 self.busy();
-                let d = self.stream.on_request(env, None, &mut req, &mut clock);
+                let d = self.stream.on_busy(env, &mut req);
                 if let Some(rule) = d.rule {
                     plugin.apply(host, rule, &d.counts);
                 }
@@ -115,7 +116,7 @@ impl<H: Host> HttpStream<H> {
         let held = self
             .local
             .try_borrow()
-            .is_ok_and(|l| self.stream.is_held(Some(&l.worker)));
+            .is_ok_and(|l| self.stream.is_held(&l.worker));
         if held {
             Flow::Pause
         } else {
@@ -136,7 +137,7 @@ impl<H: Host> HttpStream<H> {
         };
         let out = self.stream.on_response_headers(
             env,
-            Some(&mut l.worker),
+            &mut l.worker,
             || host.monotonic_ns(),
             end_of_stream,
         );
@@ -165,7 +166,7 @@ impl<H: Host> HttpStream<H> {
             self.busy();
             return Flow::Continue;
         };
-        let out = self.stream.on_response_end(env, Some(&mut l.worker));
+        let out = self.stream.on_response_end(env, &mut l.worker);
         l.count(self.host, rule, &out.counts);
         drop(l);
         if out.wake {
@@ -186,7 +187,7 @@ impl<H: Host> HttpStream<H> {
             self.busy();
             return;
         };
-        let out = self.stream.on_done(env, Some(&mut l.worker));
+        let out = self.stream.on_done(env, &mut l.worker);
         l.count(host, rule, &out.counts);
         if out.tick {
             l.tick_fast(host);

@@ -629,19 +629,43 @@ fn a_busy_worker_state_never_strands_a_request() {
     let mut w = Worker::new(host, 1, RATE);
     w.at(0);
     w.request(10, &[]);
-    // Something holds the worker state (cannot happen in one thread): a
-    // request that would be held is rejected instead of paused unrecorded.
+    // Something holds the worker state (cannot happen in one thread): the
+    // glue fails closed without it (nothing held unrecorded), counted as
+    // contention.
     let worker = w.root.local();
     let guard = worker.borrow_mut();
+    let reads = host.state().clock_reads;
     assert_eq!(w.request(11, &[]), Flow::Pause);
     drop(guard);
     assert_eq!(reply(host, 11).map(|r| r.status), Some(429));
+    assert_eq!(host.state().clock_reads, reads, "decided without a clock");
     assert!(host
         .state()
         .logs
         .iter()
         .any(|(_, m)| m.contains("worker state busy")));
-    assert_eq!(w.stats("r"), s(&[("admitted", 1), ("rejected", 1)]));
+    assert_eq!(
+        w.stats("r"),
+        s(&[("admitted", 1), ("rejected", 1), ("contention", 1)])
+    );
+    // Under dry-run it goes on, as a request that would have been rejected.
+    let host = Fake::new();
+    let cfg =
+        r#"{"dry_run": true, "dry_run_headers": true, "rules": [{"name": "d", "rate": "10/s"}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    let worker = w.root.local();
+    let guard = worker.borrow_mut();
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    drop(guard);
+    w.respond(10, true);
+    assert_eq!(
+        response_headers(host, 10),
+        vec![(
+            "x-throttle-dry-run".to_string(),
+            "rejected; contention".to_string()
+        )]
+    );
+    assert_eq!(w.stats("d"), s(&[("contention", 1), ("would_reject", 1)]));
 
     // A gate cannot record a slot without the worker state: rejected, counted as contention.
     let host = Fake::new();
