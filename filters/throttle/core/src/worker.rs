@@ -12,14 +12,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::clock::Clock;
 use crate::clock::NS_PER_MS;
-use crate::cluster::{self, Attempt, Take};
+use crate::cluster;
 use crate::config::Config;
 use crate::gate::{self, Enter, GateWaiters, Waiter};
 use crate::queue::{Held, HeldQueue};
 use crate::reply::{rejection, Reply};
-use crate::schedule::{admit, Admission, Schedule};
 use crate::stats::{Counts, Stat};
-use crate::store::{BlobId, CellId, Store};
+use crate::store::{CellId, Store};
+use crate::stream::{retry_grants, Outcome};
 
 /// Requests of cluster rules waiting for grants from the engine, oldest first.
 #[derive(Debug, Default)]
@@ -106,9 +106,16 @@ pub struct TickPlan {
 
 impl TickPlan {
     fn count(&mut self, rule: usize, stat: Stat, delta: i32) {
+        self.merge(rule, &Counts::of(&[(stat, delta)]));
+    }
+
+    fn merge(&mut self, rule: usize, counts: &Counts) {
+        if counts.is_empty() {
+            return;
+        }
         match self.counts.iter_mut().find(|(r, _)| *r == rule) {
-            Some((_, c)) => c.add(stat, delta),
-            None => self.counts.push((rule, Counts::of(&[(stat, delta)]))),
+            Some((_, c)) => c.merge(counts),
+            None => self.counts.push((rule, *counts)),
         }
     }
 }
@@ -205,9 +212,6 @@ impl Worker {
             let Some(rule) = cfg.rules.get(index) else {
                 continue;
             };
-            let Some(reach) = cluster::rule_reach(rule) else {
-                continue;
-            };
             if now >= deadline {
                 self.grants.cancel(id);
                 let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(index)), -1);
@@ -218,39 +222,17 @@ impl Worker {
                 continue;
             }
             let waited_ns = now.saturating_sub(since);
-            let taken = cluster::take(
-                &mut store.cell(CellId::Cursor(index)),
-                &mut store.blob(BlobId::Grants(index)),
-                &mut store.cell(CellId::Waiting(index)),
-                &reach,
-                wall,
-                true,
-                Attempt::Retry { waited_ns },
-            );
-            let release_at = match taken {
-                Take::Wait => {
+            let mut counts = Counts::NONE;
+            let outcome = retry_grants(store, index, rule, now, wall, waited_ns, &mut counts);
+            plan.merge(index, &counts);
+            let release_at = match outcome {
+                Outcome::Wait(_) => {
                     stopped.push(index);
                     continue;
                 }
-                Take::Now { .. } => {
-                    plan.count(index, Stat::SlotsTaken, 1);
-                    Some(now)
-                }
-                Take::Hold { delay_ns, .. } => {
-                    plan.count(index, Stat::SlotsTaken, 1);
-                    Some(now.saturating_add(delay_ns))
-                }
-                Take::Local { interval_ns } => {
-                    let left = rule.max_delay_ns.saturating_sub(waited_ns);
-                    let burst = reach.slack_ns / reach.grid.interval_ns.max(1) - 1;
-                    let local = Schedule::new(interval_ns, burst, left);
-                    match admit(&mut store.cell(CellId::Fallback(index)), &local, now, true) {
-                        Admission::Now { .. } => Some(now),
-                        Admission::Hold { release_at, .. } => Some(release_at),
-                        _ => None,
-                    }
-                }
-                Take::Reject { .. } | Take::Deny | Take::Contention => None,
+                Outcome::Go => Some(now),
+                Outcome::Hold { until } => Some(until),
+                Outcome::Reject { .. } | Outcome::Contention => None,
             };
             self.grants.cancel(id);
             match release_at {

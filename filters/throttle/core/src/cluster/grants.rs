@@ -225,6 +225,17 @@ pub enum Attempt {
     Retry { waited_ns: u64 },
 }
 
+impl Attempt {
+    /// How long this attempt may still hold its request: `max_queue_delay`
+    /// less what a retry has waited already.
+    pub fn max_delay(self, reach: &Reach) -> u64 {
+        match self {
+            Attempt::First => reach.max_delay_ns,
+            Attempt::Retry { waited_ns } => reach.max_delay_ns.saturating_sub(waited_ns),
+        }
+    }
+}
+
 /// The decision for one request of a cluster rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
@@ -291,10 +302,7 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
     can_hold: bool,
     attempt: Attempt,
 ) -> Take {
-    let max_delay = match attempt {
-        Attempt::First => reach.max_delay_ns,
-        Attempt::Retry { waited_ns } => reach.max_delay_ns.saturating_sub(waited_ns),
-    };
+    let max_delay = attempt.max_delay(reach);
     let min_slot = reach.min_slot(now);
     let mut grants: Option<Grants> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {

@@ -91,10 +91,11 @@ pub fn rule_reach(rule: &Rule) -> Option<Reach> {
 }
 
 /// The process schedule of a rule in local fallback: one request every
-/// `interval_ns`, the rule's burst and max_queue_delay.
-pub fn local_schedule(reach: &Reach, interval_ns: u64) -> Schedule {
+/// `interval_ns`, the rule's burst, and what is left of its max_queue_delay
+/// for this attempt (all of it for a first attempt).
+pub fn local_schedule(reach: &Reach, interval_ns: u64, attempt: Attempt) -> Schedule {
     let burst = reach.slack_ns / reach.grid.interval_ns.max(1) - 1;
-    Schedule::new(interval_ns, burst, reach.max_delay_ns)
+    Schedule::new(interval_ns, burst, attempt.max_delay(reach))
 }
 
 #[cfg(test)]

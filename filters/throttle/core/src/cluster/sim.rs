@@ -264,7 +264,7 @@ impl SimProxy {
             Take::Hold { slot, delay_ns } => released(now + delay_ns, Some(slot)),
             Take::Wait => return None,
             Take::Local { interval_ns } => {
-                let s = local_schedule(&r.reach, interval_ns);
+                let s = local_schedule(&r.reach, interval_ns, Attempt::First);
                 match admit(&mut r.local_tat, &s, now, true) {
                     Admission::Now { .. } => released(now, None),
                     Admission::Hold { release_at, .. } => released(release_at, None),
