@@ -35,6 +35,8 @@ mod gate;
 mod outcome;
 mod rate;
 mod response;
+#[cfg(test)]
+mod tests;
 
 pub use cluster::retry_grants;
 pub use outcome::{Outcome, Wait};
