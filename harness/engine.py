@@ -42,7 +42,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from harness.procs import ROOT, free_port, go_bin, stop, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from harness import procstats
+from harness.net import free_port, http_get, wait_until
+from harness.procs import ROOT, Child, go_bin
 
 #: The committed service configuration (also the Kubernetes ConfigMap).
 CONFIG_FILE = ROOT / "engine" / "config" / "throttle.yaml"
@@ -102,31 +107,7 @@ def _redis_ping(port: int) -> bool:
         return False
 
 
-class _Child:
-    """One process this harness starts: stop (SIGTERM, then SIGKILL) or kill it by PID."""
-
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        stop(self.proc)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.running():
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-
-class Redis(_Child):
+class Redis(Child):
     """`redis-server` on 127.0.0.1:port, nothing saved to disk."""
 
     def __init__(self, port: int, workdir: Path):
@@ -163,7 +144,7 @@ class Redis(_Child):
         return out
 
 
-class RateLimitService(_Child):
+class RateLimitService(Child):
     """envoyproxy/ratelimit with the project's configuration, all listeners on loopback."""
 
     def __init__(self, redis_port: int, workdir: Path, log_level: str = "warn", metrics: bool = False):
@@ -201,26 +182,13 @@ class RateLimitService(_Child):
                         "PROMETHEUS_PATH": "/metrics", "STATS_FLUSH_INTERVAL": "1s"})
         return env
 
-    def metrics(self) -> dict[str, float]:
-        """The service's own counters (Prometheus text from its sink), as
-        `name{labels}` -> value; empty when started without `metrics`."""
+    def metrics(self) -> list[Sample]:
+        """The service's own counters (Prometheus text from its sink, parsed by
+        prometheus-client); empty when started without `metrics`."""
         if self.metrics_port is None:
-            return {}
-        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=2.0)
-        try:
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode(errors="replace")
-        finally:
-            conn.close()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    out[name] = float(value)
-                except ValueError:
-                    continue
-        return out
+            return []
+        _, _, body = http_get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2.0)
+        return [x for family in text_string_to_metric_families(body.decode(errors="replace")) for x in family.samples]
 
     def start(self, timeout: float = 20.0) -> None:
         if self.running():
@@ -322,17 +290,6 @@ class FaultProxy:
         if delay > 0:
             time.sleep(delay)  # the fault itself: answering late is what this mode does
         return status, answer
-
-
-def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> float:
-    """User + system CPU seconds of a process we started (0 if it is gone)."""
-    if proc is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _nonsense_answer(kind: str, body: bytes) -> tuple[int, bytes]:
@@ -467,17 +424,15 @@ class Engine:
         the service's 1 s flush."""
         if self.service.metrics_port is None:
             return None
-        total = 0.0
-        for name, value in self.service.metrics().items():
-            # key1 is the configuration's key, with `_<value>` when the configuration names a value.
-            if (name.startswith("ratelimit_service_rate_limit_total_hits{") and f'domain="{DOMAIN}"' in name
-                    and (f'key1="{key}"' in name or f'key1="{key}_' in name)):
-                total += value
-        return int(total)
+        # key1 is the configuration's key, with `_<value>` when the configuration names a value.
+        return int(sum(x.value for x in self.service.metrics() if x.name == "ratelimit_service_rate_limit_total_hits"
+                       and x.labels.get("domain") == DOMAIN
+                       and (x.labels.get("key1") == key or x.labels.get("key1", "").startswith(f"{key}_"))))
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds (user + system) used so far by Redis and by the service."""
-        return {"redis": _cpu_seconds(self.redis.proc), "ratelimit": _cpu_seconds(self.service.proc)}
+        """CPU seconds (user + system) used so far by Redis and by the service (0 if not running)."""
+        return {name: procstats.cpu_seconds(c.proc.pid) if c.proc is not None and c.running() else 0.0
+                for name, c in (("redis", self.redis), ("ratelimit", self.service))}
 
     def redis_stats(self) -> dict[str, int]:
         """Redis's own counters: total commands, and calls of INCRBY, EXPIRE and GET."""

@@ -32,17 +32,17 @@ import datetime as dt
 import hashlib
 import json
 import os
-import re
 import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from harness.procs import Envoy, free_port, go_bin, http_get
+from harness import fortio
+from harness.envoy import Envoy
+from harness.net import free_port
 from harness.procstats import cpu_seconds as cpu_s
 from harness.procstats import set_affinity, thread_cpu_ns
 from perf import builds as refbuilds
@@ -121,35 +121,11 @@ def probe_runtime(runtime: str) -> dict:
 
 # -- load ---------------------------------------------------------------------
 
-class Fortio:
-    def __init__(self) -> None:
-        self.bin = go_bin("fortio")
-
-    def load(self, url: str, *, connections: int, qps: float = 0, requests: int | None = None,
-             duration_s: float | None = None, cpus: set[int] | None = None, timeout_s: float = 600) -> dict:
-        out = Path(tempfile.mkstemp(prefix="fortio-", suffix=".json")[1])
-        cmd = [self.bin, "load", "-c", str(connections), "-qps", str(qps), "-json", str(out),
-               "-loglevel", "error", "-timeout", "30s", "-p", "50,99"]
-        if requests is not None:
-            cmd += ["-n", str(requests)]
-        if duration_s is not None:
-            cmd += ["-t", f"{duration_s}s"]
-        if qps:
-            cmd += ["-uniform"]  # clients spread over the period, not in step
-        cmd.append(url)
-        pre = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        try:
-            subprocess.run(cmd, check=True, timeout=timeout_s, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           preexec_fn=pre)
-            r = json.loads(out.read_text())
-        finally:
-            out.unlink(missing_ok=True)
-        codes = {int(k): v for k, v in r.get("RetCodes", {}).items()}
-        h = r["DurationHistogram"]
-        pct = {p["Percentile"]: p["Value"] * 1000 for p in h.get("Percentiles", [])}
-        return {"requests": h["Count"], "ok": codes.get(200, 0), "codes": codes,
-                "duration_s": r["ActualDuration"] / 1e9, "qps": r["ActualQPS"], "avg_ms": h["Avg"] * 1000,
-                "p50_ms": pct.get(50), "p99_ms": pct.get(99)}
+def fortio_load(url: str, *, connections: int, qps: float = 0, requests: int | None = None,
+                duration_s: float | None = None, cpus: set[int] | None = None) -> fortio.Result:
+    """Fortio keep-alive, p50 and p99; with a rate, connections spread over the period, not in step."""
+    return fortio.Load(url, connections=connections, qps=qps, requests=requests, duration_s=duration_s,
+                       uniform=bool(qps), percentiles=(50, 99)).run(timeout_s=600, cpus=cpus)
 
 
 def children_cpu_s() -> float:
@@ -163,31 +139,31 @@ def envoy_ns(pid: int) -> tuple[int, int]:
     return sum(t.values()), sum(v for k, v in t.items() if k.startswith("wrk:"))
 
 
-def measure(fortio: Fortio, url: str, shape: Shape, envoy_pid: int, nginx_pids: list[int], warmup: int) -> dict:
+def measure(url: str, shape: Shape, envoy_pid: int, nginx_pids: list[int], warmup: int) -> dict:
     """One listener, one shape: Envoy's CPU over a fixed number of requests."""
     cpus = {1} if shape.pin else None
     if warmup:
-        fortio.load(url, connections=shape.connections, requests=max(warmup, shape.connections), cpus=cpus)
+        fortio_load(url, connections=shape.connections, requests=max(warmup, shape.connections), cpus=cpus)
     all0, wrk0 = envoy_ns(envoy_pid)
     stat0 = cpu_s(envoy_pid)
     ng0 = sum(cpu_s(p) for p in nginx_pids)
     cl0 = children_cpu_s()
-    res = fortio.load(url, connections=shape.connections, qps=shape.qps, requests=shape.requests, cpus=cpus)
+    res = fortio_load(url, connections=shape.connections, qps=shape.qps, requests=shape.requests, cpus=cpus)
     cl1 = children_cpu_s()
     ng1 = sum(cpu_s(p) for p in nginx_pids)
     stat1 = cpu_s(envoy_pid)
     all1, wrk1 = envoy_ns(envoy_pid)
-    ok = res["ok"]
-    if ok == 0 or ok != res["requests"]:
-        raise RuntimeError(f"{url}: expected every answer 200, got {res['codes']}")
+    ok = res.ok
+    if ok == 0 or ok != res.requests:
+        raise RuntimeError(f"{url}: expected every answer 200, got {res.codes}")
     return {
-        "requests": res["requests"], "ok": ok, "codes": res["codes"], "achieved_qps": ok / res["duration_s"],
+        "requests": res.requests, "ok": ok, "codes": res.codes, "achieved_qps": ok / res.duration_s,
         "envoy_us_per_req": us_per_request((all1 - all0) / 1e9, ok),
         "envoy_workers_us_per_req": us_per_request((wrk1 - wrk0) / 1e9, ok),
         "envoy_stat_us_per_req": us_per_request(stat1 - stat0, ok),
         "client_us_per_req": us_per_request(cl1 - cl0, ok),
         "nginx_us_per_req": us_per_request(ng1 - ng0, ok),
-        "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], "loadavg_1m": os.getloadavg()[0],
+        "p50_ms": res.ms(50), "p99_ms": res.ms(99), "loadavg_1m": os.getloadavg()[0],
     }
 
 
@@ -209,8 +185,8 @@ def pin(envoy_pid: int, nginx_pids: list[int], on: bool) -> None:
         set_affinity(p, {1} if on else both)
 
 
-def run_cpu(p: Profile, envoy_pid: int, ports: dict[str, int], nginx_pids: list[int], listeners: list,
-            fortio: Fortio) -> tuple[list[dict], list[dict]]:
+def run_cpu(p: Profile, envoy_pid: int, ports: dict[str, int], nginx_pids: list[int],
+            listeners: list) -> tuple[list[dict], list[dict]]:
     rows: list[dict] = []
     failures: list[dict] = []
     names = [x.name for x in listeners]
@@ -227,7 +203,7 @@ def run_cpu(p: Profile, envoy_pid: int, ports: dict[str, int], nginx_pids: list[
                     url = f"http://127.0.0.1:{ports[name]}{nginx.PATH}"
                     x = by_name[name]
                     try:
-                        m = measure(fortio, url, shape, pid, nginx_pids, p.warmup_requests)
+                        m = measure(url, shape, pid, nginx_pids, p.warmup_requests)
                     except Exception as e:  # one failure must not lose the run
                         failures.append({"round": r + 1, "shape": shape.name, "listener": name,
                                          "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
@@ -248,30 +224,20 @@ def run_cpu(p: Profile, envoy_pid: int, ports: dict[str, int], nginx_pids: list[
 
 # -- hand-off -----------------------------------------------------------------
 
-def envoy_counter(admin_port: int, name: str) -> int:
-    """One of Envoy's own counters (not the filter's, which it may batch)."""
-    body = http_get(f"http://127.0.0.1:{admin_port}/stats?filter=^{re.escape(name)}$")[2].decode()
-    for line in body.splitlines():
-        k, _, v = line.partition(": ")
-        if k == name:
-            return int(v)
-    raise KeyError(f"no counter {name} in Envoy's statistics")
-
-
-def service_time(fortio: Fortio, echo: handoff.EchoServer, slots: int, delay_s: float) -> dict:
+def service_time(echo: fortio.FortioServer, slots: int, delay_s: float) -> dict:
     """The upstream's own service time with `slots` requests at once, direct."""
-    res = fortio.load(echo.url(f"/echo?delay={delay_s * 1000:g}ms"), connections=slots, requests=slots * 50)
-    return {"mean_ms": res["avg_ms"], "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], "qps": res["qps"]}
+    res = fortio_load(echo.url + f"/echo?delay={delay_s * 1000:g}ms", connections=slots, requests=slots * 50)
+    return {"mean_ms": res.avg_ms, "p50_ms": res.ms(50), "p99_ms": res.ms(99), "qps": res.qps}
 
 
-async def _handoff_one(spec: HandoffSpec, port: int, admin_port: int, rule: str, conns: list[handoff.Conn],
+async def _handoff_one(spec: HandoffSpec, envoy: Envoy, rule: str, conns: list[handoff.Conn],
                        log_path: Path) -> dict:
     _text0, offset = handoff.read_new(log_path, 0)
     delay = f"{spec.upstream_delay_s * 1000:g}ms"
     res = await handoff.closed_loop(
         conns, path=f"/echo?delay={delay}", first_path=f"/echo?delay={HANDOFF_FIRST_HOLD}",
         requests=spec.requests, slots=spec.slots,
-        arrived_count=lambda: envoy_counter(admin_port, f"http.{rule}.downstream_rq_total"),
+        arrived_count=lambda: envoy.counter(f"http.{rule}.downstream_rq_total"),
         timeout_s=spec.requests / (spec.slots / spec.upstream_delay_s) * 3 + 20)
     ports = {c.local_port: c.worker for c in conns}
 
@@ -300,10 +266,10 @@ async def _handoff_one(spec: HandoffSpec, port: int, admin_port: int, rule: str,
             **handoff_summary(pairs[len(conns):])}
 
 
-async def _open(spec: HandoffSpec, listeners: dict[str, int], admin_port: int) -> dict[str, dict[int, list[handoff.Conn]]]:
+async def _open(spec: HandoffSpec, listeners: dict[str, int], envoy: Envoy) -> dict[str, dict[int, list[handoff.Conn]]]:
     out = {}
     for name, port in listeners.items():
-        conns = await handoff.open_on_workers(port, admin_port, 2 * spec.connections)
+        conns = await handoff.open_on_workers(port, envoy, 2 * spec.connections)
         by_worker: dict[int, list[handoff.Conn]] = {}
         for c in conns:
             by_worker.setdefault(c.worker, []).append(c)
@@ -322,8 +288,8 @@ def placement_order(spec: HandoffSpec, by_worker: dict[int, list[handoff.Conn]],
     return block_order(by_worker, spec.slots, spec.connections)
 
 
-def run_handoff(p: Profile, envoy: Envoy, ports: dict[str, int], logs: dict[str, Path], echo: handoff.EchoServer,
-                fortio: Fortio) -> tuple[list[dict], list[dict], dict]:
+def run_handoff(p: Profile, envoy: Envoy, ports: dict[str, int], logs: dict[str, Path],
+                echo: fortio.FortioServer) -> tuple[list[dict], list[dict], dict]:
     spec = p.handoff
     assert spec is not None
     rows, failures = [], []
@@ -331,19 +297,19 @@ def run_handoff(p: Profile, envoy: Envoy, ports: dict[str, int], logs: dict[str,
     workers: dict[str, dict[int, int]] = {}  # listener -> client port -> worker
 
     async def go() -> None:
-        opened = await _open(spec, {n: ports[n] for n in names.values()}, envoy.admin_port)
+        opened = await _open(spec, {n: ports[n] for n in names.values()}, envoy)
         for n, by_worker in opened.items():
             workers[n] = {c.local_port: w for w, cs in by_worker.items() for c in cs}
         try:
             variants = [(b, pl) for b in spec.builds for pl in spec.placements]
             for r in range(spec.rounds):
-                svc = service_time(fortio, echo, spec.slots, spec.upstream_delay_s)
+                svc = service_time(echo, spec.slots, spec.upstream_delay_s)
                 ideal = spec.slots / (svc["mean_ms"] / 1000)
                 for b, pl in rotated(variants, r):
                     name = names[b]
                     conns = placement_order(spec, opened[name], pl)
                     try:
-                        m = await _handoff_one(spec, ports[name], envoy.admin_port, name, conns, logs[name])
+                        m = await _handoff_one(spec, envoy, name, conns, logs[name])
                     except Exception as e:
                         failures.append({"round": r + 1, "build": b, "placement": pl,
                                          "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()})
@@ -375,7 +341,7 @@ def _f(v: float | None, fmt: str = "{:.1f}") -> str:
 
 # -- smoothness -----------------------------------------------------------------
 
-def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx, fortio: Fortio) -> tuple[list[dict], list[dict]]:
+def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx) -> tuple[list[dict], list[dict]]:
     spec = p.smoothness
     assert spec is not None
     rows, failures = [], []
@@ -388,7 +354,7 @@ def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx, fortio: 
                 url, logp = f"http://127.0.0.1:{ports[v]}{nginx.PATH}", web.log_path()
             try:
                 tail = nginx.LogTail(logp)
-                res = fortio.load(url, connections=spec.connections, duration_s=spec.duration_s)
+                res = fortio_load(url, connections=spec.connections, duration_s=spec.duration_s)
                 stamps = [t for t, status in tail.read() if status == 200]
                 rates = window_rates(stamps, spec.window_s)
                 if not rates:
@@ -404,7 +370,7 @@ def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx, fortio: 
                    "sd_qps": stdev(rates), "min_window_qps": min(rates), "max_window_qps": max(rates),
                    "off_10pct": sum(1 for x in rates if abs(x - spec.rate) > 0.1 * spec.rate),
                    "sd_1s_qps": stdev(window_rates(stamps, 1.0)),
-                   "client_codes": res["codes"], "rates": rates}  # every window: cpu.json only
+                   "client_codes": res.codes, "rates": rates}  # every window: cpu.json only
             rows.append(row)
             log(f"[smooth] round {r + 1} {v:<16} {row['upstream_qps']:6.1f}/s upstream, sd of "
                 f"{spec.window_s * 1000:g} ms windows {row['sd_qps']:5.2f} req/s "
@@ -466,8 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ho_rows: list[dict] = []
     sm_rows: list[dict] = []
     rates = (p.smoothness.rate,) if p.smoothness and p.smoothness.nginx else ()
-    fortio = Fortio()
-    with nginx.Nginx(limit_rates=rates) as web, handoff.EchoServer() as echo:
+    with nginx.Nginx(limit_rates=rates) as web, fortio.FortioServer(max_echo_delay="10s") as echo:
         nginx_pids = web.pids()
         envs: list[EnvoyListener] = []
         for x in cpu_listeners:
@@ -497,17 +462,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if "cpu" not in args.skip:
                 for x in cpu_listeners:  # load every VM and connection pool before any measurement
-                    fortio.load(f"http://127.0.0.1:{ports[x.name]}{nginx.PATH}", connections=16,
+                    fortio_load(f"http://127.0.0.1:{ports[x.name]}{nginx.PATH}", connections=16,
                                 requests=max(p.warmup_requests, 16) * 2)
                 result["idle_start"] = idle_cpu(pid, p.idle_s)
-                cpu_rows, fails = run_cpu(p, pid, ports, nginx_pids, cpu_listeners, fortio)
+                cpu_rows, fails = run_cpu(p, pid, ports, nginx_pids, cpu_listeners)
                 result["failures"] += fails
                 result["idle_end"] = idle_cpu(pid, p.idle_s)
             if p.handoff and "handoff" not in args.skip:
-                ho_rows, fails, result["handoff_connections"] = run_handoff(p, envoy, ports, logs, echo, fortio)
+                ho_rows, fails, result["handoff_connections"] = run_handoff(p, envoy, ports, logs, echo)
                 result["failures"] += fails
             if p.smoothness and "smoothness" not in args.skip:
-                sm_rows, fails = run_smoothness(p, ports, web, fortio)
+                sm_rows, fails = run_smoothness(p, ports, web)
                 result["failures"] += fails
         finally:
             envoy.stop()

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from harness.procs import ROOT, load_config, throttle_filter
+from harness.configs import load_config, throttle_filter
+from harness.procs import ROOT
 from perf.scenario import NOOP_WASM, seconds
 
 SPEC = Path(__file__).resolve().parent / "cpu.yaml"

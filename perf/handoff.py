@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from harness.procs import _can_connect, free_port, go_bin, http_get, stop, wait_until
+from harness.envoy import Envoy
 
 T = TypeVar("T")
 
@@ -72,16 +70,10 @@ def parse_log(text: str) -> list[LogRecord]:
     return out
 
 
-def worker_counts(admin_port: int, listener_port: int) -> dict[int, int]:
+def worker_counts(envoy: Envoy, listener_port: int) -> dict[int, int]:
     """Active downstream connections of one listener, per worker."""
-    body = http_get(f"http://127.0.0.1:{admin_port}/stats?filter=worker_[0-9]+\\.downstream_cx_active$")[2]
-    out: dict[int, int] = {}
-    pat = re.compile(rf"^listener\.127\.0\.0\.1_{listener_port}\.worker_(\d+)\.downstream_cx_active: (\d+)$")
-    for line in body.decode().splitlines():
-        m = pat.match(line)
-        if m:
-            out[int(m.group(1))] = int(m.group(2))
-    return out
+    found = envoy.stats_matching(rf"^listener\.127\.0\.0\.1_{listener_port}\.worker_[0-9]+\.downstream_cx_active$")
+    return {int(k.split(".worker_")[1].split(".")[0]): v for k, v in found.items()}
 
 
 async def _wait(pred: Callable[[], T | None], timeout: float, what: str, interval: float = 0.002) -> T:
@@ -94,14 +86,14 @@ async def _wait(pred: Callable[[], T | None], timeout: float, what: str, interva
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
-async def open_on_workers(port: int, admin_port: int, n: int) -> list[Conn]:
+async def open_on_workers(port: int, envoy: Envoy, n: int) -> list[Conn]:
     """Opens `n` connections one at a time and finds each one's worker."""
     conns = []
     for _ in range(n):
-        before = worker_counts(admin_port, port)
+        before = worker_counts(envoy, port)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         def counted(before: dict[int, int] = before) -> dict[int, int] | None:
-            c = worker_counts(admin_port, port)
+            c = worker_counts(envoy, port)
             return c if sum(c.values()) > sum(before.values()) else None
 
         after = await _wait(counted, 5, "Envoy to count the new connection")
@@ -186,33 +178,3 @@ def read_new(path: Path, offset: int) -> tuple[str, int]:
         return "", offset
     data = path.read_bytes()
     return data[offset:].decode(errors="replace"), len(data)
-
-
-class EchoServer:
-    """`fortio server` on loopback: its echo handler answers after `?delay=`
-    (a Go timer: sub-millisecond precise). Long first holds need a higher cap
-    than fortio's default 1.5 s."""
-
-    def __init__(self, max_delay: str = "10s"):
-        self.port = free_port()
-        self.max_delay = max_delay
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> EchoServer:
-        self.proc = subprocess.Popen(
-            [go_bin("fortio"), "server", "-http-port", f"127.0.0.1:{self.port}", "-grpc-port", "disabled",
-             "-redirect-port", "disabled", "-loglevel", "warning", "-max-echo-delay", self.max_delay],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_until(lambda: self.proc is not None and self.proc.poll() is None and _can_connect(self.port), 15,
-                       f"fortio server on :{self.port}")
-        except Exception:
-            stop(self.proc)
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        stop(self.proc)
-
-    def url(self, path: str = "/echo") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"

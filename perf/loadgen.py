@@ -12,7 +12,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.procs import fortio_load, go_bin, summarize
+from harness import fortio
+from harness.procs import go_bin
 
 PERCENTILES = (50, 75, 90, 99, 99.9)
 
@@ -41,21 +42,12 @@ def run(tool: str, url: str, *, connections: int, requests: int | None = None,
             raise ValueError("tool ab cannot offer a fixed qps: use fortio")
         return _ab(url, connections, requests, duration_s, keepalive, timeout_s)
     if tool == "fortio":
-        duration = f"{duration_s}s" if duration_s is not None else None
-        res = fortio_load(url, connections=connections, requests=requests, duration=duration, qps=qps,
-                          keepalive=keepalive, timeout_s=timeout_s,
-                          # a limiter may answer a connection's first request with 429
-                          extra=["-p", ",".join(str(p) for p in PERCENTILES), "-allow-initial-errors"])
-        s = summarize(res)
-        ok = sum(v for k, v in s["codes"].items() if 200 <= k < 300)
-        return {
-            "requests": s["requests"], "ok": ok, "errors": s["requests"] - ok,
-            "codes": s["codes"], "duration_s": s["duration_s"],
-            "achieved_qps": ok / s["duration_s"] if s["duration_s"] else 0.0,
-            "client_qps": s["qps"],
-            **{f"p{p:g}": s.get(f"p{p:g}_ms") for p in PERCENTILES},
-            "avg": s["avg_ms"], "max": s["max_ms"], "latency_resolution_ms": None,
-        }
+        s = fortio.load(url, connections=connections, requests=requests, duration_s=duration_s, qps=qps,
+                        keepalive=keepalive, percentiles=PERCENTILES, allow_initial_errors=True, timeout_s=timeout_s)
+        return {"requests": s.requests, "ok": s.ok_2xx, "errors": s.requests - s.ok_2xx, "codes": s.codes,
+                "duration_s": s.duration_s, "achieved_qps": s.ok_2xx / s.duration_s if s.duration_s else 0.0,
+                "client_qps": s.qps, **{f"p{p:g}": s.percentiles.get(p) for p in PERCENTILES}, "avg": s.avg_ms, "max": s.max_ms,
+                "latency_resolution_ms": None}
     raise ValueError(f"tool: expected ab or fortio, got {tool!r}")
 
 

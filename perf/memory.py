@@ -10,7 +10,8 @@ import socket
 import time
 from functools import partial
 
-from harness.procs import Envoy, wait_until
+from harness.envoy import Envoy
+from harness.net import wait_until
 from harness.procstats import rss_kib
 
 REQUEST = b"GET /details.json HTTP/1.1\r\nHost: perf\r\n\r\n"

@@ -11,7 +11,8 @@ from functools import partial
 from pathlib import Path
 
 from harness import procstats
-from harness.procs import _can_connect, free_port, stop, wait_until
+from harness.net import can_connect, free_port, wait_until
+from harness.procs import stop
 
 # The same content behind every rung of the ladder: a Bookinfo "details"
 # sized JSON document (178 bytes), served from a file.
@@ -102,7 +103,7 @@ class Nginx:
         return self
 
     def _serving(self, port: int) -> bool:
-        return self._alive() and _can_connect(port)
+        return self._alive() and can_connect(port)
 
     def _alive(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:

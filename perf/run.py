@@ -26,7 +26,9 @@ import time
 import traceback
 from pathlib import Path
 
-from harness.procs import ROOT, Envoy, envoy_bin, free_port
+from harness.envoy import Envoy
+from harness.net import free_port
+from harness.procs import ROOT, envoy_bin
 from harness.procstats import Sampler
 from perf import cluster_bench, loadgen, memory, nginx, report
 from perf.scenario import Scenario, ScenarioError, load_set

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from harness.procs import load_config, plugin_config, render
+from harness.configs import load_config, plugin_json, render
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "scenarios"
@@ -76,7 +76,7 @@ class Scenario:
         e = self.envoy
         plugin = None
         if "throttle" in e:
-            plugin = json.loads(plugin_config(load_config("demo.yaml")))
+            plugin = json.loads(plugin_json(load_config("demo.yaml")))
             plugin["rules"][0].update(e["throttle"])
         extra = {"wasm": NOOP_WASM} if e.get("wasm") == "noop" else {}
         cfg = render(e["config"], listen_port=listen_port, admin_port=admin_port,

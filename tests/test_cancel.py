@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from harness.procs import http_get, wait_until
+from harness.net import http_get, wait_until
 from tests.support.clients import open_and_abandon
 
 pytestmark = pytest.mark.integration

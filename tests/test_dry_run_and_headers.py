@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from harness.procs import ROOT, http_get
+from harness.net import http_get
+from harness.procs import ROOT
 from tests.support.clients import burst, grpc_headers, h2c_requests
 
 pytestmark = pytest.mark.integration

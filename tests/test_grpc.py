@@ -9,7 +9,8 @@ import urllib.parse
 
 import pytest
 
-from harness.procs import Envoy, free_port
+from harness.envoy import Envoy
+from harness.net import free_port
 from tests.support.clients import GRPC_EMPTY_MESSAGE, grpc_headers, h2c_requests
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from harness.procs import free_port, stop, wait_until
+from harness.net import free_port, wait_until
+from harness.procs import stop
 
 from .results import collect, tables
 from .scenarios import CONFIGS, LOADS

@@ -22,7 +22,8 @@ import copy
 import json
 from pathlib import Path
 
-from harness.procs import WASM, load_config, throttle_filter
+from harness.configs import load_config, throttle_filter
+from harness.procs import WASM
 
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 TCP_PROXY = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"

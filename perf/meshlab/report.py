@@ -1,4 +1,4 @@
-"""Markdown + HTML report of a mesh-lab run: the study's tables (harness/study.py) and the study's
+"""Markdown + HTML report of a mesh-lab run: the study's tables (perf/study.py) and the study's
 published figures beside the lab's (study_data.py), ratios to no mesh, spread, resources, per-hop
 checks, and matplotlib charts (PNG files, embedded in the HTML)."""
 
@@ -17,8 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from harness.study import table
 from perf.meshlab import study_data, topologies
+from perf.study import table
 
 APP_LABEL = ("Bookinfo-shaped application written here (perf/bookinfo): productpage (Python, gunicorn gthread) "
              "-> details (Ruby WEBrick) and reviews (Java, JDK HttpServer) -> ratings (Node.js); port 9080, "
@@ -239,7 +239,8 @@ def _slug(s: str) -> str:
 
 def _header(meta: dict) -> list[str]:
     during = meta.get("loadavg_during") or {}
-    load = f"load average (1 min) at start {' '.join(meta['loadavg_at_start'])}"
+    start = meta.get("loadavg_start") or meta["loadavg_at_start"]  # the latter: runs before 2026-11-25
+    load = f"load average (1 min) at start {' '.join(f'{float(x):.2f}' for x in start)}"
     if during:
         load += f", during the runs {during['min_1m']:.2f}-{during['max_1m']:.2f}"
     md = ["# Mesh comparison on one machine: a Bookinfo-shaped application", "",

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 import pytest
 
 from harness import windows
-from harness.cluster import ClusterLab, FortioLoad, Measurement, plugin_config, split
-from harness.procs import wait_until
+from harness.cluster import ClusterLab, Measurement, plugin_config, split, uniform_load
+from harness.net import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -215,13 +215,13 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
                 f"{[round(r, 1) for r in per_proxy]}; {load()}")
         after = windows.rate(stamps, max(ends) + 1.0, t0 + 11.7)
         assert abs(after / RATE - 1) <= 0.02, f"cluster pacing resumed at the rate (2%): {after:.1f}/s; {load()}"
-        failures = sum(c["requests"] - c["codes"].get(200, 0) - c["codes"].get(429, 0) for c in clients)
-        assert failures == 0, (f"no answer other than 200/429 while the engine was down: {[c['codes'] for c in clients]}"
+        failures = sum(c.requests - c.codes.get(200, 0) - c.codes.get(429, 0) for c in clients)
+        assert failures == 0, (f"no answer other than 200/429 while the engine was down: {[c.codes for c in clients]}"
                                f"; 5xx logged: {lab.errors()[:10]}")
         for c in clients:
-            assert c["max_ms"] <= 1000 * (MQD_S + SCHEDULING_S), (
+            assert c.max_ms <= 1000 * (MQD_S + SCHEDULING_S), (
                 f"no hang: nothing waits longer than max_queue_delay + {SCHEDULING_S:g} s of scheduling because "
-                f"of the engine: {c['max_ms']:.0f} ms; {load()}")
+                f"of the engine: {c.max_ms:.0f} ms; {load()}")
 
 
 def _wait_fallback(lab: ClusterLab, proxies: range, before: list[int], what: str) -> list[float]:
@@ -265,14 +265,14 @@ def test_a_slow_engine_falls_back_and_deny_answers_429(wasm):
             for r in runs:
                 r.kill()
         for c in clients:
-            assert c["requests"] == c["codes"].get(200, 0) + c["codes"].get(429, 0), (c["codes"], lab.errors()[:10])
-            assert c["max_ms"] <= 1000 * (MQD_S + SCHEDULING_S), (
+            assert c.requests == c.codes.get(200, 0) + c.codes.get(429, 0), (c.codes, lab.errors()[:10])
+            assert c.max_ms <= 1000 * (MQD_S + SCHEDULING_S), (
                 f"nothing waits longer than max_queue_delay + {SCHEDULING_S:g} s of scheduling because of a slow "
-                f"engine: {c['max_ms']:.0f} ms; {load()}")
+                f"engine: {c.max_ms:.0f} ms; {load()}")
 
 
 def _one_request(lab: ClusterLab, i: int) -> tuple[int, dict[str, str]]:
-    from harness.procs import http_get
+    from harness.net import http_get
     status, headers, _ = http_get(lab.proxies[i].url + "/", timeout=MQD_S + 2)
     return status, headers
 
@@ -284,8 +284,8 @@ def test_nonsense_answers_fall_back_and_return(wasm):
     with ClusterLab(plugin, proxies=1, fault_proxy=True, wasm=wasm) as lab:
         assert lab.engine is not None
         from harness.engine import NONSENSE_KINDS
-        load_run = FortioLoad(lab.proxies[0].url + "/", qps=1.5 * rate, duration_s=4 + 2.5 * len(NONSENSE_KINDS),
-                              max_queue_delay_s=MQD_S).start()
+        load_run = uniform_load(lab.proxies[0].url + "/", qps=1.5 * rate, duration_s=4 + 2.5 * len(NONSENSE_KINDS),
+                                max_queue_delay_s=MQD_S).start()
         seen: dict[str, float] = {}
         try:
             wait_until(lambda: lab.rule_stats(0).get("slots_taken", 0) > 50, 4, "grid slots taken")

@@ -16,7 +16,7 @@ from harness.cluster import (
     proxy_config,
     split,
 )
-from harness.procs import wait_until
+from harness.net import wait_until
 from harness.stalls import StallMonitor
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness.engine import DOMAIN, LIMIT, Engine, descriptor, post_json
-from harness.procs import wait_until
+from harness.net import wait_until
 
 HOUR = 3600
 

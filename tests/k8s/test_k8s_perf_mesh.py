@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from harness.study import diff_pct
 from perf.mesh.results import ResultError, collect, load_result, tables
 from perf.mesh.scenarios import CONFIGS, LOADS
+from perf.study import diff_pct
 from tests.support.k8s import ROOT
 
 pytestmark = pytest.mark.k8s

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness.procs import http_get, wait_until
+from harness.net import http_get, wait_until
 from tests.support.rawclients import Crowd, h2c_exchange, read_response, request_bytes
 
 pytestmark = pytest.mark.reliability

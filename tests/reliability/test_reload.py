@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from harness.procs import http_get, wait_until
+from harness.net import http_get, wait_until
 from tests.support.dynamic import with_plugin
 from tests.support.rawclients import Crowd, request_bytes
 

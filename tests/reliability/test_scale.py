@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness.procs import http_get, wait_until
+from harness.net import http_get, wait_until
 from harness.procstats import rss_kib
 from tests.support.env import env_int
 from tests.support.rawclients import Crowd, heap_allocated, raise_file_limit, request_bytes

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from harness.procs import fortio_load, summarize, wait_until
+from harness import fortio
+from harness.net import wait_until
 from harness.procstats import rss_kib
 from tests.support.env import env_int
 from tests.support.rawclients import heap_allocated, raise_file_limit
@@ -29,8 +30,8 @@ def soak(envoy_to, seconds: int) -> dict:
     result: dict = {}
 
     def load():
-        result["fortio"] = fortio_load(envoy.url + "/", connections=CONNECTIONS, qps=OFFERED, duration=f"{seconds}s",
-                                       timeout_s=seconds + 120, extra=["-allow-initial-errors", "-uniform"])
+        result["fortio"] = fortio.load(envoy.url + "/", connections=CONNECTIONS, qps=OFFERED, duration_s=seconds,
+                                       timeout_s=seconds + 120, allow_initial_errors=True, uniform=True)
 
     t = threading.Thread(target=load)
     t0 = time.monotonic()
@@ -49,16 +50,16 @@ def soak(envoy_to, seconds: int) -> dict:
                         "rss_kib": rss_kib(pid)})
         prev = now
     t.join(seconds + 130)
-    s = summarize(result["fortio"])
+    s = result["fortio"]
     stats = envoy.rule_stats()
     rates = [x["rate"] for x in samples]
-    out = {"seconds": seconds, "samples": samples, "codes": s["codes"], "requests": s["requests"], "stats": stats,
+    out = {"seconds": seconds, "samples": samples, "codes": s.codes, "requests": s.requests, "stats": stats,
            "rate_mean": round(statistics.mean(rates), 2), "rate_stdev": round(statistics.pstdev(rates), 2),
            "heap_growth": samples[-1]["heap"] - samples[0]["heap"],
            "rss_growth_kib": samples[-1]["rss_kib"] - samples[0]["rss_kib"]}
     print(f"\nsoak: {out}")
-    assert set(s["codes"]) <= {200, 429}, s["codes"]
-    assert s["codes"].get(429, 0) > 0  # it was an overload
+    assert set(s.codes) <= {200, 429}, s.codes
+    assert s.codes.get(429, 0) > 0  # it was an overload
     assert len(samples) >= 2, samples
     for x in samples:
         # Every window at the rate. Measured: 59 windows of 10 s within 199.9-200.1/s (±0.05%,

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from harness.procs import http_get, stop, wait_until
+from harness.net import http_get, wait_until
+from harness.procs import stop
 from tests.support.rawclients import Crowd, request_bytes
 
 pytestmark = pytest.mark.reliability

@@ -1,0 +1,37 @@
+"""The shape of a benchmark's configuration file, checked with JSON Schema: the first
+violation is raised naming the file and the field (`where: cpu.listeners[0].runtime:
+'wavm' is not one of [...]`). Rules that relate fields stay in the family's code."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+
+@cache
+def _validator(path: Path) -> jsonschema.protocols.Validator:
+    schema = yaml.safe_load(path.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def field(path: Any) -> str:
+    """`["cpu", "listeners", 0, "wasm"]` -> `cpu.listeners[0].wasm`."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}" if out else str(p)
+    return out
+
+
+def check(data: Any, schema: Path, where: str, error: type[Exception] = ValueError) -> None:
+    """Raises `error` for the violation of `schema` (a YAML or JSON file) that best explains
+    why `data` does not fit, prefixed by `where` and the field's path."""
+    found = jsonschema.exceptions.best_match(_validator(schema).iter_errors(data))
+    if found is not None:
+        at = field(found.absolute_path)
+        raise error(f"{where}: {at + ': ' if at else ''}{found.message}")
