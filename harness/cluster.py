@@ -13,7 +13,7 @@ the proxies' statistics into the figures the demo prints and the tests assert
 
 The proxies can also run Envoy's native global rate limit filter
 (`envoy.filters.http.ratelimit`, gRPC to the same service) instead of the
-throttle: `native_ratelimit_config`, used by the benchmark (perf/cluster_bench.py).
+throttle: `native_ratelimit_config`, used by the benchmark (perf/cluster/bench.py).
 """
 
 from __future__ import annotations

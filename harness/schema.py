@@ -29,9 +29,12 @@ def field(path: Any) -> str:
 
 
 def check(data: Any, schema: Path, where: str, error: type[Exception] = ValueError) -> None:
-    """Raises `error` for the violation of `schema` (a YAML or JSON file) that best explains
-    why `data` does not fit, prefixed by `where` and the field's path."""
-    found = jsonschema.exceptions.best_match(_validator(schema).iter_errors(data))
-    if found is not None:
+    """Raises `error` for the most specific violation of `schema` (a YAML or JSON file): the
+    deepest in `data`, or the first of those; prefixed by `where` and the field's path."""
+    errors = list(_validator(schema).iter_errors(data))
+    if errors:
+        deepest = max(len(e.absolute_path) for e in errors)
+        found = jsonschema.exceptions.best_match(e for e in errors if len(e.absolute_path) == deepest)
+        assert found is not None
         at = field(found.absolute_path)
         raise error(f"{where}: {at + ': ' if at else ''}{found.message}")

@@ -4,7 +4,8 @@ Fortio from the client node, the study's cases.
     python -m perf.meshlab.run            # full: saturation search, 4 cases x 8 topologies x 3 runs
     python -m perf.meshlab.run --short    # CI: productpage through 6 topologies, hop checks
 
-Writes results.csv (fixed columns), results.json, report.md and report.html to --out.
+Writes results.csv (fixed columns), results.json, report.md and report.html to
+perf/reports/meshlab/<run-id>/ (or --out).
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from harness import fortio, procstats
 from harness.procs import WASM
-from harness.results import environment, first_line
+from harness.results import environment, first_line, run_dir
 from perf.bookinfo.services import PATHS
 from perf.meshlab import hops, report, topologies
 from perf.meshlab.certs import make_certs
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="fail unless every hop of every run happened, every unthrottled run served >= 90%% of "
                          "the offered load without errors, and every run throttled below the load was paced")
-    ap.add_argument("--out", type=Path, help="output directory (default perf/meshlab/results/<UTC time>)")
+    ap.add_argument("--out", type=Path, help="output directory (default perf/reports/meshlab/<run-id>)")
     args = ap.parse_args(argv)
 
     try:
@@ -195,16 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     topos = topologies.SHORT if args.short else topologies.ALL
     duration = args.duration or (3.0 if args.short else 8.0)
     warmup = args.warmup if args.warmup is not None else (1.0 if args.short else 2.0)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or Path(__file__).resolve().parent / "results" / stamp
-    out.mkdir(parents=True, exist_ok=True)
+    run_id, out = run_dir("meshlab", "short" if args.short else "full", args.out)
 
     # SIGTERM (e.g. a CI timeout) unwinds like Ctrl-C, so the lab's teardown runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.monotonic()
-    meta = {"started_utc": stamp, "mode": "short" if args.short else "full", "duration_s": duration,
+    meta = {"mode": "short" if args.short else "full", "duration_s": duration,
             "warmup_s": warmup, "app": report.APP_LABEL, "fortio_resolution_s": FORTIO_RESOLUTION,
-            **environment(stamp, runtimes={name: first_line(cmd) for name, cmd in RUNTIMES.items()})}
+            **environment(run_id, runtimes={name: first_line(cmd) for name, cmd in RUNTIMES.items()})}
     rows: list[dict] = []
     loads: list[list[str]] = []
     with Lab() as lab:

@@ -1,14 +1,14 @@
 """Cluster scope beyond this machine, by simulation (`make cluster-sim`).
 
-Runs perf/cluster-sim (the core's own cluster code for N proxies, in real
+Runs perf/cluster/sim/ (the core's own cluster code for N proxies, in real
 time) against the real Redis + rate limit service started by harness.engine,
 and against the core's in-memory engine where the real one cannot keep up on
 2 cores. Reads Redis's own counters (INFO stats / commandstats) and the CPU
-time of Redis and the service around each run. Writes
-perf/cluster-sim/results/latest.json and latest.md.
+time of Redis and the service around each run. Writes results.json and summary.md to
+perf/reports/cluster/<run-id>/.
 
-    python -m perf.cluster_sim            # the standard set (~2.5 min)
-    python -m perf.cluster_sim --quick    # two short runs (~30 s)
+    python -m perf.cluster.sim            # the standard set (~2.5 min)
+    python -m perf.cluster.sim --quick    # two short runs (~30 s)
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from typing import Any
 
 from harness.engine import Engine
 from harness.procs import ROOT
+from harness.results import run_dir
+from harness.tables import markdown, num
 
-CRATE = ROOT / "perf" / "cluster-sim"
+CRATE = ROOT / "perf" / "cluster" / "sim"
 TARGET = ROOT / "target" / "cluster-sim"
 BINARY = TARGET / "release" / "cluster-sim"
-RESULTS = CRATE / "results"
 
 # (engine, proxies, rate/s, seconds measured): uneven demand, 1.5 x the rate offered.
 STANDARD = [
@@ -86,36 +87,34 @@ def probe(engine: Engine, threads: int, seconds: int) -> dict[str, Any]:
 
 
 def probe_table(probes: list[dict[str, Any]]) -> str:
-    head = "| clients | calls/s | p50 ms | p90 ms | p99 ms | errors | CPU ratelimit / redis |\n|---|---|---|---|---|---|---|\n"
-    rows = [f"| {p['threads']} | {p['calls_per_s']:,.0f} | {p['call_ms']['p50']:.2f} | {p['call_ms']['p90']:.2f} "
-            f"| {p['call_ms']['p99']:.2f} | {p['errors']} | {p['cpu_pct']['ratelimit']:.0f}% / {p['cpu_pct']['redis']:.0f}% |"
-            for p in probes]
-    return head + "\n".join(rows) + "\n"
+    return markdown(["clients", "calls/s", "p50 ms", "p90 ms", "p99 ms", "errors", "CPU ratelimit / redis"], [
+        [p["threads"], num(p["calls_per_s"], ",.0f"), *(num(p["call_ms"][q], ".2f") for q in ("p50", "p90", "p99")),
+         p["errors"], f"{p['cpu_pct']['ratelimit']:.0f}% / {p['cpu_pct']['redis']:.0f}%"] for p in probes])
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    head = ("| engine | proxies | rate/s | released/s | error | worst 100 ms (bound) | worst 1 s (bound) "
-            "| calls/proxy/s | engine calls/s | call p50 / p99 ms | failed calls | fallback proxy-s "
-            "| Redis ops/s | CPU ratelimit / redis |\n|" + "---|" * 14 + "\n")
+    head = ["engine", "proxies", "rate/s", "released/s", "error", "worst 100 ms (bound)", "worst 1 s (bound)",
+            "calls/proxy/s", "engine calls/s", "call p50 / p99 ms", "failed calls", "fallback proxy-s",
+            "Redis ops/s", "CPU ratelimit / redis"]
     rows = []
     for r in results:
         cpu = r.get("cpu_pct")
-        cpu_text = f"{cpu['ratelimit']:.0f}% / {cpu['redis']:.0f}%" if cpu else "—"
-        rows.append(
-            f"| {r['engine']} | {r['proxies']} | {r['rate']:,} | {r['released_per_s']:,.1f} | {r['rate_error_pct']:+.2f}% "
-            f"| {r['worst_100ms']} ({r['bound_100ms']}; grid only {r['worst_100ms_grid_only']}) "
-            f"| {r['worst_1s']} ({r['bound_1s']}) "
-            f"| {r['calls_per_proxy_per_s']['mean']:.2f} (max {r['calls_per_proxy_per_s']['max']:.1f}) "
-            f"| {r['engine_calls_per_s']:,.0f} | {r['call_ms']['p50']:.2f} / {r['call_ms']['p99']:.2f} "
-            f"| {r['failed_calls']} | {r['fallback_proxy_seconds']:.1f} | {r['redis_ops_per_s']:,.0f} "
-            f"| {cpu_text} |")
-    return head + "\n".join(rows) + "\n"
+        rows.append([
+            r["engine"], r["proxies"], num(r["rate"], ","), num(r["released_per_s"], ",.1f"),
+            num(r["rate_error_pct"], "+.2f") + "%",
+            f"{r['worst_100ms']} ({r['bound_100ms']}; grid only {r['worst_100ms_grid_only']})",
+            f"{r['worst_1s']} ({r['bound_1s']})",
+            f"{r['calls_per_proxy_per_s']['mean']:.2f} (max {r['calls_per_proxy_per_s']['max']:.1f})",
+            num(r["engine_calls_per_s"], ",.0f"), f"{r['call_ms']['p50']:.2f} / {r['call_ms']['p99']:.2f}",
+            r["failed_calls"], num(r["fallback_proxy_seconds"]), num(r["redis_ops_per_s"], ",.0f"),
+            f"{cpu['ratelimit']:.0f}% / {cpu['redis']:.0f}%" if cpu else "—"])
+    return markdown(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m perf.cluster_sim")
+    p = argparse.ArgumentParser(prog="python -m perf.cluster.sim")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, help="results directory (default perf/reports/cluster/<run-id>)")
     args = p.parse_args(argv)
     build()
     runs = QUICK if args.quick else STANDARD
@@ -131,15 +130,15 @@ def main(argv: list[str] | None = None) -> int:
             r = run_one(kind, proxies, rate, seconds, engine)
             results.append(r)
             print(table([r]).splitlines()[-1], file=sys.stderr, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "latest.json").write_text(json.dumps({"probes": probes, "runs": results}, indent=2) + "\n")
-    md = ("# Cluster scope simulation (perf/cluster_sim.py)\n\n"
+    _, out = run_dir("cluster", "sim-quick" if args.quick else "sim", args.out)
+    (out / "results.json").write_text(json.dumps({"probes": probes, "runs": results}, indent=2) + "\n")
+    md = ("# Cluster scope simulation (perf/cluster/sim.py)\n\n"
           f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on this machine (2 cores, shared). "
           "Uneven demand (proxy i weighs 1/(i+1)^0.8), 1.5 x the rate offered in total; 2 s warm-up, then the "
           "measured window. Bound = R x W + burst + 2 (burst 0).\n\n"
           "## The service alone (6 descriptors per call, clients calling back to back)\n\n" + probe_table(probes)
-          + "\n## Simulated proxies\n\n" + table(results))
-    (args.out / "latest.md").write_text(md)
+          + "\n\n## Simulated proxies\n\n" + table(results) + "\n")
+    (out / "summary.md").write_text(md)
     print(md)
     return 0
 

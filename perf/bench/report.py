@@ -2,12 +2,12 @@
 ratios to baseline rows) and a self-contained HTML page with matplotlib charts.
 
 Reusable: `render(csv_rows, timeseries, out_dir, meta=..., memory=..., info=...)`
-takes rows in the fixed CSV schema (perf/run.py CSV_COLUMNS; values may be
+takes rows in the fixed CSV schema (perf/bench/run.py CSV_COLUMNS; values may be
 strings as read by csv.DictReader), and per-label upstream rate series
 ({"window_s": 0.1, "rates": [...], "setting_qps": 500 | None}). Everything
 else is optional. Re-render a finished run with:
 
-  python -m perf.report perf/results/<run-id>
+  python -m perf.bench.report perf/reports/bench/<run-id>
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-Table = tuple[list[str], list[list[str]]]
+from harness.tables import Table, markdown, num, read_csv
+from perf.cluster.bench import cluster_table
 
 ACCURACY_TARGET_PCT = 0.5
 PASS_THROUGH_TARGET = 0.95
@@ -67,12 +68,8 @@ def pacing(ts: dict | None) -> dict | None:
     return out
 
 
-def _f(v: Any, fmt: str = "{:.1f}") -> str:
-    return "" if v is None else fmt.format(v)
-
-
 def _pct(v: float | None) -> str:
-    return "" if v is None else f"{v:+.2f}%"
+    return num(v, "+.2f") + ("%" if v is not None else "")
 
 
 # ---------------------------------------------------------------- tables
@@ -96,10 +93,10 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
             ratio = ""
             if base and base.get("achieved_qps"):
                 ratio = f"{r['achieved_qps'] / base['achieved_qps']:.3f} of {base_label}"
-            body.append([r["label"], r["tool"], _f(r["conns"], "{:.0f}"), _f(r["achieved_qps"]), ratio,
-                         _f(r["errors"], "{:.0f}"), _f(r["p50"], "{:.2f}"), _f(r["p90"], "{:.2f}"),
-                         _f(r["p99"], "{:.2f}"), _f(r["p99.9"], "{:.2f}"), _f(r["proxy_cpu_s"], "{:.2f}"),
-                         _f(_cpu_per_request(r, meta)), _f(r["proxy_rss_mb"])])
+            body.append([r["label"], r["tool"], num(r["conns"], ".0f"), num(r["achieved_qps"]), ratio,
+                         num(r["errors"], ".0f"), num(r["p50"], ".2f"), num(r["p90"], ".2f"),
+                         num(r["p99"], ".2f"), num(r["p99.9"], ".2f"), num(r["proxy_cpu_s"], ".2f"),
+                         num(_cpu_per_request(r, meta)), num(r["proxy_rss_mb"])])
             if with_rounds:
                 rq = meta.get(r["label"], {}).get("rounds_qps") or []
                 body[-1].insert(4, " / ".join(f"{q:.0f}" for q in rq))
@@ -119,12 +116,12 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
             setting = meta[r["label"]]["setting_qps"]
             p = pacing(timeseries.get(r["label"])) or {}
             up = p.get("upstream_qps")
-            body.append([r["label"], r["tool"], _f(setting, "{:g}"), _f(r["achieved_qps"], "{:.2f}"),
-                         _pct(100 * (r["achieved_qps"] / setting - 1)), _f(up, "{:.2f}"),
-                         _pct(None if up is None else 100 * (up / setting - 1)), _f(p.get("worst")),
-                         _pct(p.get("worst_pct")), _f(p.get("sd")), _f(r["errors"], "{:.0f}"),
-                         _limiter(meta[r["label"]].get("limiter")), _f(r["p50"], "{:.1f}"),
-                         _f(r["p90"], "{:.1f}"), _f(r["p99"], "{:.1f}")])
+            body.append([r["label"], r["tool"], num(setting, "g"), num(r["achieved_qps"], ".2f"),
+                         _pct(100 * (r["achieved_qps"] / setting - 1)), num(up, ".2f"),
+                         _pct(None if up is None else 100 * (up / setting - 1)), num(p.get("worst")),
+                         _pct(p.get("worst_pct")), num(p.get("sd")), num(r["errors"], ".0f"),
+                         _limiter(meta[r["label"]].get("limiter")), num(r["p50"], ".1f"),
+                         num(r["p90"], ".1f"), num(r["p99"], ".1f")])
         out.append(("Rate limited: accuracy and pacing",
                     "client req/s = 2xx per second over the client's run; upstream req/s = (n-1)/(last-first) "
                     "from the upstream's access-log timestamps (ms); worst window = the 100 ms window furthest "
@@ -144,38 +141,11 @@ def tables(rows: list[dict], timeseries: dict, meta: dict, memory: dict) -> list
             if "points" not in m:
                 continue
             pts = ", ".join(f"{p['held']}: {p['rss_mb']:.1f}" for p in m["points"][1:])
-            body.append([label, _f(m["idle_rss_mb"]), pts, _f(m.get("mb_per_1000"), "{:.2f}"),
-                         _f(m.get("mb_per_1000_from_idle"), "{:.2f}"), _f(m.get("after_close_rss_mb"))])
+            body.append([label, num(m["idle_rss_mb"]), pts, num(m.get("mb_per_1000"), ".2f"),
+                         num(m.get("mb_per_1000_from_idle"), ".2f"), num(m.get("after_close_rss_mb"))])
         out.append(("Envoy memory (VmRSS)", "held requests each on its own connection; memory-conns-* holds "
                     "idle connections without the filter, for the connection cost alone.", (head, body)))
     return out
-
-
-def cluster_table(rows: list[dict]) -> tuple[str, str, Table]:
-    """Three proxies, one rate (perf/cluster_bench.py rows, CLUSTER_COLUMNS)."""
-    head = ["scenario", "variant", "rate /s", "offered /s", "upstream /s", "vs rate", "worst 1 s",
-            "worst 100 ms (bound)", "429s", "failures", "p50 ms", "p99 ms", "engine calls /s per proxy",
-            "service calls /s", "shares"]
-    body = []
-    for r in rows:
-        bound = r.get("bound_100ms")
-        body.append([r["label"], r["variant"], _f(r["rate"], "{:.0f}"), _f(r["offered_qps"], "{:.0f}"),
-                     _f(r["upstream_qps"]), _pct(r["error_pct"]),
-                     "" if r.get("worst_1s_pct") is None else f"±{r['worst_1s_pct']:.1f}%",
-                     f"{_f(r['worst_100ms'], '{:.0f}')} ({_f(bound, '{:.0f}')})",
-                     _f(r["rejected"], "{:.0f}"), _f(r["failures"], "{:.0f}"), _f(r["p50"], "{:.1f}"),
-                     _f(r["p99"], "{:.1f}"), r.get("calls_per_proxy_s") or "", _f(r.get("service_calls_s")),
-                     r.get("shares") or ""])
-    note = ("Three Envoy processes at the same total rate, the same uneven loads (Fortio, offered evenly; "
-            "offered = all proxies together) and one upstream recording its own arrival times. process = the "
-            "throttle at rate/3 per proxy; cluster = the throttle with scope cluster through the engine "
-            "(envoyproxy/ratelimit + Redis); native = Envoy's envoy.filters.http.ratelimit, gRPC to the same "
-            "service, fixed 1 s windows. upstream /s and the windows are over the measured span (warm-up left "
-            "out); worst 1 s = the 1 s window furthest from the rate; worst 100 ms = the busiest 100 ms anywhere, "
-            "against the throttle's stated bound rate x 0.1 s + burst + 2; failures = answers neither 200 nor "
-            "429; latency = all proxies' requests together; engine calls: the throttle's engine_calls, or for "
-            "native Envoy's requests to the service (one per request); service calls: the service's own count.")
-    return ("Three proxies, one rate", note, (head, body))
 
 
 def _limiter(stats: dict | None) -> str:
@@ -237,18 +207,11 @@ def target_rows(by_label: dict, meta: dict | None = None) -> list[list[str]]:
     return out
 
 
-def markdown(title: str, tabs: list[tuple[str, str, Table]], info: dict) -> str:
-    lines = [f"# {title}", ""]
-    if info:
-        lines += [_info_line(info), ""]
+def summary_md(title: str, tabs: list[tuple[str, str, Table]], info: dict) -> str:
+    """summary.md: the run's description, then each table with its note."""
+    lines = [f"# {title}", ""] + ([_info_line(info), ""] if info else [])
     for name, note, (head, body) in tabs:
-        lines += [f"## {name}", ""]
-        if note:
-            lines += [note, ""]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
-        lines += ["| " + " | ".join(c or " " for c in row) + " |" for row in body]
-        lines.append("")
+        lines += [f"## {name}", ""] + ([note, ""] if note else []) + [markdown(head, body), ""]
     return "\n".join(lines)
 
 
@@ -410,7 +373,7 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
     meta[label] may give "baseline" (label of the row to compare with) and
     "setting_qps" (the limiter's rate; rows without one are pass-through).
     cluster = {"rows": [...], "timeseries": {...}} of `kind: cluster` scenarios
-    (perf/cluster_bench.py) adds their table and charts."""
+    (perf/cluster/bench.py) adds their table and charts."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = normalize(csv_rows)
@@ -427,7 +390,7 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
     if crow:
         tabs.append(cluster_table(crow))
     summary = out_dir / "summary.md"
-    summary.write_text(markdown(title, tabs, info))
+    summary.write_text(summary_md(title, tabs, info))
     labels = [r["label"] for r in rows]
     paced = [lb for lb in labels if meta.get(lb, {}).get("setting_qps")]
     through = [lb for lb in labels if lb not in paced]
@@ -452,11 +415,9 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
 
 
 def render_run(run_dir: Path) -> dict[str, Path]:
-    """Re-renders a finished perf/run.py run from its files."""
-    import csv
+    """Re-renders a finished perf/bench/run.py run from its files."""
     run_dir = Path(run_dir)
-    with open(run_dir / "results.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(run_dir / "results.csv")
     timeseries = json.loads((run_dir / "timeseries.json").read_text())
     memory = json.loads((run_dir / "memory.json").read_text()) if (run_dir / "memory.json").exists() else {}
     info = json.loads((run_dir / "info.json").read_text()) if (run_dir / "info.json").exists() else {}
@@ -474,7 +435,7 @@ def render_run(run_dir: Path) -> dict[str, Path]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m perf.report perf/results/<run-id>")
+        sys.exit("usage: python -m perf.bench.report perf/reports/bench/<run-id>")
     paths = render_run(Path(sys.argv[1]))
     print(paths["summary"].read_text())
     print(f"report: {paths['html']}")

@@ -1,7 +1,7 @@
 """The benchmark report renders, and a person can look at it: headless
 Chromium turns report.html into report.png, which must not be blank.
 
-With PERF_RUN_DIR=perf/results/<run-id> (make perf-quick sets it) the report
+With PERF_RUN_DIR=perf/reports/<family>/<run-id> (make perf-quick sets it) the report
 of that real run is rendered; without it, a small synthetic input is used
 (to test the renderer only: these figures are not measurements)."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from perf import report
-from perf.run import CSV_COLUMNS
+from perf.bench import report
+from perf.bench.run import CSV_COLUMNS
 
 pytestmark = pytest.mark.perf
 
@@ -57,6 +57,11 @@ def _cluster_only() -> bool:
         return len(list(csv.reader(f))) <= 1 and (Path(RUN_DIR) / "cluster.json").exists()
 
 
+def _squeezed(path: Path) -> str:
+    """The Markdown with runs of spaces as one (tabulate pads the columns)."""
+    return "\n".join(" ".join(line.split()) for line in path.read_text().splitlines())
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, Path]:
     if RUN_DIR:
@@ -80,7 +85,7 @@ def test_csv_has_the_fixed_columns():
 def test_summary_has_tables_with_ratios(rendered):
     if _cluster_only():
         pytest.skip("a run of kind: cluster scenarios only: see test_cluster_table")
-    md = rendered["summary"].read_text()
+    md = _squeezed(rendered["summary"])
     assert "| scenario | tool | conns | req/s |" in md and "| vs baseline |" in md
     assert " of http-c2-" in md  # a ratio to a baseline row of the same run
     assert "| scenario | tool | setting /s |" in md
@@ -95,7 +100,7 @@ def test_html_embeds_charts(rendered):
 def test_cluster_table(rendered):
     if RUN_DIR and not (Path(RUN_DIR) / "cluster.json").exists():
         pytest.skip("no kind: cluster scenarios in this run")
-    md = rendered["summary"].read_text()
+    md = _squeezed(rendered["summary"])
     assert "## Three proxies, one rate" in md
     assert "| scenario | variant | rate /s | offered /s | upstream /s |" in md
     assert "| cluster" in md

@@ -1,6 +1,7 @@
-"""The side-by-side benchmark as data (perf/cpu.yaml): which listeners share
+"""The side-by-side benchmark as data (perf/cpu/profiles.yaml): which listeners share
 the one Envoy, which load shapes run against each, and the hand-off and
-smoothness parts. This module checks a profile (a bad field is named, and
+smoothness parts. This module checks a profile (its shape against
+profile.schema.yaml, the rules that relate fields here: a bad field is named, and
 nothing runs) and turns it into the Envoy config: one listener per
 variant, every HTTP connection manager alike (the one of envoy/baseline.yaml),
 only the filter before the router differs. Pure: no process is started."""
@@ -12,15 +13,17 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from harness.configs import load_config, throttle_filter
-from harness.procs import ROOT
-from perf.scenario import NOOP_WASM, seconds
+from harness import schema
+from harness.configs import hcm, load_config, plugin_json, throttle_http_filter
+from harness.procs import NOOP_WASM, ROOT
+from harness.units import seconds
 
-SPEC = Path(__file__).resolve().parent / "cpu.yaml"
-RUNTIMES = ("v8", "wamr", "wasmtime")
+HERE = Path(__file__).resolve().parent
+SPEC = HERE / "profiles.yaml"
 PLACEMENTS = ("same", "cross")
 NEVER_REACHED = "1000000/s"  # the throttle's highest rate: never reached on this machine
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
@@ -114,132 +117,68 @@ class Profile:
 
 # -- parsing ---------------------------------------------------------------
 
-def _keys(d: object, where: str, required: set[str], optional: set[str]) -> dict:
-    _check(isinstance(d, dict), where, "expected a mapping")
-    assert isinstance(d, dict)
-    unknown = set(d) - required - optional
-    _check(not unknown, where, f"unknown field(s) {sorted(unknown)}")
-    missing = required - set(d)
-    _check(not missing, where, f"missing field(s) {sorted(missing)}")
-    return d
+def _builds(names: list[str], where: str, builds: dict[str, Build]) -> tuple[str, ...]:
+    bad = [x for x in names if x not in builds]
+    _check(not bad, where, f"unknown builds {bad} (have {sorted(builds)})")
+    return tuple(names)
 
 
-def _int(d: dict, key: str, where: str, lo: int, hi: int, default: int | None = None) -> int:
-    v = d.get(key, default)
-    if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
-        raise SpecError(f"{where}.{key}: expected an integer {lo}..{hi}, got {v!r}")
-    return v
+def _seconds(d: dict[str, Any], key: str, default: str) -> float:
+    """A duration field (its grammar is the schema's), or its default."""
+    return seconds(d.get(key, default))
 
 
-def _duration(d: dict, key: str, where: str, default: str | None = None) -> float:
-    v = d.get(key, default)
-    try:
-        s = seconds(v)  # type: ignore[arg-type]  # None and other types are refused by seconds()
-    except (ValueError, TypeError) as e:
-        raise SpecError(f"{where}.{key}: {e}") from None
-    _check(s > 0, f"{where}.{key}", "expected a duration > 0")
-    return s
-
-
-def _names(v: object, where: str, allowed: set[str], what: str) -> tuple[str, ...]:
-    _check(isinstance(v, list) and v and all(isinstance(x, str) for x in v), where, f"expected a list of {what}")
-    assert isinstance(v, list)
-    bad = [x for x in v if x not in allowed]
-    _check(not bad, where, f"unknown {what} {bad} (have {sorted(allowed)})")
-    _check(len(set(v)) == len(v), where, "listed more than once")
-    return tuple(v)
-
-
-def parse_profile(name: str, d: object, where: str = "perf/cpu.yaml") -> Profile:
+def parse_profile(name: str, d: Any, where: str = "perf/cpu/profiles.yaml") -> Profile:
+    """One profile: its shape (profile.schema.yaml), then the rules between fields."""
     where = f"{where}: {name}"
-    d = _keys(d, where, {"builds", "cpu"}, {"concurrency", "handoff", "smoothness"})
-    conc = _int(d, "concurrency", where, 1, 8, 2)
-    _check(isinstance(d["builds"], dict) and d["builds"], f"{where}.builds", "expected a mapping of build names")
-    builds: dict[str, Build] = {}
-    for bname, b in d["builds"].items():
-        bw = f"{where}.builds.{bname}"
-        _check(isinstance(bname, str) and NAME.fullmatch(bname) is not None and bname != "noop", bw,
-               "a build name is lower-case letters, digits and '-' (not 'noop')")
-        b = _keys(b, bw, set(), {"path", "ref"})
-        _check(len(b) == 1, bw, "expected exactly one of path (a .wasm file) or ref (a git ref to build)")
-        if "path" in b:
-            _check(isinstance(b["path"], str) and b["path"].endswith(".wasm"), f"{bw}.path", "expected a .wasm path")
-            builds[bname] = Build(bname, path=Path(b["path"]))
-        else:
-            _check(isinstance(b["ref"], str) and b["ref"].strip() != "", f"{bw}.ref", "expected a git ref")
-            builds[bname] = Build(bname, ref=b["ref"])
-    c = _keys(d["cpu"], f"{where}.cpu", {"listeners", "shapes"}, {"rounds", "warmup_requests", "idle"})
-    cw = f"{where}.cpu"
-    rounds = _int(c, "rounds", cw, 1, 20, 5)
-    warmup = _int(c, "warmup_requests", cw, 0, 100000, 400)
-    idle_s = _duration(c, "idle", cw, "3s")
-    _check(isinstance(c["listeners"], list) and c["listeners"], f"{cw}.listeners", "expected a list")
+    schema.check(d, HERE / "profile.schema.yaml", where, SpecError)
+    conc = d.get("concurrency", 2)
+    builds = {b: Build(b, path=Path(v["path"])) if "path" in v else Build(b, ref=v["ref"])
+              for b, v in d["builds"].items()}
+    c = d["cpu"]
     listeners = []
     for i, x in enumerate(c["listeners"]):
-        lw = f"{cw}.listeners[{i}]"
-        x = _keys(x, lw, {"name"}, {"wasm", "runtime", "local_ratelimit"})
-        _check(isinstance(x["name"], str) and NAME.fullmatch(x["name"]) is not None, f"{lw}.name",
-               "expected lower-case letters, digits and '-'")
-        wasm = x.get("wasm")
+        lw, wasm = f"{where}: cpu.listeners[{i}]", x.get("wasm")
         _check(wasm is None or wasm == "noop" or wasm in builds, f"{lw}.wasm",
                f"expected noop or a build name {sorted(builds)}, got {wasm!r}")
-        rt = x.get("runtime", "v8")
-        _check(rt in RUNTIMES, f"{lw}.runtime", f"expected one of {RUNTIMES}, got {rt!r}")
         _check(wasm is not None or "runtime" not in x, f"{lw}.runtime", "only with wasm")
-        lrl = x.get("local_ratelimit", False)
-        _check(isinstance(lrl, bool), f"{lw}.local_ratelimit", "expected true or false")
-        _check(not (lrl and wasm), lw, "one filter per listener: wasm or local_ratelimit")
-        listeners.append(CpuListener(x["name"], wasm, rt, lrl))
+        _check(not (x.get("local_ratelimit") and wasm), lw, "one filter per listener: wasm or local_ratelimit")
+        listeners.append(CpuListener(x["name"], wasm, x.get("runtime", "v8"), x.get("local_ratelimit", False)))
     names = [x.name for x in listeners]
     dup = sorted({n for n in names if names.count(n) > 1})
-    _check(not dup, f"{cw}.listeners", f"names listed more than once: {dup}")
-    _check(isinstance(c["shapes"], list) and c["shapes"], f"{cw}.shapes", "expected a list")
+    _check(not dup, f"{where}: cpu.listeners", f"names listed more than once: {dup}")
     shapes = []
-    for i, s in enumerate(c["shapes"]):
-        sw = f"{cw}.shapes[{i}]"
-        s = _keys(s, sw, {"name", "connections", "requests"}, {"qps", "pin"})
-        _check(isinstance(s["name"], str) and NAME.fullmatch(s["name"]) is not None, f"{sw}.name",
-               "expected lower-case letters, digits and '-'")
-        conns = _int(s, "connections", sw, 1, 1000)
-        reqs = _int(s, "requests", sw, conns, 10_000_000)
-        qps = s.get("qps", 0)
-        _check(isinstance(qps, (int, float)) and not isinstance(qps, bool) and qps >= 0, f"{sw}.qps",
-               "expected a number >= 0 (0: as fast as possible)")
-        pin = s.get("pin", False)
-        _check(isinstance(pin, bool), f"{sw}.pin", "expected true or false")
-        shapes.append(Shape(s["name"], conns, float(qps), reqs, pin))
-    snames = [s.name for s in shapes]
-    _check(len(set(snames)) == len(snames), f"{cw}.shapes", "names listed more than once")
-    p = Profile(name, conc, builds, rounds, warmup, idle_s, listeners, shapes)
+    for i, sh in enumerate(c["shapes"]):
+        _check(sh["requests"] >= sh["connections"], f"{where}: cpu.shapes[{i}].requests",
+               f"expected at least connections ({sh['connections']})")
+        shapes.append(Shape(sh["name"], sh["connections"], float(sh.get("qps", 0)), sh["requests"], sh.get("pin", False)))
+    snames = [x.name for x in shapes]
+    _check(len(set(snames)) == len(snames), f"{where}: cpu.shapes", "names listed more than once")
+    idle_s = _seconds(c, "idle", "3s")
+    _check(idle_s > 0, f"{where}: cpu.idle", "expected a duration > 0")
+    p = Profile(name, conc, builds, c.get("rounds", 5), c.get("warmup_requests", 400), idle_s, listeners, shapes)
     if "handoff" in d:
-        hw = f"{where}.handoff"
-        h = _keys(d["handoff"], hw, {"builds"}, {"slots", "upstream_delay", "connections", "requests", "rounds",
-                                                 "placements"})
-        slots = _int(h, "slots", hw, 1, 64, 4)
-        conns = _int(h, "connections", hw, slots + 1, 400, 40)
-        placements = _names(h.get("placements", list(PLACEMENTS)), f"{hw}.placements", set(PLACEMENTS), "placements")
+        h, hw = d["handoff"], f"{where}: handoff"
+        slots, conns = h.get("slots", 4), h.get("connections", 40)
+        placements = tuple(h.get("placements", PLACEMENTS))
+        _check(conns > slots, f"{hw}.connections", f"expected more than slots ({slots})")
         if "cross" in placements:
             _check(conc == 2, f"{hw}.placements", "cross needs concurrency 2 (waiters on the other of two workers)")
             _check(conns % (2 * slots) == 0, f"{hw}.connections",
                    f"cross needs a multiple of 2 x slots ({2 * slots}): blocks of {slots} per worker")
-        p.handoff = HandoffSpec(slots=slots, upstream_delay_s=_duration(h, "upstream_delay", hw, "20ms"),
-                                connections=conns, requests=_int(h, "requests", hw, conns, 1_000_000, 2000),
-                                rounds=_int(h, "rounds", hw, 1, 20, 3),
-                                builds=_names(h["builds"], f"{hw}.builds", set(builds), "builds"),
-                                placements=placements)
+        p.handoff = HandoffSpec(slots=slots, upstream_delay_s=_seconds(h, "upstream_delay", "20ms"), connections=conns,
+                                requests=h.get("requests", 2000), rounds=h.get("rounds", 3),
+                                builds=_builds(h["builds"], f"{hw}.builds", builds), placements=placements)
+        _check(p.handoff.requests >= conns, f"{hw}.requests", f"expected at least connections ({conns})")
     if "smoothness" in d:
-        sw = f"{where}.smoothness"
-        s = _keys(d["smoothness"], sw, {"builds"}, {"rate", "connections", "duration", "rounds", "window", "nginx"})
-        nginx = s.get("nginx", True)
-        _check(isinstance(nginx, bool), f"{sw}.nginx", "expected true or false")
-        window = _duration(s, "window", sw, "100ms")
-        _check(abs(window * 1000 - round(window * 1000)) < 1e-9, f"{sw}.window",
+        sm, sw = d["smoothness"], f"{where}: smoothness"
+        window = _seconds(sm, "window", "100ms")
+        _check(window > 0 and abs(window * 1000 - round(window * 1000)) < 1e-9, f"{sw}.window",
                "expected whole milliseconds (the upstream's timestamps are whole milliseconds)")
-        p.smoothness = SmoothSpec(rate=_int(s, "rate", sw, 1, 100000, 500),
-                                  connections=_int(s, "connections", sw, 1, 1000, 100),
-                                  duration_s=_duration(s, "duration", sw, "20s"),
-                                  rounds=_int(s, "rounds", sw, 1, 20, 2), window_s=window,
-                                  builds=_names(s["builds"], f"{sw}.builds", set(builds), "builds"), nginx=nginx)
+        p.smoothness = SmoothSpec(rate=sm.get("rate", 500), connections=sm.get("connections", 100),
+                                  duration_s=_seconds(sm, "duration", "20s"), rounds=sm.get("rounds", 2),
+                                  window_s=window, builds=_builds(sm["builds"], f"{sw}.builds", builds),
+                                  nginx=sm.get("nginx", True))
     return p
 
 
@@ -249,6 +188,7 @@ def load_profile(name: str, path: Path = SPEC) -> Profile:
     except yaml.YAMLError as e:
         raise SpecError(f"{path.name}: not valid YAML: {e}") from None
     _check(isinstance(d, dict), path.name, "expected a mapping of profiles")
+    assert isinstance(d, dict)
     _check(name in d, path.name, f"no profile {name!r} (have {sorted(d)})")
     return parse_profile(name, d[name], path.name)
 
@@ -291,35 +231,26 @@ def throttle_rule(name: str, **fields: object) -> dict:
 
 def _hcm_template() -> dict:
     """The HTTP connection manager of envoy/baseline.yaml, router last."""
-    cfg = load_config("baseline.yaml")
-    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm = copy.deepcopy(hcm)
-    # ab speaks HTTP/1.0; perf/ allows it on every HTTP listener alike (perf/scenario.py).
-    hcm.setdefault("http_protocol_options", {})["accept_http_10"] = True
-    return hcm
+    h = hcm(load_config("baseline.yaml"))
+    # ab speaks HTTP/1.0; perf/ allows it on every HTTP listener alike (perf/bench/scenario.py).
+    h.setdefault("http_protocol_options", {})["accept_http_10"] = True
+    return h
 
 
 def _wasm_filter(x: EnvoyListener) -> dict:
-    hf = copy.deepcopy(throttle_filter(load_config("demo.yaml")))
-    assert hf is not None
-    c = hf["typed_config"]["config"]
-    c["name"] = f"throttle-{x.name}"
-    c["vm_config"]["vm_id"] = f"vm-{x.name}"     # a VM (and shared data) of its own
-    c["vm_config"]["runtime"] = f"envoy.wasm.runtime.{x.runtime}"
-    c["vm_config"]["code"]["local"]["filename"] = str(x.wasm_path)
-    plugin = json.loads(c["configuration"]["value"])
+    """The throttle's filter of envoy/demo.yaml with this listener's .wasm, runtime and rule,
+    in a VM (so shared data and statistics) of its own."""
+    plugin = json.loads(plugin_json(load_config("demo.yaml")))
     if x.rule is not None:
         plugin["rules"] = [x.rule]
-    c["configuration"]["value"] = json.dumps(plugin)
-    hf["name"] = f"throttle-{x.name}"
-    return hf
+    assert x.wasm_path is not None
+    return throttle_http_filter(plugin, x.wasm_path, name=x.name, runtime=x.runtime)
 
 
 def _lrl_filter() -> dict:
-    cfg = load_config("local_ratelimit.yaml")
-    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hf = copy.deepcopy(next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.local_ratelimit"))
-    # never reached: 1,000,000 tokens a second (as perf/scenarios/lrl-off-*)
+    h = hcm(load_config("local_ratelimit.yaml"))
+    hf = next(f for f in h["http_filters"] if f["name"] == "envoy.filters.http.local_ratelimit")
+    # never reached: 1,000,000 tokens a second (as perf/bench/scenarios/lrl-off-*)
     hf["typed_config"]["token_bucket"] = {"max_tokens": 1000000, "tokens_per_fill": 1000000, "fill_interval": "1s"}
     return hf
 
@@ -341,19 +272,19 @@ def envoy_config(listeners: list[EnvoyListener], *, admin_port: int, clusters: d
             raise SpecError(f"listener {x.name}: a throttle rule needs a .wasm")
     out_listeners = []
     for x in listeners:
-        hcm = _hcm_template()
-        hcm["stat_prefix"] = x.name
-        hcm["route_config"]["name"] = x.name
-        hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"] = x.cluster
-        router = hcm["http_filters"][-1]
+        h = _hcm_template()
+        h["stat_prefix"] = x.name
+        h["route_config"]["name"] = x.name
+        h["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"] = x.cluster
+        router = h["http_filters"][-1]
         filters = []
         if x.wasm_path is not None:
             filters.append(_wasm_filter(x))
         if x.local_ratelimit:
             filters.append(_lrl_filter())
-        hcm["http_filters"] = [*filters, router]
+        h["http_filters"] = [*filters, router]
         if x.access_log is not None:
-            hcm["access_log"] = [{
+            h["access_log"] = [{
                 "name": "envoy.access_loggers.file",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
@@ -363,11 +294,11 @@ def envoy_config(listeners: list[EnvoyListener], *, admin_port: int, clusters: d
             "name": x.name,
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": x.port}},
             "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                            "typed_config": hcm}]}],
+                                            "typed_config": h}]}],
         }
         if x.exact_balance:
             # One listen socket, and Envoy gives each new connection to the
-            # worker with the fewest (checked per connection by perf/handoff.py).
+            # worker with the fewest (checked per connection by perf/cpu/handoff.py).
             listener["enable_reuse_port"] = False
             listener["connection_balance_config"] = {"exact_balance": {}}
         out_listeners.append(listener)

@@ -1,7 +1,7 @@
-"""Pure statistics of the side-by-side benchmark (perf/cpu.py): medians and
+"""Pure statistics of the side-by-side benchmark (perf/cpu/run.py): medians and
 spreads over rounds, the rotated order of interleaved rounds, CPU per
-request, window rates, and the pairing of freed concurrency slots with the
-requests they let go. No I/O: tested in perf/tests/test_cpu.py."""
+request, and the pairing of freed concurrency slots with the requests they
+let go (window rates: harness/windows.py). No I/O: tested in perf/tests/test_cpu.py."""
 
 from __future__ import annotations
 
@@ -83,28 +83,6 @@ def stdev(values: list[float]) -> float:
         return math.nan
     m = sum(values) / len(values)
     return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
-
-
-def window_rates(stamps: list[float], window: float, start: float | None = None) -> list[float]:
-    """Requests per second in consecutive `window`-second windows from `start`
-    (default: the first timestamp); the last, partial window is dropped.
-
-    With timestamps truncated to whole milliseconds (nginx `$msec`) and
-    windows that start on a whole millisecond and last a whole number of
-    milliseconds, every count is exact: floor(t) lies in [b, b + w) exactly
-    when t does, for integer b and w (tested)."""
-    if len(stamps) < 2:
-        return []
-    s = sorted(stamps)
-    t0 = s[0] if start is None else start
-    eps = 1e-9  # a timestamp on a boundary belongs to the later window
-    n = int((s[-1] - t0) / window + eps)
-    counts = [0] * n
-    for t in s:
-        k = int((t - t0) / window + eps)
-        if 0 <= k < n:
-            counts[k] += 1
-    return [c / window for c in counts]
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ placement the order is blocks of `slots` connections alternating between
 the workers, so the request that takes a freed slot is always on the other
 worker; in `same`, every connection is on one worker.
 
-Envoy's access log (HANDOFF_LOG_FORMAT in perf/cpu_config.py) gives, per request,
+Envoy's access log (HANDOFF_LOG_FORMAT in perf/cpu/config.py) gives, per request,
 the client's port (so its worker), when it went upstream and when its answer
-came back (its slot freed): pair_handoffs (perf/cpu_stats.py) measures each
+came back (its slot freed): pair_handoffs (perf/cpu/stats.py) measures each
 hand-off's gap and whether it crossed workers."""
 
 from __future__ import annotations

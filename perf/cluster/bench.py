@@ -1,5 +1,5 @@
-"""Three proxies, one rate: scenarios of `kind: cluster` (perf/scenarios/,
-run by perf/run.py in any set), on the lab of harness/cluster.py.
+"""Three proxies, one rate: scenarios of `kind: cluster` (perf/bench/scenarios/,
+run by perf/bench/run.py in any set), on the lab of harness/cluster.py.
 
 Variants at the same total rate R, same loads (Fortio, offered evenly, split
 unevenly over the proxies), same upstream recording its own arrival times:
@@ -12,7 +12,8 @@ unevenly over the proxies), same upstream recording its own arrival times:
   gRPC to the same service, descriptor `(native_rl, "<R>")` (engine/config/throttle.yaml):
   R per second in the service's fixed 1 s windows; over it, 429 at once.
 
-Each run gives one row of CLUSTER_COLUMNS and the upstream's rate per 100 ms.
+Each run gives one row of CLUSTER_COLUMNS and the upstream's rate per 100 ms; the
+report (perf/bench/report.py) shows them with `cluster_table`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 
 from harness import windows
 from harness.cluster import ClusterLab, Measurement, plugin_config, split
-from perf.scenario import Scenario
+from harness.tables import Table, num
+from perf.bench.scenario import Scenario
 
 CLUSTER_COLUMNS = ("label", "variant", "rate", "load", "offered_qps", "upstream_qps", "error_pct", "worst_1s_pct",
                    "worst_100ms", "bound_100ms", "rejected", "failures", "p50", "p90", "p99", "p99.9",
@@ -86,6 +88,33 @@ def row(s: Scenario, m: Measurement) -> dict[str, Any]:
         "service_calls_s": m.service_calls_per_s if c["variant"] != "process" else None,
         "shares": " / ".join(f"{100 * v:.0f}%" for v in m.shares.values()),
     }
+
+
+def cluster_table(rows: list[dict]) -> tuple[str, str, Table]:
+    """The report's table of `kind: cluster` rows (CLUSTER_COLUMNS, as read back from cluster.csv)."""
+    head = ["scenario", "variant", "rate /s", "offered /s", "upstream /s", "vs rate", "worst 1 s",
+            "worst 100 ms (bound)", "429s", "failures", "p50 ms", "p99 ms", "engine calls /s per proxy",
+            "service calls /s", "shares"]
+    body = []
+    for r in rows:
+        bound = r.get("bound_100ms")
+        body.append([r["label"], r["variant"], num(r["rate"], ".0f"), num(r["offered_qps"], ".0f"),
+                     num(r["upstream_qps"]), num(r["error_pct"], "+.2f") + "%",
+                     "" if r.get("worst_1s_pct") is None else f"±{r['worst_1s_pct']:.1f}%",
+                     f"{num(r['worst_100ms'], '.0f')} ({num(bound, '.0f')})",
+                     num(r["rejected"], ".0f"), num(r["failures"], ".0f"), num(r["p50"], ".1f"),
+                     num(r["p99"], ".1f"), r.get("calls_per_proxy_s") or "", num(r.get("service_calls_s")),
+                     r.get("shares") or ""])
+    note = ("Three Envoy processes at the same total rate, the same uneven loads (Fortio, offered evenly; "
+            "offered = all proxies together) and one upstream recording its own arrival times. process = the "
+            "throttle at rate/3 per proxy; cluster = the throttle with scope cluster through the engine "
+            "(envoyproxy/ratelimit + Redis); native = Envoy's envoy.filters.http.ratelimit, gRPC to the same "
+            "service, fixed 1 s windows. upstream /s and the windows are over the measured span (warm-up left "
+            "out); worst 1 s = the 1 s window furthest from the rate; worst 100 ms = the busiest 100 ms anywhere, "
+            "against the throttle's stated bound rate x 0.1 s + burst + 2; failures = answers neither 200 nor "
+            "429; latency = all proxies' requests together; engine calls: the throttle's engine_calls, or for "
+            "native Envoy's requests to the service (one per request); service calls: the service's own count.")
+    return ("Three proxies, one rate", note, (head, body))
 
 
 def merged_percentiles(hists: list[list[dict[str, Any]]], pcts: tuple[float, ...]) -> dict[float, float | None]:

@@ -1,4 +1,4 @@
-"""Side by side in one Envoy, in one run (perf/cpu.yaml):
+"""Side by side in one Envoy, in one run (perf/cpu/profiles.yaml):
 
   1. Envoy CPU µs per request: one listener per variant (plain HTTP proxy,
      the no-op Wasm floor, the throttle builds at a rate never reached,
@@ -15,11 +15,11 @@
   4. Pacing smoothness: sd of 100 ms windows of the upstream's own
      timestamps, the throttle builds beside nginx limit_req.
 
-  python -m perf.cpu --profile full                    # make perf-cpu
-  python -m perf.cpu --profile quick --out DIR         # make perf-cpu-quick (CI)
-  python -m perf.cpu --profile full --wasm before=git:8f14453 --wasm after=/other/throttle.wasm --skip smoothness
+  python -m perf.cpu.run --profile full                # make perf-cpu
+  python -m perf.cpu.run --profile quick               # make perf-cpu-quick (CI)
+  python -m perf.cpu.run --profile full --wasm before=git:8f14453 --wasm after=/other/throttle.wasm --skip smoothness
 
-Writes perf/results/<run-id>/: cpu.csv, handoff.csv, smoothness.csv,
+Writes perf/reports/cpu/<run-id>/: cpu.csv, handoff.csv, smoothness.csv,
 cpu.json (everything, every round), info.json, summary.md.
 """
 
@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
-import datetime as dt
 import hashlib
 import json
 import os
@@ -40,14 +38,18 @@ import time
 import traceback
 from pathlib import Path
 
-from harness import fortio
+from harness import fortio, nginx
 from harness.envoy import Envoy
 from harness.net import free_port
+from harness.procs import NOOP_WASM
 from harness.procstats import cpu_seconds as cpu_s
 from harness.procstats import set_affinity, thread_cpu_ns
-from perf import builds as refbuilds
-from perf import cpu_report, handoff, nginx
-from perf.cpu_config import (
+from harness.results import environment, run_dir
+from harness.tables import num, write_csv
+from harness.windows import span_rate, window_rates
+from perf.cpu import builds as refbuilds
+from perf.cpu import handoff, report
+from perf.cpu.config import (
     NEVER_REACHED,
     SPEC,
     Build,
@@ -62,9 +64,7 @@ from perf.cpu_config import (
     throttle_rule,
     wasm_path,
 )
-from perf.cpu_stats import block_order, handoff_summary, pair_handoffs, rotated, stdev, us_per_request, window_rates
-from perf.run import RESULTS, environment
-from perf.scenario import NOOP_WASM
+from perf.cpu.stats import block_order, handoff_summary, pair_handoffs, rotated, stdev, us_per_request
 
 CPU_COLUMNS = ("round", "shape", "listener", "kind", "runtime", "connections", "offered_qps", "requests", "ok",
                "achieved_qps", "envoy_us_per_req", "envoy_workers_us_per_req", "envoy_stat_us_per_req",
@@ -325,18 +325,14 @@ def run_handoff(p: Profile, envoy: Envoy, ports: dict[str, int], logs: dict[str,
                     rows.append(row)
                     log(f"[handoff] round {r + 1} {b:<8} {pl:<5} {m['achieved_qps']:6.1f}/s of ideal {ideal:6.1f}/s "
                         f"({row['achieved_pct']:5.1f}%), service {svc['mean_ms']:.2f} ms, cross "
-                        f"{_f(m['cross_pct'])}%, gap p50 {_f(m['gap_p50_ms'], '{:.2f}')} ms "
-                        f"p99 {_f(m['gap_p99_ms'], '{:.2f}')} ms, errors {errors}")
+                        f"{num(m['cross_pct'], missing='-')}%, gap p50 {num(m['gap_p50_ms'], '.2f', '-')} ms "
+                        f"p99 {num(m['gap_p99_ms'], '.2f', '-')} ms, errors {errors}")
         finally:
             for by_worker in opened.values():
                 await handoff.close_all([c for cs in by_worker.values() for c in cs])
 
     asyncio.run(go())
     return rows, failures, workers
-
-
-def _f(v: float | None, fmt: str = "{:.1f}") -> str:
-    return "-" if v is None else fmt.format(v)
 
 
 # -- smoothness -----------------------------------------------------------------
@@ -364,9 +360,8 @@ def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx) -> tuple
                                  "trace": traceback.format_exc()})
                 log(f"[smooth] round {r + 1} {v}: FAILED {e}")
                 continue
-            span = max(stamps) - min(stamps)
             row = {"round": r + 1, "variant": v, "setting_qps": spec.rate, "requests": len(stamps),
-                   "upstream_qps": (len(stamps) - 1) / span if span > 0 else None, "windows": len(rates),
+                   "upstream_qps": span_rate(stamps), "windows": len(rates),
                    "sd_qps": stdev(rates), "min_window_qps": min(rates), "max_window_qps": max(rates),
                    "off_10pct": sum(1 for x in rates if abs(x - spec.rate) > 0.1 * spec.rate),
                    "sd_1s_qps": stdev(window_rates(stamps, 1.0)),
@@ -380,26 +375,18 @@ def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx) -> tuple
 
 # -- the run ------------------------------------------------------------------
 
-def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.3f}" if isinstance(r.get(k), float) else r.get(k, "")) for k in columns})
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", default="quick", help="profile of perf/cpu.yaml (default quick)")
+    ap.add_argument("--profile", default="quick", help="profile of perf/cpu/profiles.yaml (default quick)")
     ap.add_argument("--wasm", action="append", default=[], metavar="NAME=PATH|NAME=git:REF",
                     help="use this .wasm (or the build of this git ref) for build NAME, e.g. before=git:main")
     ap.add_argument("--skip", nargs="*", default=[], choices=("cpu", "handoff", "smoothness"))
-    ap.add_argument("--out", type=Path, help="results directory (default perf/results/<run-id>)")
-    ap.add_argument("--spec", type=Path, default=SPEC, help="profiles file (default perf/cpu.yaml)")
+    ap.add_argument("--out", type=Path, help="results directory (default perf/reports/cpu/<run-id>)")
+    ap.add_argument("--spec", type=Path, default=SPEC, help="profiles file (default perf/cpu/profiles.yaml)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # so that every `finally` stops what it started
     try:
@@ -408,14 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, ValueError, RuntimeError) as e:
         print(f"perf.cpu: {e}", file=sys.stderr)
         return 2
-    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + f"-cpu-{p.name}"
-    out = args.out or RESULTS / run_id
-    out.mkdir(parents=True, exist_ok=True)
-    info = environment(run_id, f"cpu:{p.name}")
-    info.update(concurrency=p.concurrency, uptime_start=_uptime(),
-                builds={b: {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256(path),
-                            "ref": p.builds[b].ref} for b, path in wasm.items()},
-                noop={"path": str(NOOP_WASM), "sha256": sha256(NOOP_WASM) if NOOP_WASM.exists() else None})
+    run_id, out = run_dir("cpu", p.name, args.out)
+    info = environment(run_id, set=f"cpu:{p.name}", nginx=nginx.version(), concurrency=p.concurrency,
+                       uptime_start=_uptime(),
+                       builds={b: {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256(path),
+                                   "ref": p.builds[b].ref} for b, path in wasm.items()},
+                       noop={"path": str(NOOP_WASM), "sha256": sha256(NOOP_WASM) if NOOP_WASM.exists() else None})
     log(f"perf.cpu {p.name}: load {info['uptime_start']}")
     for b, d in info["builds"].items():
         log(f"  build {b}: {d['path']} ({d['bytes']} bytes, sha256 {d['sha256'][:12]})")
@@ -482,12 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     info["uptime_end"] = _uptime()
     result.update(cpu=cpu_rows, handoff=ho_rows, smoothness=sm_rows,
                   shapes=[vars(s) for s in p.shapes], listeners=[vars(x) for x in p.listeners])
-    write_csv(out / "cpu.csv", CPU_COLUMNS, cpu_rows)
-    write_csv(out / "handoff.csv", HANDOFF_COLUMNS, ho_rows)
-    write_csv(out / "smoothness.csv", SMOOTH_COLUMNS, sm_rows)
+    for name, columns, rows in (("cpu", CPU_COLUMNS, cpu_rows), ("handoff", HANDOFF_COLUMNS, ho_rows),
+                                ("smoothness", SMOOTH_COLUMNS, sm_rows)):
+        write_csv(out / f"{name}.csv", columns, rows)
     (out / "cpu.json").write_text(json.dumps(result, indent=1, default=str))
     (out / "info.json").write_text(json.dumps(info, indent=1, default=str))
-    summary = cpu_report.markdown(result, info, p)
+    summary = report.markdown(result, info, p)
     (out / "summary.md").write_text(summary)
     print()
     print(summary)

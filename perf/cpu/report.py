@@ -1,5 +1,7 @@
-"""summary.md of a side-by-side run (perf/cpu.py): the tables, from the
-rows of every round. Pure: tested in perf/tests/test_cpu.py."""
+"""summary.md of a side-by-side run (perf/cpu/run.py): the tables, from the
+rows of every round. Pure: tested in perf/tests/test_cpu.py.
+
+  python -m perf.cpu.report perf/reports/cpu/<run-id>    # re-writes summary.md"""
 
 from __future__ import annotations
 
@@ -7,20 +9,14 @@ import json
 import sys
 from pathlib import Path
 
-from perf.cpu_config import SPEC, Profile, load_profile
-from perf.cpu_stats import Spread, spread
-
-Table = tuple[list[str], list[list[str]]]
-
-
-def _f(v: float | None, fmt: str = "{:.1f}") -> str:
-    return "-" if v is None else fmt.format(v)
+from harness import tables
+from harness.tables import Table, num
+from perf.cpu.config import SPEC, Profile, load_profile
+from perf.cpu.stats import Spread, spread
 
 
-def md_table(headers: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+def _f(v: float | None, spec: str = ".1f") -> str:
+    return num(v, spec, "-")
 
 
 def _median_of(rows: list[dict], key: str) -> float | None:
@@ -60,7 +56,7 @@ def cpu_table(rows: list[dict], shape: str, listeners: list[str]) -> Table:
                     _f(_median_of(lr, "envoy_workers_us_per_req")),
                     _pm(paired(mine, n, plain)) if plain and n != plain else "-",
                     _pm(paired(mine, n, f)) if f else "-",
-                    _f(_median_of(lr, "achieved_qps"), "{:.0f}"), _f(_median_of(lr, "client_us_per_req")),
+                    _f(_median_of(lr, "achieved_qps"), ".0f"), _f(_median_of(lr, "client_us_per_req")),
                     _f(_median_of(lr, "nginx_us_per_req")), str(s.n)])
     return (["listener", "Envoy µs/req (median)", "min–max", "IQR", "workers µs/req", "vs plain, per round",
              "vs no-op floor, per round", "req/s", "client µs/req", "nginx µs/req", "rounds"], out)
@@ -127,7 +123,7 @@ def variation_table(rows: list[dict], shapes: list[str]) -> Table:
         iqr = spread([s.iqr_pct for s in per.values()]).median
         rng = spread([s.range_pct for s in per.values()]).median
         out.append([sh, f"{iqr:.1f}%", f"{rng:.1f}%", _f(_median_of(mine, "client_us_per_req")),
-                    _f(_median_of(mine, "nginx_us_per_req")), _f(_median_of(mine, "loadavg_1m"), "{:.2f}")])
+                    _f(_median_of(mine, "nginx_us_per_req")), _f(_median_of(mine, "loadavg_1m"), ".2f")])
     return (["shape", "IQR / median (median over listeners)", "(max−min) / median", "client µs/req",
              "nginx µs/req", "load avg (1 min) during"], out)
 
@@ -146,9 +142,9 @@ def handoff_table(rows: list[dict]) -> Table:
         def gap(prefix: str, rr: list = rr) -> str:
             p50, p99 = _median_of(rr, f"{prefix}gap_p50_ms"), _median_of(rr, f"{prefix}gap_p99_ms")
             return "-" if p50 is None else f"{p50:.2f} / {p99:.2f}"
-        out.append([b, pl, _f(_median_of(rr, "service_ms"), "{:.2f}"), _f(_median_of(rr, "envoy_upstream_ms"), "{:.2f}"),
+        out.append([b, pl, _f(_median_of(rr, "service_ms"), ".2f"), _f(_median_of(rr, "envoy_upstream_ms"), ".2f"),
                     _f(_median_of(rr, "ideal_qps")), _f(_median_of(rr, "achieved_qps")),
-                    f"**{pct.median:.1f}%** ({pct.lo:.1f}–{pct.hi:.1f})", _f(_median_of(rr, "cross_pct"), "{:.0f}%"),
+                    f"**{pct.median:.1f}%** ({pct.lo:.1f}–{pct.hi:.1f})", "-" if (c := _median_of(rr, "cross_pct")) is None else f"{c:.0f}%",
                     gap("cross_"), gap("same_"), str(sum(r["errors"] for r in rr)), str(len(rr))])
     return (["build", "waiters", "upstream service ms (direct)", "upstream ms (seen by Envoy)", "ideal req/s",
              "achieved req/s", "achieved / ideal (min–max)", "hand-offs to the other worker",
@@ -163,8 +159,8 @@ def smooth_table(rows: list[dict]) -> Table:
         s = spread([r["sd_qps"] for r in rr])
         off = [r.get("off_10pct") for r in rr]
         out.append([v, _f(_median_of(rr, "upstream_qps")), f"**{s.median:.2f}**",
-                    ", ".join(f"{r['sd_qps']:.2f}" for r in rr), _f(min(r["min_window_qps"] for r in rr), "{:.0f}"),
-                    _f(max(r["max_window_qps"] for r in rr), "{:.0f}"),
+                    ", ".join(f"{r['sd_qps']:.2f}" for r in rr), _f(min(r["min_window_qps"] for r in rr), ".0f"),
+                    _f(max(r["max_window_qps"] for r in rr), ".0f"),
                     "-" if None in off else ", ".join(str(x) for x in off),
                     "-" if any(r.get("sd_1s_qps") is None for r in rr) else ", ".join(
                         f"{r['sd_1s_qps']:.2f}" for r in rr), str(rr[0]["windows"])])
@@ -196,12 +192,12 @@ def markdown(result: dict, info: dict, p: Profile) -> str:
                 f"{sh.qps:g} req/s offered" if sh.qps else "as fast as possible (saturation)") + \
                 f", {sh.requests} requests per measurement" + (
                 ", Envoy pinned to core 0, fortio and nginx to core 1" if sh.pin else "")
-            parts += [f"### {sh.name}: {desc}", "", md_table(*cpu_table(rows, sh.name, listeners)), ""]
-        parts += ["### Throttle builds, per round", "", md_table(*builds_table(rows, [s.name for s in p.shapes])), "",
-                  "### Wasm runtimes", "", md_table(*runtime_table(rows, result["runtimes"], p.shapes[0].name)), "",
+            parts += [f"### {sh.name}: {desc}", "", tables.markdown(*cpu_table(rows, sh.name, listeners)), ""]
+        parts += ["### Throttle builds, per round", "", tables.markdown(*builds_table(rows, [s.name for s in p.shapes])), "",
+                  "### Wasm runtimes", "", tables.markdown(*runtime_table(rows, result["runtimes"], p.shapes[0].name)), "",
                   f"(shape {p.shapes[0].name})", "",
                   "### How much rounds vary, and the load generator", "",
-                  md_table(*variation_table(rows, [s.name for s in p.shapes])), ""]
+                  tables.markdown(*variation_table(rows, [s.name for s in p.shapes])), ""]
         i0, i1 = result.get("idle_start"), result.get("idle_end")
         fixed = next((s.qps for s in p.shapes if s.qps), None)
         if i0 and i1:
@@ -220,7 +216,7 @@ def markdown(result: dict, info: dict, p: Profile) -> str:
                   "upstream (Envoy's access log) after every connection's first request. *same*: every connection "
                   "on one worker; *cross*: blocks of slots alternating between the two workers (each freed slot "
                   "goes to the other worker: the \"hand-offs to the other worker\" column checks it).", "",
-                  md_table(*handoff_table(result["handoff"])), ""]
+                  tables.markdown(*handoff_table(result["handoff"])), ""]
     if result["smoothness"]:
         s = p.smoothness
         assert s is not None
@@ -228,7 +224,7 @@ def markdown(result: dict, info: dict, p: Profile) -> str:
                   f"{s.rate}/s, {s.connections} connections for {s.duration_s:g} s, rounds interleaved; standard "
                   f"deviation of the {s.window_s * 1000:g} ms windows of the upstream's own timestamps (nginx "
                   "`$msec`: whole milliseconds, which count every window exactly since windows start on a whole "
-                  "millisecond).", "", md_table(*smooth_table(result["smoothness"])), ""]
+                  "millisecond).", "", tables.markdown(*smooth_table(result["smoothness"])), ""]
     if result["left_out"]:
         parts += [f"Left out (runtime not in this Envoy): {', '.join(result['left_out'])}.", ""]
     if result["failures"]:
@@ -248,6 +244,6 @@ def render_run(run_dir: Path, spec: Path = SPEC) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m perf.cpu_report perf/results/<run-id>", file=sys.stderr)
+        print("usage: python -m perf.cpu.report perf/reports/cpu/<run-id>", file=sys.stderr)
         sys.exit(2)
     print(render_run(Path(sys.argv[1])).read_text())

@@ -1,39 +1,38 @@
-"""The benchmark runner: executes a set of scenarios (perf/sets.yaml) in one
+"""The benchmark runner: executes a set of scenarios (perf/bench/sets.yaml) in one
 run against one nginx (upstream + limit_req anchors), skips each scenario's
-warm-up, and writes self-describing results to perf/results/<run-id>/:
+warm-up, and writes self-describing results to perf/reports/bench/<run-id>/
+(a set of `kind: cluster` scenarios only: perf/reports/cluster/<run-id>/):
 
   runs/<label>.json   everything about one run (scenario, config, client and upstream figures)
   results.csv         one fixed-column row per load run (CSV_COLUMNS)
   timeseries.json     the rate the upstream saw per 100 ms window, per run
   memory.json         Envoy RSS idle and with held requests
-  cluster.csv, cluster.json  kind: cluster scenarios (three proxies, one rate; perf/cluster_bench.py)
-  summary.md, report.html  (perf/report.py)
+  cluster.csv, cluster.json  kind: cluster scenarios (three proxies, one rate; perf/cluster/bench.py)
+  summary.md, report.html  (perf/bench/report.py)
 
-  python -m perf.run --set quick          # or standard; --only LABEL... to pick some
+  python -m perf.bench.run --set quick    # or standard; --only LABEL... to pick some
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as dt
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
+from harness import nginx, windows
 from harness.envoy import Envoy
 from harness.net import free_port
-from harness.procs import ROOT, envoy_bin
 from harness.procstats import Sampler
-from perf import cluster_bench, loadgen, memory, nginx, report
-from perf.scenario import Scenario, ScenarioError, load_set
+from harness.results import environment, run_dir
+from harness.tables import num, read_csv, write_csv
+from perf.bench import loadgen, memory, report
+from perf.bench.scenario import Scenario, ScenarioError, load_set
+from perf.cluster import bench as cluster_bench
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CSV_COLUMNS = ("label", "tool", "conns", "offered_qps", "achieved_qps", "errors",
                "p50", "p75", "p90", "p99", "p99.9", "proxy_rss_mb", "proxy_cpu_s")
 WINDOW_S = 0.1
@@ -41,9 +40,9 @@ WINDOW_S = 0.1
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", default="quick", help="scenario set from perf/sets.yaml (default quick)")
+    ap.add_argument("--set", default="quick", help="scenario set from perf/bench/sets.yaml (default quick)")
     ap.add_argument("--only", nargs="*", help="run only these labels of the set")
-    ap.add_argument("--out", type=Path, help="results directory (default perf/results/<run-id>)")
+    ap.add_argument("--out", type=Path, help="results directory (default perf/reports/<family>/<run-id>)")
     args = ap.parse_args(argv)
     try:
         groups = load_set(args.set)
@@ -54,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         groups = [([s for s in g if s.label in set(args.only)], n) for g, n in groups]
         groups = [(g, n) for g, n in groups if g]
     scenarios = [s for g, _ in groups for s in g]
-    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S") + f"-{args.set}"
-    out = args.out or RESULTS / run_id
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    family = "cluster" if all(s.kind == "cluster" for s in scenarios) else "bench"
+    run_id, out = run_dir(family, args.set, args.out)
+    (out / "runs").mkdir(exist_ok=True)
     memory.raise_fd_limit(16384)  # inherited by Envoy: held requests are open connections
-    info = environment(run_id, args.set)
+    info = environment(run_id, set=args.set, nginx=nginx.version(), **loadgen.versions(), window_s=WINDOW_S)
     t0 = time.monotonic()
     rows, timeseries, mem, failed, rounds_qps, requests, limiter = [], {}, {}, [], {}, {}, {}
     cluster_rows: list[dict] = []
@@ -95,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     info["duration_s"] = round(time.monotonic() - t0, 1)
     info["loadavg_end"] = os.getloadavg()
     info["failed"] = failed
-    write_csv(out / "results.csv", rows)
+    write_csv(out / "results.csv", CSV_COLUMNS, rows)
     (out / "timeseries.json").write_text(json.dumps(timeseries))
     (out / "memory.json").write_text(json.dumps(mem, indent=1))
     (out / "info.json").write_text(json.dumps(info, indent=1))
     cluster = None
     if cluster_rows:
-        write_csv(out / "cluster.csv", cluster_rows, cluster_bench.CLUSTER_COLUMNS)
+        write_csv(out / "cluster.csv", cluster_bench.CLUSTER_COLUMNS, cluster_rows)
         cluster = {"rows": read_csv(out / "cluster.csv"), "timeseries": cluster_ts}
         (out / "cluster.json").write_text(json.dumps(cluster, indent=1))
     meta = {s.label: {"baseline": s.baseline, "setting_qps": s.setting_qps, "description": s.description,
@@ -110,11 +109,6 @@ def main(argv: list[str] | None = None) -> int:
             for s in scenarios}
     paths = report.render(read_csv(out / "results.csv"), timeseries, out, meta=meta, memory=mem, info=info,
                           cluster=cluster)
-    latest = RESULTS / "latest"
-    if out.parent == RESULTS:
-        if latest.is_symlink() or latest.exists():
-            latest.unlink()
-        latest.symlink_to(out.name)
     print()
     print(paths["summary"].read_text())
     print(f"perf: {len(scenarios)} scenarios ({len(failed)} failed) in {info['duration_s']} s -> "
@@ -129,11 +123,11 @@ def run_one(s: Scenario, web: nginx.Nginx) -> dict:
             result = run_memory(s, web)
         elif s.kind == "cluster":
             result = cluster_bench.run(s)
-            print("    " + "  ".join(f"{k}={_fmt(result['row'][k])}" for k in cluster_bench.CLUSTER_COLUMNS[1:]),
+            print("    " + "  ".join(f"{k}={num(result['row'][k], '.3f')}" for k in cluster_bench.CLUSTER_COLUMNS[1:]),
                   flush=True)
         else:
             result = run_load(s, web)
-            print("    " + "  ".join(f"{k}={_fmt(result['row'][k])}" for k in CSV_COLUMNS[2:]), flush=True)
+            print("    " + "  ".join(f"{k}={num(result['row'][k], '.3f')}" for k in CSV_COLUMNS[2:]), flush=True)
     except Exception as e:  # one broken scenario must not lose the rest of the run
         result = {"label": s.label, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
         print(f"    FAILED: {result['error']}", flush=True)
@@ -193,11 +187,11 @@ def run_load(s: Scenario, web: nginx.Nginx) -> dict:
         "p50": res["p50"], "p75": res["p75"], "p90": res["p90"], "p99": res["p99"], "p99.9": res["p99.9"],
         "proxy_rss_mb": cost.peak_mb if pids else None, "proxy_cpu_s": cost.cpu_s if pids else None,
     }
-    ts = window_counts(seen, WINDOW_S)
-    ts.update(setting_qps=s.setting_qps, upstream_qps=upstream_rate(seen), upstream_requests=len(seen))
+    ts = {"window_s": WINDOW_S, "rates": windows.window_rates(seen, WINDOW_S), "setting_qps": s.setting_qps,
+          "upstream_qps": windows.span_rate(seen), "upstream_requests": len(seen)}
     return {"label": s.label, "scenario": vars(s), "setting_qps": s.setting_qps, "url": url, "row": row,
             "client": res, "filter_stats": filter_stats,
-            "upstream": {"requests": len(seen), "qps": upstream_rate(seen)}, "timeseries": ts}
+            "upstream": {"requests": len(seen), "qps": windows.span_rate(seen)}, "timeseries": ts}
 
 
 def run_memory(s: Scenario, web: nginx.Nginx) -> dict:
@@ -212,78 +206,6 @@ def run_memory(s: Scenario, web: nginx.Nginx) -> dict:
           + (f"; {res['mb_per_1000']:.2f} MB per 1,000 between steps" if res["mb_per_1000"] is not None else ""),
           flush=True)
     return res
-
-
-def window_counts(stamps: list[float], window: float) -> dict:
-    """Requests per `window` seconds from the first timestamp on; the last,
-    partial window is dropped. Rates in requests per second."""
-    if len(stamps) < 2:
-        return {"window_s": window, "rates": []}
-    stamps = sorted(stamps)
-    t0 = stamps[0]
-    eps = 1e-9  # timestamps on a window boundary belong to the later window
-    n = int((stamps[-1] - t0) / window + eps)  # full windows only
-    counts = [0] * n
-    for t in stamps:
-        k = int((t - t0) / window + eps)
-        if k < n:
-            counts[k] += 1
-    return {"window_s": window, "rates": [c / window for c in counts]}
-
-
-def upstream_rate(stamps: list[float]) -> float | None:
-    """(n - 1) / (last - first): the upstream's own view of the rate."""
-    if len(stamps) < 2:
-        return None
-    span = max(stamps) - min(stamps)
-    return (len(stamps) - 1) / span if span > 0 else None
-
-
-def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...] = CSV_COLUMNS) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _fmt(r[k]) for k in columns})
-
-
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _fmt(v: object) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return str(v)
-
-
-def _envoy_version(text: str) -> str:
-    """"envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL" -> "1.40.0"."""
-    parts = text.split("version:")[-1].strip().split("/")
-    return parts[1] if len(parts) > 1 else text
-
-
-def environment(run_id: str, set_name: str) -> dict:
-    def out(cmd: list[str]) -> str:
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-            return (r.stdout + r.stderr).strip()
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"unavailable: {e}"
-    envoy_v = out([envoy_bin(), "--version"])
-    return {
-        "run_id": run_id, "set": set_name,
-        "started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
-        "loadavg_start": os.getloadavg(),
-        "envoy": _envoy_version(envoy_v),
-        "nginx": nginx.version(), **loadgen.versions(),
-        "git": out(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
-        "window_s": WINDOW_S,
-    }
 
 
 if __name__ == "__main__":

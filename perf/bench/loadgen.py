@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness import fortio
-from harness.procs import go_bin
 
 PERCENTILES = (50, 75, 90, 99, 99.9)
 
@@ -26,10 +25,10 @@ def ab_bin() -> str:
 
 
 def versions() -> dict[str, str]:
+    """ab's version (Fortio's is in every run's environment)."""
     ab = subprocess.run([ab_bin(), "-V"], capture_output=True, text=True).stdout
     m = re.search(r"Version (\S+)", ab)
-    fortio = subprocess.run([go_bin("fortio"), "version"], capture_output=True, text=True).stdout.strip()
-    return {"ab": m.group(1) if m else ab.strip(), "fortio": fortio}
+    return {"ab": m.group(1) if m else ab.strip()}
 
 
 def run(tool: str, url: str, *, connections: int, requests: int | None = None,
