@@ -13,9 +13,9 @@ the complete Envoy cluster that reaches the service's HTTP port (the filter
 calls `POST /json` with `dispatch_http_call`), then runs until SIGTERM (or
 SIGINT) and stops everything it started, by PID. Diagnostics go to stderr.
 
-In tests, use `Engine` as a context manager: `stop_service()`,
-`kill_service()`, `start_service()`, `stop_redis()`, `kill_redis()`,
-`start_redis()`; with `fault_proxy=True` the cluster points at a small
+In tests, use `Engine` as a context manager: `service` and `redis` each
+`stop()`, `kill()` and `start()` (the service exits at start while Redis is
+unreachable); with `fault_proxy=True` the cluster points at a small
 loopback HTTP proxy (`FaultProxy`) in front of the service that can make it
 slow (`slow(ms)`) or answer nonsense (`nonsense(kind)`), and `healthy()`
 undoes both. `claim()` sends one `POST /json` the way the filter does.
@@ -352,26 +352,7 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- faults ------------------------------------------------------------
-    def stop_service(self) -> None:
-        self.service.stop()
-
-    def kill_service(self) -> None:
-        self.service.kill()
-
-    def start_service(self) -> None:
-        """Starts the service again (it exits at start if Redis is unreachable)."""
-        self.service.start()
-
-    def stop_redis(self) -> None:
-        self.redis.stop()
-
-    def kill_redis(self) -> None:
-        self.redis.kill()
-
-    def start_redis(self) -> None:
-        self.redis.start()
-
+    # -- faults (and `service`, `redis`: stop(), kill(), start()) -------
     def slow(self, ms: float) -> None:
         self._need_proxy().slow(ms)
 

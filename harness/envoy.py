@@ -189,5 +189,10 @@ class Envoy:
         """The throttle's counters and gauges of one rule: admitted, queued, ..."""
         return self.stats(f"wasmcustom.throttle.rule.{rule}.", settle=settle)
 
+    def heap_bytes(self) -> int:
+        """Bytes in use in Envoy's heap (tcmalloc `allocated`, admin /memory). Unlike RSS it
+        goes down when memory is freed (the allocator keeps freed pages)."""
+        return int(json.loads(self.admin("/memory")[1])["allocated"])
+
     def prometheus(self) -> str:
         return self.admin("/stats/prometheus")[1].decode()

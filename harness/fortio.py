@@ -195,6 +195,3 @@ class FortioServer(Child):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def echo_url(self, path: str = "/echo") -> str:
-        return self.url + path

@@ -4,6 +4,7 @@ built filters are."""
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -36,6 +37,16 @@ def envoy_bin() -> str:
     if not path.exists():
         raise FileNotFoundError("envoy not found in .venv: run `make setup`")
     return str(path)
+
+
+def raise_open_files(want: int) -> int:
+    """Raises this process's open-file limit toward `want`, up to the hard limit (inherited
+    by the Envoy it starts next: held requests are open connections); returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:

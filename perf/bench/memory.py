@@ -5,24 +5,16 @@ from /proc, then close them all (the filter counts them as cancelled)."""
 from __future__ import annotations
 
 import contextlib
-import resource
 import socket
 import time
 from functools import partial
 
 from harness.envoy import Envoy
 from harness.net import wait_until
+from harness.procs import raise_open_files
 from harness.procstats import rss_kib
 
 REQUEST = b"GET /details.json HTTP/1.1\r\nHost: perf\r\n\r\n"
-
-
-def raise_fd_limit(need: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        if hard != resource.RLIM_INFINITY and hard < need:
-            raise RuntimeError(f"need {need} file descriptors, hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def open_held(port: int, n: int, send: bool = True) -> list[socket.socket]:
@@ -67,7 +59,8 @@ def measure(envoy: Envoy, steps: list[int], throttled: bool, timeout_s: float = 
     or of idle open connections (not throttled: the connection cost alone)."""
     assert envoy.proc is not None
     pid = envoy.proc.pid
-    raise_fd_limit(max(steps) + 1024)
+    if raise_open_files(need := max(steps) + 1024) < need:
+        raise RuntimeError(f"need {need} open files, the hard limit is lower")
     points = [{"held": 0, "rss_mb": settle_rss(pid)}]
     socks: list[socket.socket] = []
     try:

@@ -12,20 +12,17 @@ else is optional. Re-render a finished run with:
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
+import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from harness.tables import Table, markdown, num, read_csv
+from harness.tables import Table, html_page, markdown, num, numbers, png, read_csv
 from perf.cluster.bench import cluster_table
 
 ACCURACY_TARGET_PCT = 0.5
@@ -34,31 +31,14 @@ PASS_THROUGH_TARGET = 0.95
 
 # ---------------------------------------------------------------- data helpers
 
-def _num(v: Any) -> float | None:
-    if v is None or v == "":
-        return None
-    return float(v)
-
-
-def normalize(rows: list[dict]) -> list[dict]:
-    """CSV rows (strings) -> numbers where numeric; label and tool stay text."""
-    out = []
-    for r in rows:
-        n = {k: (v if k in ("label", "tool") else _num(v)) for k, v in r.items()}
-        out.append(n)
-    return out
-
-
 def pacing(ts: dict | None) -> dict | None:
     """Worst 100 ms windows of the rate the upstream saw, against the setting."""
     if not ts or not ts.get("rates"):
         return None
     rates = ts["rates"]
     setting = ts.get("setting_qps")
-    mean = sum(rates) / len(rates)
-    sd = (sum((r - mean) ** 2 for r in rates) / len(rates)) ** 0.5
     out = {"windows": len(rates), "max": max(rates), "min": min(rates), "window_s": ts.get("window_s", 0.1),
-           "upstream_qps": ts.get("upstream_qps"), "sd": sd}
+           "upstream_qps": ts.get("upstream_qps"), "sd": statistics.pstdev(rates)}
     if setting:
         out["max_pct"] = 100 * (out["max"] / setting - 1)
         out["min_pct"] = 100 * (out["min"] / setting - 1)
@@ -232,14 +212,7 @@ def _info_line(info: dict) -> str:
 
 # ---------------------------------------------------------------- charts
 
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def chart_rates(timeseries: dict, labels: list[str], title: str) -> str | None:
+def chart_rates(timeseries: dict, labels: list[str], title: str) -> bytes | None:
     """Rate the upstream saw per window over time, one panel per scenario,
     with the configured rate as a dashed line."""
     labels = [lb for lb in labels if timeseries.get(lb, {}).get("rates")]
@@ -269,10 +242,10 @@ def chart_rates(timeseries: dict, labels: list[str], title: str) -> str | None:
         ax.axis("off")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
-def chart_latency(rows: list[dict]) -> str | None:
+def chart_latency(rows: list[dict]) -> bytes | None:
     """Latency percentiles per scenario (log scale)."""
     rows = [r for r in rows if r.get("p50") is not None]
     if not rows:
@@ -294,10 +267,10 @@ def chart_latency(rows: list[dict]) -> str | None:
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("Latency percentiles per scenario (client side)")
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
-def chart_throughput(rows: list[dict], meta: dict) -> str | None:
+def chart_throughput(rows: list[dict], meta: dict) -> bytes | None:
     """2xx req/s per scenario, configured rate marked where there is one."""
     if not rows:
         return None
@@ -318,10 +291,10 @@ def chart_throughput(rows: list[dict], meta: dict) -> str | None:
     ax.grid(axis="x", alpha=0.3, which="both")
     ax.set_title("Throughput per scenario")
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
-def chart_memory(memory: dict) -> str | None:
+def chart_memory(memory: dict) -> bytes | None:
     series = {k: m for k, m in memory.items() if m.get("points")}
     if not series:
         return None
@@ -335,35 +308,7 @@ def chart_memory(memory: dict) -> str | None:
     ax.legend(fontsize=8)
     ax.set_title("Envoy memory")
     fig.tight_layout()
-    return _png(fig)
-
-
-# ---------------------------------------------------------------- HTML
-
-CSS = """body{font-family:sans-serif;margin:24px;max-width:1400px;color:#222}
-table{border-collapse:collapse;margin:8px 0 24px;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
-img{max-width:100%;border:1px solid #eee;margin:8px 0 24px}.note{color:#555;font-size:13px}"""
-
-
-def html_page(title: str, tabs: list[tuple[str, str, Table]], charts: list[tuple[str, str]], info: dict) -> str:
-    e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
-             f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>"]
-    if info:
-        parts.append(f"<p class='note'>{e(_info_line(info))}</p>")
-    for name, note, (head, body) in tabs:
-        parts.append(f"<h2>{e(name)}</h2>")
-        if note:
-            parts.append(f"<p class='note'>{e(note)}</p>")
-        parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in body]
-        parts.append("</table>")
-    for name, png in charts:
-        parts.append(f"<h2>{e(name)}</h2><img alt='{e(name)}' src='data:image/png;base64,{png}'>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return png(fig)
 
 
 def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict | None = None,
@@ -376,7 +321,7 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
     (perf/cluster/bench.py) adds their table and charts."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = normalize(csv_rows)
+    rows = numbers(csv_rows, text=("label", "tool"))
     meta = dict(meta or {})
     for label, ts in timeseries.items():  # a series may carry its own setting
         if ts.get("setting_qps") and not meta.get(label, {}).get("setting_qps"):
@@ -384,9 +329,7 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
     memory = memory or {}
     info = info or {}
     tabs = tables(rows, timeseries, meta, memory)
-    text = ("label", "variant", "calls_per_proxy_s", "shares")
-    crow: list[dict[str, Any]] = [{k: (v if k in text else _num(v)) for k, v in r.items()}
-                                  for r in (cluster or {}).get("rows", [])]
+    crow = numbers((cluster or {}).get("rows", []), text=("label", "variant", "calls_per_proxy_s", "shares"))
     if crow:
         tabs.append(cluster_table(crow))
     summary = out_dir / "summary.md"
@@ -408,9 +351,10 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
              chart_rates(cts, [r["label"] for r in crow], "Three proxies, one rate: upstream rate per 100 ms vs rate")),
             ("Three proxies, one rate: latency", chart_latency(crow)),
         ]
-    drawn = [(n, c) for n, c in charts if c]
+    drawn = {f"chart{i}.png": (n, c) for i, (n, c) in enumerate(charts) if c}
     page = out_dir / "report.html"
-    page.write_text(html_page(title, tabs, drawn, info))
+    page.write_text(html_page(title, summary.read_text() + "".join(f"\n## {n}\n\n![{n}]({k})\n" for k, (n, _) in drawn.items()),
+                              {k: c for k, (_, c) in drawn.items()}))
     return {"summary": summary, "html": page}
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from harness import nginx, windows
 from harness.envoy import Envoy
 from harness.net import free_port
+from harness.procs import raise_open_files
 from harness.procstats import Sampler
 from harness.results import environment, run_dir
 from harness.tables import num, read_csv, write_csv
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     family = "cluster" if all(s.kind == "cluster" for s in scenarios) else "bench"
     run_id, out = run_dir(family, args.set, args.out)
     (out / "runs").mkdir(exist_ok=True)
-    memory.raise_fd_limit(16384)  # inherited by Envoy: held requests are open connections
+    raise_open_files(16384)
     info = environment(run_id, set=args.set, nginx=nginx.version(), **loadgen.versions(), window_s=WINDOW_S)
     t0 = time.monotonic()
     rows, timeseries, mem, failed, rounds_qps, requests, limiter = [], {}, {}, [], {}, {}, {}

@@ -111,9 +111,6 @@ class Profile:
     handoff: HandoffSpec | None = None
     smoothness: SmoothSpec | None = None
 
-    def listener_names(self) -> list[str]:
-        return [x.name for x in self.listeners]
-
 
 # -- parsing ---------------------------------------------------------------
 

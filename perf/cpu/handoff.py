@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from harness.envoy import Envoy
+from harness.rawhttp import read_response, request_bytes
 
 T = TypeVar("T")
 
@@ -114,23 +115,9 @@ async def close_all(conns: list[Conn]) -> None:
 
 async def request(c: Conn, path: str) -> int:
     """One HTTP/1.1 keep-alive request; the status (the body is read and dropped)."""
-    c.writer.write(f"GET {path} HTTP/1.1\r\nhost: handoff\r\n\r\n".encode())
+    c.writer.write(request_bytes(path, host="handoff"))
     await c.writer.drain()
-    head = await c.reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    length = None
-    for h in lines[1:]:
-        k, _, v = h.partition(":")
-        if k.strip().lower() == "content-length":
-            length = int(v.strip())
-        elif k.strip().lower() == "transfer-encoding":
-            raise RuntimeError(f"unexpected transfer-encoding {v.strip()!r}: the upstream should send a length")
-    if length is None:
-        raise RuntimeError("response without content-length")
-    if length:
-        await c.reader.readexactly(length)
-    return status
+    return (await read_response(c.reader))[0]
 
 
 async def closed_loop(conns: list[Conn], *, path: str, first_path: str, requests: int, slots: int,

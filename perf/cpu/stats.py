@@ -6,6 +6,7 @@ let go (window rates: harness/windows.py). No I/O: tested in perf/tests/test_cpu
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -79,10 +80,7 @@ def us_per_request(cpu_s: float, requests: int) -> float:
 
 def stdev(values: list[float]) -> float:
     """Population standard deviation (the windows are the whole run, not a sample of it)."""
-    if not values:
-        return math.nan
-    m = sum(values) / len(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+    return statistics.pstdev(values) if values else math.nan
 
 
 @dataclass(frozen=True)

@@ -4,20 +4,15 @@ checks, and matplotlib charts (PNG files, embedded in the HTML)."""
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-import re
 import statistics
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from harness.tables import markdown
+from harness.tables import html_page, markdown, png
 from perf.meshlab import study_data, topologies
 from perf.study import table
 
@@ -167,7 +162,7 @@ def _chart(case: str, med: list[dict]) -> bytes:
     ax2.grid(axis="x", alpha=0.3)
     fig.suptitle(f"{case}  (* = Envoy as HBONE node proxy, not ztunnel)", fontsize=10)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def _ratio_chart(cases: list[tuple[dict, list[dict]]]) -> bytes | None:
@@ -207,14 +202,7 @@ def _ratio_chart(cases: list[tuple[dict, list[dict]]]) -> bytes | None:
     fig.suptitle("Ratios to no mesh (* = Envoy as HBONE node proxy, not ztunnel; the lab on one 2-core machine)",
                  fontsize=10)
     fig.tight_layout()
-    return _png(fig)
-
-
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return png(fig)
 
 
 def _slug(s: str) -> str:
@@ -279,7 +267,7 @@ def _header(meta: dict) -> list[str]:
 
 def write(out: Path, meta: dict, rows: list[dict]) -> None:
     md = _header(meta)
-    charts: list[tuple[str, bytes]] = []
+    charts: dict[str, bytes] = {}
     per_case: list[tuple[dict, list[dict]]] = []
     for case in dict.fromkeys(r["case"] for r in rows):
         cr = [r for r in rows if r["case"] == case]
@@ -311,7 +299,7 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
         png = _chart(case, med)
         name = f"chart-{_slug(case)}.png"
         (out / name).write_bytes(png)
-        charts.append((case, png))
+        charts[name] = png
         md += [f"![{case}]({name})", ""]
     if any(m["throttle"] == "above" for _, med in per_case for m in med):
         md += ["## The throttle's added latency per topology", "",
@@ -321,65 +309,10 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
     if rpng:
         md += ["## Ratios to no mesh", "", "![Ratios to no mesh](chart-ratios.png)", ""]
         (out / "chart-ratios.png").write_bytes(rpng)
-        charts.append(("Ratios to no mesh", rpng))
+        charts["chart-ratios.png"] = rpng
     text = "\n".join(md)
     (out / "report.md").write_text(text)
-    (out / "report.html").write_text(_html(text, charts))
-
-
-def _inline(text: str) -> str:
-    """Escaped text with Markdown's **bold**, *italics*, `code` and [links](url) as HTML."""
-    t = html.escape(text)
-    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
-    t = re.sub(r"(?<![*\w])\*([^*\s][^*]*?)\*(?![*\w])", r"<i>\1</i>", t)
-    t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
-    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', t)
-
-
-def _html(md: str, charts: list[tuple[str, bytes]]) -> str:
-    """A small Markdown subset (headings, bullets, tables, images) to self-contained HTML."""
-    imgs = {c: base64.b64encode(p).decode() for c, p in charts}
-    body, in_table, in_list = [], False, False
-    for line in md.splitlines():
-        if line.startswith("|"):
-            cells = [_inline(c.strip()) for c in line.strip("|").split("|")]
-            if set(line) <= set("|-"):
-                continue
-            if not in_table:
-                body.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in cells) + "</tr>")
-                in_table = True
-            else:
-                body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            body.append("</table>")
-            in_table = False
-        if line.startswith("- "):
-            if not in_list:
-                body.append("<ul>")
-                in_list = True
-            body.append(f"<li>{_inline(line[2:])}</li>")
-            continue
-        if in_list:
-            body.append("</ul>")
-            in_list = False
-        if line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("!["):
-            case = line[2:line.index("]")]
-            body.append(f'<img alt="{html.escape(case)}" src="data:image/png;base64,{imgs[case]}">')
-        elif line:
-            body.append(f"<p>{_inline(line)}</p>")
-    if in_table:
-        body.append("</table>")
-    style = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}td:first-child,th:first-child{text-align:left}"
-             "th{background:#f3f3f3}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Mesh comparison</title>"
-            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    (out / "report.html").write_text(html_page("Mesh comparison", text, charts))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -94,7 +94,7 @@ def test_summary_has_tables_with_ratios(rendered):
 def test_html_embeds_charts(rendered):
     page = rendered["html"].read_text()
     # cluster only: its rate chart and its latency chart
-    assert page.count("src='data:image/png;base64,") >= (2 if _cluster_only() else 3)
+    assert page.count('src="data:image/png;base64,') >= (2 if _cluster_only() else 3)
 
 
 def test_cluster_table(rendered):

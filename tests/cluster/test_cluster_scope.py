@@ -169,7 +169,7 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
             wait_until(lambda: time.monotonic() - t0 >= 2.5, 4, "2.5 s of load on the grid")
             before = [lab.rule_stats(i).get("fallback_ms", 0) for i in range(3)]
             killed = time.monotonic()
-            lab.engine.kill_service()
+            lab.engine.service.kill()
             starts = [wait_until(functools.partial(_fallback_started, lab, i, before[i]), 3, f"p{i} in fallback")
                       for i in range(3)]
             entry = max(s - killed for s in starts)
@@ -179,13 +179,13 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
                 f"(<= {EPOCH_S:g} s) + a tick ({CALLER_TICK_S:g} s) + 0.1 s of scheduling: "
                 f"{[round(s - killed, 3) for s in starts]}; {load()}")
             wait_until(lambda: time.monotonic() - killed >= 1.5, 3, "fallback pacing to settle")
-            lab.engine.kill_redis()
+            lab.engine.redis.kill()
             span = (time.monotonic(), time.monotonic() + 2.0)
             wait_until(lambda: time.monotonic() >= span[1], 3, "2 s with both down")
             # Both back: Redis first (the service exits at start without it).
-            lab.engine.start_redis()
+            lab.engine.redis.start()
             starting = time.monotonic()
-            lab.engine.start_service()  # returns once the service answers a real POST /json
+            lab.engine.service.start()  # returns once the service answers a real POST /json
             back = time.monotonic()
             # Each rule's fallback ended at its start + the time its gauge added since.
             ends = [starts[i] + (_back_on_grid(lab, i, "engine back", 5) - before[i]) / 1000 for i in range(3)]

@@ -13,9 +13,9 @@ import pytest
 
 from harness import fortio
 from harness.net import wait_until
+from harness.procs import raise_open_files
 from harness.procstats import rss_kib
 from tests.support.env import env_int
-from tests.support.rawclients import heap_allocated, raise_file_limit
 
 pytestmark = pytest.mark.reliability
 
@@ -23,7 +23,7 @@ RATE, OFFERED, CONNECTIONS, WINDOW_S = 200, 300, 400, 10.0
 
 
 def soak(envoy_to, seconds: int) -> dict:
-    raise_file_limit(4096)
+    raise_open_files(4096)
     envoy = envoy_to({"rules": [{"name": "default", "rate": f"{RATE}/s", "max_queue_delay": "1s"}]})
     assert envoy.proc is not None
     pid = envoy.proc.pid
@@ -46,7 +46,7 @@ def soak(envoy_to, seconds: int) -> dict:
         now = (time.monotonic(), envoy.rule_stats())
         passed = (now[1]["admitted"] + now[1]["released"]) - (prev[1]["admitted"] + prev[1]["released"])
         samples.append({"t_s": round(now[0] - t0), "rate": round(passed / (now[0] - prev[0]), 1),
-                        "held": now[1]["held"], "heap": heap_allocated(envoy.admin_port),
+                        "held": now[1]["held"], "heap": envoy.heap_bytes(),
                         "rss_kib": rss_kib(pid)})
         prev = now
     t.join(seconds + 130)

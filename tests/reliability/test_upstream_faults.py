@@ -11,7 +11,8 @@ import pytest
 
 from harness.net import http_get, wait_until
 from harness.procs import stop
-from tests.support.rawclients import Crowd, request_bytes
+from harness.rawhttp import request_bytes
+from tests.support.clients import Crowd
 
 pytestmark = pytest.mark.reliability
 
