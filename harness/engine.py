@@ -46,7 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from harness import procstats
-from harness.net import free_port, http_get, wait_until
+from harness.net import free_port, http_get
 from harness.procs import ROOT, Child, go_bin
 
 #: The committed service configuration (also the Kubernetes ConfigMap).
@@ -64,10 +64,9 @@ def _log(msg: str) -> None:
 
 
 def redis_bin() -> str:
-    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
-    if not found:
-        raise FileNotFoundError("redis-server not found: run `make setup-engine`")
-    return found
+    if found := shutil.which("redis-server", path=f"{os.environ.get('PATH', '')}:/usr/bin"):
+        return found
+    raise FileNotFoundError("redis-server not found: run `make setup-engine`")
 
 
 def ratelimit_bin() -> str:
@@ -118,16 +117,10 @@ class Redis(Child):
     def start(self, timeout: float = 10.0) -> None:
         if self.running():
             return
-        cmd = [redis_bin(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-               "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no",
-               "--dir", str(self.workdir), "--logfile", str(self.log_path)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        wait_until(lambda: self._alive() and _redis_ping(self.port), timeout, f"redis on :{self.port}")
-
-    def _alive(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"redis exited with {self.proc.returncode}: {self.log()[-2000:]}")
-        return True
+        self.start_and_wait([redis_bin(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+                            "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no",
+                            "--dir", str(self.workdir), "--logfile", str(self.log_path)],
+                            lambda: _redis_ping(self.port), f"redis on :{self.port}", timeout)
 
     def command(self, *args: str) -> str:
         """One command through redis-cli (INFO, FLUSHALL...)."""
@@ -193,14 +186,10 @@ class RateLimitService(Child):
     def start(self, timeout: float = 20.0) -> None:
         if self.running():
             return
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([ratelimit_bin()], env=self.env(), stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=self.workdir)
-        wait_until(self._answers, timeout, f"ratelimit on :{self.port}")
+        self.start_and_wait([ratelimit_bin()], self._answers, f"ratelimit on :{self.port}", timeout, env=self.env(),
+                            cwd=self.workdir)
 
     def _answers(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"ratelimit exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
         try:
             # A look (hits_addend 0) at a counter: answers only once config and Redis are in place.
             status, body = post_json(self.port, {"domain": DOMAIN, "descriptors": [

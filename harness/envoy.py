@@ -23,7 +23,7 @@ from typing import IO, Self
 import yaml
 
 from harness.net import free_port, wait_until
-from harness.procs import envoy_bin, stop
+from harness.procs import Child, envoy_bin
 
 # The longest the throttle keeps counter changes before Envoy has them: its flush tick
 # (FLUSH_MS, 100 ms, in filters/throttle/wasm/src/local.rs: batched per worker) plus two
@@ -51,7 +51,7 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.socket_path)
 
 
-class Envoy:
+class Envoy(Child):
     """One Envoy process with this config; stopped by its PID."""
 
     def __init__(self, config: dict, concurrency: int = 2, log_level: str = "info", *,
@@ -65,7 +65,6 @@ class Envoy:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "envoy.yaml"
         self.log_path = self.dir / "envoy.log"
-        self.proc: subprocess.Popen | None = None
         address = config["admin"]["address"]
         # The admin interface on a port of 127.0.0.1 (admin_port), or a Unix socket (admin_socket).
         self.admin_port: int = address.get("socket_address", {}).get("port_value", 0)
@@ -130,15 +129,6 @@ class Envoy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        stop(self.proc, timeout=timeout)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
 
     @property
     def pid(self) -> int:

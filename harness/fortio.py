@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.net import can_connect, free_port, wait_until
+from harness.net import can_connect, free_port
 from harness.procs import Child, go_bin, stop
 
 PERCENTILES = (50.0, 75.0, 90.0, 99.0, 99.9)
@@ -57,10 +57,6 @@ class Result:
         return self.codes.get(200, 0)
 
     @property
-    def ok_2xx(self) -> int:
-        return sum(v for k, v in self.codes.items() if 200 <= k < 300)
-
-    @property
     def errors(self) -> int:
         """Everything but 200 (other statuses and socket errors)."""
         return self.requests - self.ok
@@ -92,13 +88,6 @@ class Load:
     request_timeout_s: float = 30.0
     allow_initial_errors: bool = False  # a limiter may answer a connection's first request with 429
     headers: Sequence[str] = ()  # extra request headers, "name: value"
-
-    @property
-    def planned_s(self) -> float | None:
-        """How long the load should take: calls at the offered rate, or its duration."""
-        if self.requests and self.qps:
-            return self.requests / self.qps
-        return self.duration_s if self.duration_s is not None and self.duration_s > 0 else None
 
     def argv(self, json_path: Path) -> list[str]:
         cmd = [go_bin("fortio"), "load", "-c", str(self.connections), "-qps", str(self.qps),
@@ -138,10 +127,12 @@ class Running:
     def result(self, timeout_s: float | None = None) -> Result:
         """Waits for the end (at most `timeout_s` after the start; by default the planned
         time and one request's timeout) and reads the report."""
-        if timeout_s is None:
-            if self.load.planned_s is None:
+        if timeout_s is None:  # the calls at the offered rate, or the duration
+            load = self.load
+            planned = load.requests / load.qps if load.requests and load.qps else load.duration_s
+            if not planned or planned < 0:
                 raise ValueError("fortio load without a rate and count or a duration: give a timeout")
-            timeout_s = self.load.planned_s + self.load.request_timeout_s
+            timeout_s = planned + load.request_timeout_s
         try:
             _, err = self.proc.communicate(timeout=max(1.0, self.started + timeout_s - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -177,16 +168,9 @@ class FortioServer(Child):
         self.log_path = Path(log_path)
 
     def __enter__(self) -> FortioServer:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [go_bin("fortio"), "server", "-http-port", f"127.0.0.1:{self.port}", "-grpc-port", "disabled",
-                 "-redirect-port", "disabled", "-loglevel", "warning", "-max-echo-delay", self.max_echo_delay],
-                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_until(lambda: self.running() and can_connect(self.port), 15, f"fortio server on :{self.port}")
-        except Exception:
-            self.stop()
-            raise
+        argv = [go_bin("fortio"), "server", "-http-port", f"127.0.0.1:{self.port}", "-grpc-port", "disabled",
+                "-redirect-port", "disabled", "-loglevel", "warning", "-max-echo-delay", self.max_echo_delay]
+        self.start_and_wait(argv, lambda: can_connect(self.port), f"fortio server on :{self.port}", 15)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -4,15 +4,15 @@ timestamps (the upstream's view of the rate)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
-from functools import partial
 from pathlib import Path
 
 from harness import procstats
-from harness.net import can_connect, free_port, wait_until
-from harness.procs import stop
+from harness.net import can_connect, free_port
+from harness.procs import Child
 
 # The same content behind every rung of the ladder: a Bookinfo "details"
 # sized JSON document (178 bytes), served from a file.
@@ -59,9 +59,8 @@ LIMIT_SERVER = """\
 
 
 def nginx_bin() -> str:
-    for cand in (shutil.which("nginx"), "/usr/sbin/nginx"):
-        if cand and Path(cand).exists():
-            return cand
+    if found := shutil.which("nginx", path=f"{os.environ.get('PATH', '')}:/usr/sbin"):
+        return found
     raise FileNotFoundError("nginx not found: run tools/setup-perf.sh")
 
 
@@ -70,7 +69,7 @@ def version() -> str:
     return (r.stderr or r.stdout).strip().split("/")[-1]
 
 
-class Nginx:
+class Nginx(Child):
     """One nginx master + workers: the upstream server and one `limit_req`
     server per rate in `limit_rates`."""
 
@@ -88,43 +87,28 @@ class Nginx:
         self.conf = self.dir / "nginx.conf"
         self.conf.write_text(CONF.format(workers=workers, dir=self.dir, zones=zones,
                                          upstream_port=self.upstream_port, limit_servers=servers))
-        self.proc: subprocess.Popen | None = None
+        self.log_path = self.dir / "error.log"  # nginx's own error log, and what it says before opening it
 
     def __enter__(self) -> Nginx:
-        cmd = [nginx_bin(), "-c", str(self.conf), "-p", str(self.dir), "-e", str(self.dir / "error.log"),
-               "-g", "daemon off;"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        ports = (self.upstream_port, *self.limit_ports.values())
         try:
-            for port in (self.upstream_port, *self.limit_ports.values()):
-                wait_until(partial(self._serving, port), 15, f"nginx on :{port}")
-        except Exception:
-            self.__exit__()
+            self.start_and_wait([nginx_bin(), "-c", str(self.conf), "-p", str(self.dir), "-e", str(self.log_path),
+                                 "-g", "daemon off;"], lambda: all(map(can_connect, ports)), f"nginx on {ports}", 15)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
             raise
         return self
 
-    def _serving(self, port: int) -> bool:
-        return self._alive() and can_connect(port)
-
-    def _alive(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-            raise RuntimeError(f"nginx exited with {self.proc.returncode}: {err}\n{self.error_log()}")
-        return True
-
     def __exit__(self, *exc: object) -> None:
-        stop(self.proc)  # SIGTERM to the master: it stops its workers
+        self.stop()  # SIGTERM to the master: it stops its workers
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def error_log(self) -> str:
-        p = self.dir / "error.log"
-        return p.read_text(errors="replace")[-3000:] if p.exists() else ""
 
     def pids(self) -> list[int]:
         """The master and its workers (for CPU and RSS)."""
         assert self.proc is not None
         return [self.proc.pid, *procstats.children(self.proc.pid)]
 
-    def log_path(self, rate: int | None = None) -> Path:
+    def access_log(self, rate: int | None = None) -> Path:
         return self.dir / ("upstream.log" if rate is None else f"limit{rate}.log")
 
     def url(self, rate: int | None = None) -> str:
@@ -133,21 +117,19 @@ class Nginx:
 
 
 class LogTail:
-    """The access-log lines written since it was created: (timestamp s, status)."""
+    """What a log file got since the tail was made (an access log: nginx's, Envoy's)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.offset = path.stat().st_size if path.exists() else 0
 
-    def read(self) -> list[tuple[float, int]]:
+    def text(self) -> str:
         if not self.path.exists():
-            return []
+            return ""
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            data = f.read()
-        out = []
-        for line in data.decode(errors="replace").splitlines():
-            parts = line.split()
-            if len(parts) >= 2:
-                out.append((float(parts[0]), int(parts[1])))
-        return out
+            return f.read().decode(errors="replace")
+
+    def read(self) -> list[tuple[float, int]]:
+        """nginx's lines (`$msec $status`): (timestamp s, status)."""
+        return [(float(p[0]), int(p[1])) for p in map(str.split, self.text().splitlines()) if len(p) >= 2]

@@ -8,7 +8,9 @@ import resource
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "throttle.wasm"
@@ -62,17 +64,37 @@ def stop(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
 
 
 class Child:
-    """One process a harness class starts: running, stop (SIGTERM, then SIGKILL) or kill
-    it by PID, and its log."""
+    """One process a harness class starts: start it and wait until it is ready, stop
+    (SIGTERM, then SIGKILL) or kill it by PID, and its log."""
 
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path
 
+    def start_and_wait(self, argv: list[str], ready: Callable[[], object], what: str, timeout: float,
+               **popen: Any) -> None:
+        """Starts `argv` (output appended to the log) and waits until `ready()`; an error with
+        the log's tail if the process exits first or is not ready in time (it is stopped)."""
+        from harness.net import wait_until
+
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, **popen)
+
+        def up() -> object:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            return ready()
+
+        try:
+            wait_until(up, timeout, what)
+        except BaseException:
+            self.stop()
+            raise
+
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self) -> None:
-        stop(self.proc)
+    def stop(self, timeout: float = 10.0) -> None:
+        stop(self.proc, timeout)
 
     def kill(self) -> None:
         if self.proc is not None and self.running():

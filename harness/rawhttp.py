@@ -1,9 +1,12 @@
-"""Raw HTTP/1.x on asyncio streams: the bytes of a request (as a test may want them, not as a
-well-behaved client would send them) and one response read back (content-length or chunked)."""
+"""Raw HTTP/1.x: the bytes of a request (as a test may want them, not as a well-behaved
+client would send them), one response read back from an asyncio stream (content-length or
+chunked), and connections opened with one request each and left open (held requests)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 
 
 def request_bytes(path: str = "/", *, method: str = "GET", host: str | None = "test", headers: dict | None = None,
@@ -39,3 +42,25 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]
                 break
             body += chunk[:-2]
     return status, headers, body
+
+
+def open_held(port: int, n: int, request: bytes | None) -> list[socket.socket]:
+    """n connections to 127.0.0.1:port, each with `request` sent (None: idle); close them
+    (`close_all`) to give up."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            if request is not None:
+                socks[-1].sendall(request)
+    except Exception:
+        close_all(socks)
+        raise
+    return socks
+
+
+def close_all(socks: list[socket.socket]) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.close()
+    socks.clear()

@@ -20,14 +20,6 @@ def _validator(path: Path) -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-def field(path: Any) -> str:
-    """`["cpu", "listeners", 0, "wasm"]` -> `cpu.listeners[0].wasm`."""
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}" if out else str(p)
-    return out
-
-
 def check(data: Any, schema: Path, where: str, error: type[Exception] = ValueError) -> None:
     """Raises `error` for the most specific violation of `schema` (a YAML or JSON file): the
     deepest in `data`, or the first of those; prefixed by `where` and the field's path."""
@@ -36,5 +28,5 @@ def check(data: Any, schema: Path, where: str, error: type[Exception] = ValueErr
         deepest = max(len(e.absolute_path) for e in errors)
         found = jsonschema.exceptions.best_match(e for e in errors if len(e.absolute_path) == deepest)
         assert found is not None
-        at = field(found.absolute_path)
+        at = found.json_path.removeprefix("$").removeprefix(".")  # cpu.listeners[0].wasm
         raise error(f"{where}: {at + ': ' if at else ''}{found.message}")

@@ -4,7 +4,6 @@ from /proc, then close them all (the filter counts them as cancelled)."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import time
 from functools import partial
@@ -13,30 +12,9 @@ from harness.envoy import Envoy
 from harness.net import wait_until
 from harness.procs import raise_open_files
 from harness.procstats import rss_kib
+from harness.rawhttp import close_all, open_held, request_bytes
 
-REQUEST = b"GET /details.json HTTP/1.1\r\nHost: perf\r\n\r\n"
-
-
-def open_held(port: int, n: int, send: bool = True) -> list[socket.socket]:
-    """n connections to Envoy, each with one request sent (or none: idle)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            if send:
-                s.sendall(REQUEST)
-            socks.append(s)
-    except Exception:
-        close_all(socks)
-        raise
-    return socks
-
-
-def close_all(socks: list[socket.socket]) -> None:
-    for s in socks:
-        with contextlib.suppress(OSError):
-            s.close()
-    socks.clear()
+REQUEST = request_bytes("/details.json", host="perf")
 
 
 def _decided(envoy: Envoy) -> int:
@@ -65,7 +43,7 @@ def measure(envoy: Envoy, steps: list[int], throttled: bool, timeout_s: float = 
     socks: list[socket.socket] = []
     try:
         for target in steps:
-            socks += open_held(envoy.port, target - len(socks), send=throttled)
+            socks += open_held(envoy.port, target - len(socks), REQUEST if throttled else None)
             if throttled:
                 # every request decided (the first passes at once, a few are
                 # released meanwhile at the low rate, the others are held)

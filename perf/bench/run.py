@@ -60,12 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files(16384)
     info = environment(run_id, set=args.set, nginx=nginx.version(), **loadgen.versions(), window_s=WINDOW_S)
     t0 = time.monotonic()
-    rows, timeseries, mem, failed, rounds_qps, requests, limiter = [], {}, {}, [], {}, {}, {}
-    cluster_rows: list[dict] = []
-    cluster_ts: dict[str, dict] = {}
     rates = tuple(sorted({s.nginx_limit["rate"] for s in scenarios if s.topology == "nginx_limit"}))
     total = sum(len(g) * n for g, n in groups)
     step = 0
+    results: dict[str, dict] = {}
     with nginx.Nginx(limit_rates=rates) as web:
         for group, rounds in groups:
             done: dict[str, list[dict]] = {s.label: [] for s in group}
@@ -76,40 +74,22 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{step}/{total}] {s.label}{tag}: {s.description}", flush=True)
                     done[s.label].append(run_one(s, web))
             for s in group:
-                result = choose(done[s.label])
-                if "error" in result:
-                    failed.append(s.label)
-                elif s.kind == "memory":
-                    mem[s.label] = result
-                elif s.kind == "cluster":
-                    cluster_rows.append(result["row"])
-                    cluster_ts[s.label] = result["timeseries"]
-                else:
-                    rows.append(result["row"])
-                    timeseries[s.label] = result["timeseries"]
-                    requests[s.label] = result["client"]["requests"]
-                    limiter[s.label] = result.get("filter_stats")
-                    if rounds > 1:
-                        rounds_qps[s.label] = result["rounds_achieved_qps"]
-                (out / "runs" / f"{s.label}.json").write_text(json.dumps(result, indent=1, default=str))
-    info["duration_s"] = round(time.monotonic() - t0, 1)
-    info["loadavg_end"] = os.getloadavg()
-    info["failed"] = failed
-    write_csv(out / "results.csv", CSV_COLUMNS, rows)
-    (out / "timeseries.json").write_text(json.dumps(timeseries))
-    (out / "memory.json").write_text(json.dumps(mem, indent=1))
+                results[s.label] = choose(done[s.label])
+                (out / "runs" / f"{s.label}.json").write_text(json.dumps(results[s.label], indent=1, default=str))
+    failed = [label for label, r in results.items() if "error" in r]
+    by_kind = {k: [res for s in scenarios if s.kind == k and "error" not in (res := results[s.label])]
+               for k in ("load", "memory", "cluster")}
+    info.update(duration_s=round(time.monotonic() - t0, 1), loadavg_end=os.getloadavg(), failed=failed)
+    write_csv(out / "results.csv", CSV_COLUMNS, [r["row"] for r in by_kind["load"]])
+    (out / "timeseries.json").write_text(json.dumps({r["label"]: r["timeseries"] for r in by_kind["load"]}))
+    (out / "memory.json").write_text(json.dumps({r["label"]: r for r in by_kind["memory"]}, indent=1))
     (out / "info.json").write_text(json.dumps(info, indent=1))
-    cluster = None
-    if cluster_rows:
-        write_csv(out / "cluster.csv", cluster_bench.CLUSTER_COLUMNS, cluster_rows)
-        cluster = {"rows": read_csv(out / "cluster.csv"), "timeseries": cluster_ts}
-        (out / "cluster.json").write_text(json.dumps(cluster, indent=1))
-    meta = {s.label: {"baseline": s.baseline, "setting_qps": s.setting_qps, "description": s.description,
-                      "concurrency": s.envoy.get("concurrency"), "rounds_qps": rounds_qps.get(s.label),
-                      "requests": requests.get(s.label), "limiter": limiter.get(s.label)}
-            for s in scenarios}
-    paths = report.render(read_csv(out / "results.csv"), timeseries, out, meta=meta, memory=mem, info=info,
-                          cluster=cluster)
+    if by_kind["cluster"]:
+        write_csv(out / "cluster.csv", cluster_bench.CLUSTER_COLUMNS, [r["row"] for r in by_kind["cluster"]])
+        (out / "cluster.json").write_text(json.dumps({
+            "rows": read_csv(out / "cluster.csv"),
+            "timeseries": {r["label"]: r["timeseries"] for r in by_kind["cluster"]}}, indent=1))
+    paths = report.render_run(out)  # from the files just written: a run and its re-render are one report
     print()
     print(paths["summary"].read_text())
     print(f"perf: {len(scenarios)} scenarios ({len(failed)} failed) in {info['duration_s']} s -> "
@@ -157,12 +137,12 @@ def run_load(s: Scenario, web: nginx.Nginx) -> dict:
             cfg = s.envoy_config(listen_port=free_port(), admin_port=free_port(), upstream_port=web.upstream_port)
             envoy = Envoy(cfg, concurrency=s.envoy["concurrency"], log_level="warn").start()
             assert envoy.proc is not None  # started
-            url, pids, log = f"{envoy.url}{nginx.PATH}", [envoy.proc.pid], web.log_path()
+            url, pids, log = f"{envoy.url}{nginx.PATH}", [envoy.proc.pid], web.access_log()
         elif s.topology == "nginx_limit":
             rate = s.nginx_limit["rate"]
-            url, pids, log = web.url(rate), web.pids(), web.log_path(rate)
+            url, pids, log = web.url(rate), web.pids(), web.access_log(rate)
         else:
-            url, pids, log = web.url(), [], web.log_path()
+            url, pids, log = web.url(), [], web.access_log()
         timeout = 600.0
         if s.warmup_requests:
             loadgen.run(s.tool, url, connections=min(s.connections, s.warmup_requests),

@@ -48,25 +48,21 @@ def build() -> None:
                    check=True, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
 
 
-def run_one(kind: str, proxies: int, rate: int, seconds: int, engine: Engine | None) -> dict[str, Any]:
+def run_one(kind: str, proxies: int, rate: int, seconds: int, engine: Engine) -> dict[str, Any]:
+    real = kind == "real"
     cmd = [str(BINARY), "--proxies", str(proxies), "--rate", str(rate), "--seconds", str(seconds),
            "--warmup", "2", "--offered", "1.5", "--threads", "16"]
-    cmd += ["--url", f"127.0.0.1:{engine.port}"] if engine is not None and kind == "real" else ["--fake"]
-    before: dict[str, int] = {}
-    cpu0: dict[str, float] = {}
-    if engine is not None and kind == "real":
-        before = engine.redis_stats()
-        cpu0 = engine.cpu_seconds()
+    cmd += ["--url", f"127.0.0.1:{engine.port}"] if real else ["--fake"]
+    before, cpu0 = (engine.redis_stats(), engine.cpu_seconds()) if real else ({}, {})
     t0 = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=True)
+    result: dict[str, Any] = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60,
+                                                       check=True).stdout)
     wall = time.monotonic() - t0
-    result: dict[str, Any] = json.loads(out.stdout)
-    if engine is not None and kind == "real":
+    if real:
         after = engine.redis_stats()
         result["redis_ops_per_s"] = (after["total_commands_processed"] - before["total_commands_processed"]) / wall
         result["redis_incrby_per_s"] = (after["incrby"] - before["incrby"]) / wall
-        cpu1 = engine.cpu_seconds()
-        result["cpu_pct"] = {k: (cpu1[k] - cpu0[k]) / wall * 100 for k in cpu0}
+        result["cpu_pct"] = {k: (v - cpu0[k]) / wall * 100 for k, v in engine.cpu_seconds().items()}
     else:
         result["redis_ops_per_s"] = result["fake_engine_redis_commands"] / result["wall_seconds"]
     return result
@@ -81,8 +77,7 @@ def probe(engine: Engine, threads: int, seconds: int) -> dict[str, Any]:
     out = subprocess.run([str(BINARY), "--probe", "--url", f"127.0.0.1:{engine.port}", "--threads", str(threads),
                           "--seconds", str(seconds)], capture_output=True, text=True, timeout=seconds + 30, check=True)
     r: dict[str, Any] = json.loads(out.stdout)
-    cpu1 = engine.cpu_seconds()
-    r["cpu_pct"] = {k: (cpu1[k] - cpu0[k]) / seconds * 100 for k in cpu0}
+    r["cpu_pct"] = {k: (v - cpu0[k]) / seconds * 100 for k, v in engine.cpu_seconds().items()}
     return r
 
 

@@ -28,7 +28,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 from harness.envoy import Envoy
@@ -158,10 +157,3 @@ async def closed_loop(conns: list[Conn], *, path: str, first_path: str, requests
             raise t.exception()  # type: ignore[misc]
     return {"codes": codes, "sent": requests - budget, "loop_s": time.monotonic() - t0,
             "timed_out": bool(pending) or budget > 0}
-
-
-def read_new(path: Path, offset: int) -> tuple[str, int]:
-    if not path.exists():
-        return "", offset
-    data = path.read_bytes()
-    return data[offset:].decode(errors="replace"), len(data)

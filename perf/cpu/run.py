@@ -232,7 +232,7 @@ def service_time(echo: fortio.FortioServer, slots: int, delay_s: float) -> dict:
 
 async def _handoff_one(spec: HandoffSpec, envoy: Envoy, rule: str, conns: list[handoff.Conn],
                        log_path: Path) -> dict:
-    _text0, offset = handoff.read_new(log_path, 0)
+    tail = nginx.LogTail(log_path)
     delay = f"{spec.upstream_delay_s * 1000:g}ms"
     res = await handoff.closed_loop(
         conns, path=f"/echo?delay={delay}", first_path=f"/echo?delay={HANDOFF_FIRST_HOLD}",
@@ -242,7 +242,7 @@ async def _handoff_one(spec: HandoffSpec, envoy: Envoy, rule: str, conns: list[h
     ports = {c.local_port: c.worker for c in conns}
 
     def lines() -> list[handoff.LogRecord]:
-        return [x for x in handoff.parse_log(handoff.read_new(log_path, offset)[0]) if x.port in ports]
+        return [x for x in handoff.parse_log(tail.text()) if x.port in ports]
 
     # Envoy writes its access log about once a second: wait for every line.
     deadline = time.monotonic() + 15
@@ -345,9 +345,9 @@ def run_smoothness(p: Profile, ports: dict[str, int], web: nginx.Nginx) -> tuple
     for r in range(spec.rounds):
         for v in rotated(variants, r):
             if v == "nginx-limit_req":
-                url, logp = web.url(spec.rate), web.log_path(spec.rate)
+                url, logp = web.url(spec.rate), web.access_log(spec.rate)
             else:
-                url, logp = f"http://127.0.0.1:{ports[v]}{nginx.PATH}", web.log_path()
+                url, logp = f"http://127.0.0.1:{ports[v]}{nginx.PATH}", web.access_log()
             try:
                 tail = nginx.LogTail(logp)
                 res = fortio_load(url, connections=spec.connections, duration_s=spec.duration_s)

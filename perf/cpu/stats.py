@@ -59,10 +59,6 @@ class Spread:
     def iqr_pct(self) -> float:
         return 100 * self.iqr / self.median if self.median else math.nan
 
-    def as_dict(self) -> dict:
-        return {"n": self.n, "median": self.median, "min": self.lo, "max": self.hi, "q1": self.q1,
-                "q3": self.q3, "iqr_pct": self.iqr_pct, "range_pct": self.range_pct}
-
 
 def spread(values: list[float]) -> Spread:
     if not values:

@@ -11,7 +11,6 @@ perf/reports/meshlab/<run-id>/ (or --out).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 from harness import fortio, procstats
 from harness.procs import WASM
 from harness.results import environment, first_line, run_dir
+from harness.tables import write_csv
 from perf.bookinfo.services import PATHS
 from perf.meshlab import hops, report, topologies
 from perf.meshlab.certs import make_certs
@@ -245,11 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["loadavg_during"] = {"min_1m": min(float(x[0]) for x in loads), "max_1m": max(float(x[0]) for x in loads),
                               "at_end": loads[-1]} if loads else {}
 
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.4f}" if isinstance(r[k], float) else r[k]) for k in CSV_COLUMNS})
+    write_csv(out / "results.csv", CSV_COLUMNS, rows, spec=".4f")
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     report.write(out, meta, rows)
     print(f"perf-mesh: {len(rows)} runs in {meta['elapsed_s']} s; report: {out / 'report.html'}")

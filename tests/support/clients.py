@@ -116,34 +116,22 @@ def burst(port: int, n: int, path: str = "/", *, request: bytes | None = None, t
     return asyncio.run(go())
 
 
-def open_and_abandon(port: int, n: int, path: str = "/") -> list[socket.socket]:
-    """Sends n requests on raw sockets and returns the sockets (close them to give up)."""
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
-        socks.append(s)
-    return socks
-
-
 def pipelined(port: int, requests: list[bytes], batch: int = 200, timeout: float = 30.0) -> dict[int, int]:
     """Sends raw HTTP/1.1 requests on one keep-alive connection, `batch` at a
     time (pipelined), and returns a count of response statuses."""
-    counts: dict[int, int] = {}
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        f = s.makefile("rb")
-        for i in range(0, len(requests), batch):
-            chunk = requests[i:i + batch]
-            s.sendall(b"".join(chunk))
-            for _ in chunk:
-                status = int(f.readline().split()[1])
-                length = 0
-                while (line := f.readline()) not in (b"\r\n", b""):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                f.read(length)
-                counts[status] = counts.get(status, 0) + 1
-    return counts
+    async def go() -> dict[int, int]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        counts: dict[int, int] = {}
+        try:
+            for i in range(0, len(requests), batch):
+                writer.write(b"".join(requests[i:i + batch]))
+                for _ in requests[i:i + batch]:
+                    status = (await asyncio.wait_for(read_response(reader), timeout))[0]
+                    counts[status] = counts.get(status, 0) + 1
+        finally:
+            writer.close()
+        return counts
+    return asyncio.run(go())
 
 
 @dataclass

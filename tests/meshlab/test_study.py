@@ -1,3 +1,5 @@
+"""The study's tables (perf/study.py), shared by the mesh lab's report and perf/mesh's results."""
+
 from perf.study import diff_pct, table
 
 
