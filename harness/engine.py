@@ -43,7 +43,6 @@ from types import FrameType
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from harness import procstats
 from harness.net import free_port, http_get
@@ -175,13 +174,11 @@ class RateLimitService(Child):
                         "PROMETHEUS_PATH": "/metrics", "STATS_FLUSH_INTERVAL": "1s"})
         return env
 
-    def metrics(self) -> list[Sample]:
-        """The service's own counters (Prometheus text from its sink, parsed by
-        prometheus-client); empty when started without `metrics`."""
+    def metrics(self) -> str:
+        """The service's own counters (Prometheus text from its sink); empty when started without `metrics`."""
         if self.metrics_port is None:
-            return []
-        _, _, body = http_get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2.0)
-        return [x for family in text_string_to_metric_families(body.decode(errors="replace")) for x in family.samples]
+            return ""
+        return http_get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2.0)[2].decode(errors="replace")
 
     def start(self, timeout: float = 20.0) -> None:
         if self.running():
@@ -197,6 +194,16 @@ class RateLimitService(Child):
             return status == 200 and b"OK" in body
         except OSError:
             return False
+
+
+def hits(metrics: str, key: str) -> int:
+    """The hits on one descriptor key of our domain, summed over its values, in the service's
+    Prometheus text (read with prometheus-client, which names a counter's sample
+    `<family>_total`). key1 is the configuration's key, with `_<value>` when the
+    configuration names a value."""
+    return int(sum(x.value for f in text_string_to_metric_families(metrics) for x in f.samples
+                   if f.name == "ratelimit_service_rate_limit_total_hits" and x.labels.get("domain") == DOMAIN
+                   and (x.labels.get("key1") == key or x.labels.get("key1", "").startswith(f"{key}_"))))
 
 
 #: What `FaultProxy.nonsense` can answer instead of the service.
@@ -394,10 +401,7 @@ class Engine:
         the service's 1 s flush."""
         if self.service.metrics_port is None:
             return None
-        # key1 is the configuration's key, with `_<value>` when the configuration names a value.
-        return int(sum(x.value for x in self.service.metrics() if x.name == "ratelimit_service_rate_limit_total_hits"
-                       and x.labels.get("domain") == DOMAIN
-                       and (x.labels.get("key1") == key or x.labels.get("key1", "").startswith(f"{key}_"))))
+        return hits(self.service.metrics(), key)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) used so far by Redis and by the service (0 if not running)."""
