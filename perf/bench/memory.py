@@ -17,13 +17,9 @@ from harness.rawhttp import close_all, open_held, request_bytes
 REQUEST = request_bytes("/details.json", host="perf")
 
 
-def _decided(envoy: Envoy) -> int:
-    s = envoy.rule_stats()
-    return s.get("admitted", 0) + s.get("queued", 0) + s.get("rejected", 0)
-
-
 def _decided_at_least(envoy: Envoy, n: int) -> bool:
-    return _decided(envoy) >= n
+    """Whether the throttle decided at least n requests (admitted, queued or rejected)."""
+    return sum(envoy.rule_stats().get(k, 0) for k in ("admitted", "queued", "rejected")) >= n
 
 
 def settle_rss(pid: int, seconds: float = 1.0) -> float:
