@@ -245,7 +245,7 @@ class Envoy:
         """Counters and gauges whose name starts with `prefix` (histograms skipped).
 
         The throttle hands its counters to Envoy at most FLUSH_S after they
-        change (batched per worker, filters/throttle/wasm/src/local.rs): with
+        change (batched per worker, filters/throttle/wasm/src/metrics.rs): with
         `settle`, the read waits out that bound, so it includes every request
         finished before the call."""
         if settle:

@@ -115,7 +115,7 @@ impl TickPlan {
         }
         match self.counts.iter_mut().find(|(r, _)| *r == rule) {
             Some((_, c)) => c.merge(counts),
-            None => self.counts.push((rule, *counts)),
+            None => self.counts.push((rule, counts.clone())),
         }
     }
 }
@@ -341,12 +341,16 @@ impl Worker {
     }
 
     /// The outcome of a [`TickAction::Resume`]: `ok` if the host resumed the
-    /// stream, false if it was gone (its slot, if any, is returned).
+    /// stream (its wait is a `wait_ms` sample), false if it was gone (its
+    /// slot, if any, is returned).
     pub fn resumed<S: Store>(&mut self, cfg: &Config, store: S, id: u32, ok: bool) -> Counts {
         self.grpc.remove(&id);
         let mut c = Counts::of(&[(Stat::Held, -1)]);
         if ok {
             c.inc(Stat::Released);
+            if let Some(&ms) = self.waited.get(&id) {
+                c.record(Stat::WaitMs, ms);
+            }
         } else {
             c.inc(Stat::Gone);
             self.waited.remove(&id);

@@ -6,7 +6,7 @@
 //! data, where every worker's requests take their slots.
 
 use throttle_core::cluster::{self, Call, Caller, Failure, RuleFacts, RuleStats, RuleUpdate};
-use throttle_core::stats::Stat;
+use throttle_core::stats::{Counts, Stat};
 use throttle_core::store::{BlobId, CellId, Store};
 use throttle_core::{SharedCell, NS_PER_MS};
 
@@ -15,12 +15,9 @@ use crate::plugin::Plugin;
 use crate::shared::SharedStore;
 
 /// How long the lease lasts without renewal (the holder renews it on every
-/// tick, every few ms while it holds requests, else every [`CALLER_TICK_MS`]).
+/// tick, every few ms while it holds requests, else every
+/// [`crate::worker::CALLER_TICK_MS`]).
 pub const LEASE_NS: u64 = 300 * NS_PER_MS;
-
-/// Tick period of a VM with cluster rules while nothing is held: often
-/// enough to call once per epoch (at least 100 ms) at the right phase.
-pub const CALLER_TICK_MS: u32 = 20;
 
 /// The calling side of one plugin configuration in one VM.
 pub struct Calls {
@@ -93,10 +90,7 @@ impl Calls {
             .rules
             .iter()
             .map(|&i| RuleFacts {
-                arrived_total: plugin
-                    .metric(i, Stat::Requests)
-                    .and_then(|id| host.metric(id))
-                    .unwrap_or(0),
+                arrived_total: plugin.metrics.total(host, i, Stat::Requests).unwrap_or(0),
                 waiting: store
                     .load(CellId::Waiting(i))
                     .ok()
@@ -199,15 +193,16 @@ impl Calls {
     fn set_unused<H: Host>(&self, host: H, plugin: &Plugin, i: usize, index: usize, usable: u64) {
         let granted = self.caller.stats(i).map_or(0, |s| s.granted);
         let taken = plugin
-            .metric(index, Stat::SlotsTaken)
-            .and_then(|id| host.metric(id))
+            .metrics
+            .total(host, index, Stat::SlotsTaken)
             .unwrap_or(0);
-        if let Some(id) = plugin.metric(index, Stat::SlotsUnused) {
-            host.record_metric(id, granted.saturating_sub(taken).saturating_sub(usable));
-        }
+        let unused = granted.saturating_sub(taken).saturating_sub(usable);
+        plugin.metrics.set(host, index, Stat::SlotsUnused, unused);
     }
 
-    /// Hands the caller's counters to the host (deltas since the last report).
+    /// Hands the caller's counters to the metrics (deltas since the last
+    /// report; flushed at this VM's next tick, which runs every
+    /// [`crate::worker::CALLER_TICK_MS`] at least).
     fn report<H: Host>(&mut self, host: H, plugin: &Plugin) {
         let now = host.wall_ns();
         for (i, &index) in self.rules.iter().enumerate() {
@@ -217,23 +212,19 @@ impl Calls {
             let Some(last) = self.reported.get_mut(i) else {
                 continue;
             };
+            let mut counts = Counts::NONE;
             for (stat, new, old) in [
                 (Stat::EngineCalls, stats.calls, last.calls),
                 (Stat::EngineFailures, stats.failures, last.failures),
                 (Stat::SlotsGranted, stats.granted, last.granted),
             ] {
-                if let (Some(id), Ok(delta)) = (
-                    plugin.metric(index, stat),
-                    i64::try_from(new.saturating_sub(old)),
-                ) {
-                    if delta > 0 {
-                        host.increment_metric(id, delta);
-                    }
-                }
+                counts.add(
+                    stat,
+                    i32::try_from(new.saturating_sub(old)).unwrap_or(i32::MAX),
+                );
             }
-            if let Some(id) = plugin.metric(index, Stat::FallbackMs) {
-                host.record_metric(id, stats.fallback_total_ns(now) / NS_PER_MS);
-            }
+            counts.record(Stat::FallbackMs, stats.fallback_total_ns(now) / NS_PER_MS);
+            plugin.metrics.count(host, index, &counts);
             *last = stats;
         }
     }
