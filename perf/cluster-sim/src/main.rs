@@ -324,11 +324,11 @@ fn main() {
                     if a.url.is_some() {
                         let _ = to_workers.send(Sent {
                             proxy: i,
-                            body: call.body,
+                            body: call.request.body,
                             sent: t,
                         });
                     } else {
-                        let served = fake.handle(&call.body, t + a.fake_latency_us * 500);
+                        let served = fake.handle(&call.request.body, t + a.fake_latency_us * 500);
                         fake_queue.push_back((t + a.fake_latency_us * 1000, i, t, Ok(served)));
                     }
                 }

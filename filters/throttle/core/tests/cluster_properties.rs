@@ -378,7 +378,7 @@ fn simulate_calls(c: &Calls) -> Vec<(u64, u64)> {
             seq += 1;
             let ev = Pending {
                 proxy: p,
-                body: call.body,
+                body: call.request.body,
                 answer: None,
                 back_ns: back_ms * MS,
                 sent_true: t,

@@ -112,13 +112,13 @@ impl Calls {
             return;
         };
         let timeout_ms = u32::try_from(call.timeout_ns.div_ceil(NS_PER_MS)).unwrap_or(u32::MAX);
-        let headers = [
-            (":method", "POST"),
-            (":path", "/json"),
-            (":authority", "ratelimit"),
-            ("content-type", "application/json"),
-        ];
-        match host.http_call(&engine.cluster, &headers, &call.body, timeout_ms) {
+        let headers: Vec<(&str, &str)> = call
+            .request
+            .headers
+            .iter()
+            .map(|(n, v)| (*n, v.as_str()))
+            .collect();
+        match host.http_call(&engine.cluster, &headers, &call.request.body, timeout_ms) {
             Ok(token) => self.pending = Some(token),
             Err(status) => {
                 let now = host.wall_ns();

@@ -49,6 +49,7 @@
 //! | `throttle/v2/caller/<hash of the configuration>` | the caller lease `[holder, until]` | the VMs that may call |
 
 pub mod caller;
+pub mod engine;
 pub mod grants;
 pub mod grid;
 #[cfg(any(test, feature = "testing"))]
@@ -59,12 +60,22 @@ pub use caller::{
     Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
     MIN_CALL_INTERVAL_NS,
 };
+pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, Take};
 pub use grid::Grid;
-pub use wire::Failure;
 
-use crate::config::Rule;
+use std::sync::Arc;
+
+use crate::config::{EngineConfig, Rule};
 use crate::schedule::Schedule;
+
+/// The engine of a configuration's `engine` block (today always
+/// envoyproxy/ratelimit's JSON API; another engine is chosen here).
+pub fn engine(config: &EngineConfig) -> Arc<dyn Engine> {
+    Arc::new(wire::RatelimitJson {
+        domain: config.domain.clone(),
+    })
+}
 
 /// The calling VM's view of a validated cluster rule (None for process scope).
 pub fn rule_spec(rule: &Rule) -> Option<RuleSpec> {

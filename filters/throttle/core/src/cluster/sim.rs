@@ -14,10 +14,10 @@ use crate::config::EngineConfig;
 use crate::schedule::{admit, Admission};
 
 use super::caller::{Call, Caller, RuleFacts, RuleSpec, RuleUpdate};
+use super::engine::Failure;
 use super::grants::{add_waiting, publish, take, Attempt, Reach, Take};
 use super::grid::WINDOW_NS;
 use super::local_schedule;
-use super::wire::Failure;
 
 pub use crate::testing::{MemBlob, MemCell};
 
@@ -493,7 +493,7 @@ impl World {
                     match net(p, calls) {
                         Net::Latency(ns) => {
                             let late = ns > self.timeout_ns;
-                            let body = call.body;
+                            let body = call.request.body;
                             self.push(
                                 to + ns / 2,
                                 p,

@@ -145,7 +145,7 @@ fn exchange(
         return (false, updates);
     };
     assert_eq!(call.timeout_ns, 50 * MS);
-    let (status, body) = eng.handle(&call.body, now);
+    let (status, body) = eng.handle(&call.request.body, now);
     updates.extend(c.on_answer(now + MS, Ok((status, &body))));
     (true, updates)
 }
@@ -166,7 +166,9 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
     }];
     let (call, updates) = c.tick(T0, &waiting);
     assert!(updates.is_empty());
-    let body = String::from_utf8(call.unwrap().body).unwrap();
+    let request = call.unwrap().request;
+    assert_eq!(request.header(":path"), Some("/json"));
+    let body = String::from_utf8(request.body).unwrap();
     let v = |f: u64| format!("orders:2000000:50:{f}");
     let d = |key: &str, f: u64, hits: u64| {
         format!(
@@ -322,7 +324,7 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
         .is_empty());
     // ...a timeout at +251 ms (answer 51 ms after the call: too late)...
     let (call, _) = c.tick(T0 + 200 * MS, &facts);
-    let (status, body) = eng.handle(&call.unwrap().body, T0 + 200 * MS);
+    let (status, body) = eng.handle(&call.unwrap().request.body, T0 + 200 * MS);
     assert!(c.on_answer(T0 + 251 * MS, Ok((status, &body))).is_empty());
     assert_eq!(c.mode(0), Some(Mode::Grid));
     // ...and another transport error at +350 ms: still within 250 ms of the first.
@@ -440,14 +442,14 @@ fn no_claim_lands_near_the_services_hour_boundary() {
         }];
         let (call, _) = c.tick(t, &facts);
         if let Some(call) = call {
-            let body = String::from_utf8(call.body.clone()).unwrap();
+            let body = String::from_utf8(call.request.body.clone()).unwrap();
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             for d in v["descriptors"].as_array().unwrap() {
                 let value = d["entries"][0]["value"].as_str().unwrap();
                 let f: u64 = value.rsplit(':').next().unwrap().parse().unwrap();
                 claimed.push((t, f));
             }
-            let (status, answer) = eng.handle(&call.body, t);
+            let (status, answer) = eng.handle(&call.request.body, t);
             c.on_answer(t + MS, Ok((status, &answer)));
         }
         t += 5 * MS;
