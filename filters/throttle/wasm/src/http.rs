@@ -3,28 +3,16 @@
 
 use std::rc::Rc;
 
-use throttle_core::clock::{Clock, Once};
+use throttle_core::clock::Once;
 use throttle_core::matcher::Facts;
 use throttle_core::stats::Counts;
 use throttle_core::stream::{Env, Stream, Verdict};
 
-use crate::host::{Host, Level};
+use crate::host::{Host, HostClock, Level};
 use crate::plugin::Plugin;
 use crate::request::HostRequest;
 use crate::shared::{wake_all, SharedStore};
 use crate::worker::WorkerGlue;
-
-/// The host's clocks.
-pub struct HostClock<H>(pub H);
-
-impl<H: Host> Clock for HostClock<H> {
-    fn mono(&mut self) -> u64 {
-        self.0.monotonic_ns()
-    }
-    fn wall(&mut self) -> u64 {
-        self.0.wall_ns()
-    }
-}
 
 /// What a stream callback tells the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
