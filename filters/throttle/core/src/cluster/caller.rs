@@ -280,6 +280,11 @@ impl Caller {
         self
     }
 
+    /// How many rules it calls for.
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
     /// Counters of rule `i`.
     pub fn stats(&self, i: usize) -> Option<RuleStats> {
         self.rules.get(i).map(|r| r.stats)

@@ -27,6 +27,9 @@ pub struct Effects {
     pub counts: Vec<(usize, Counts)>,
     /// What went wrong, for the log (at warn).
     pub problems: Vec<String>,
+    /// What was published (by caller rule index): for observation, such as
+    /// the simulation's record of every range granted.
+    pub published: Vec<RuleUpdate>,
 }
 
 impl Effects {
@@ -120,6 +123,7 @@ impl Calls {
         let (call, updates) = self.caller.tick(now, &facts);
         self.publish(store, now, &updates, totals, &mut out);
         out.call = call;
+        out.published = updates;
         self.report(now, &mut out);
         out
     }
@@ -137,6 +141,7 @@ impl Calls {
         let mut out = Effects::default();
         let updates = self.caller.on_answer(now, answer);
         self.publish(store, now, &updates, totals, &mut out);
+        out.published = updates;
         self.report(now, &mut out);
         out
     }

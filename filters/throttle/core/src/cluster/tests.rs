@@ -1,10 +1,10 @@
 //! The caller against the in-memory engine (exact nanoseconds), and whole
 //! simulated worlds of proxies.
 
-use super::sim::{first_overlap, max_in_window, Net, SimProxy, World};
+use super::sim::{first_overlap, max_in_window, Net, SimProxy, SimRule, World};
 use super::*;
 use crate::clock::{NS_PER_MS, NS_PER_S};
-use crate::config::{EngineConfig, OnEngineFailure};
+use crate::config::{Config, EngineConfig, OnEngineFailure};
 
 const MS: u64 = NS_PER_MS;
 /// 2026-11-23 20:00:00 UTC + 10 min: well inside an hour.
@@ -20,17 +20,17 @@ fn engine() -> EngineConfig {
     }
 }
 
-fn rule(rate_per_s: u64, failure: OnEngineFailure, replicas: u32) -> (RuleSpec, Reach) {
-    let interval = NS_PER_S.div_ceil(rate_per_s);
-    (
-        RuleSpec {
-            name: "orders".into(),
-            grid: Grid::new(interval),
-            expected_replicas: replicas,
-            on_engine_failure: failure,
-        },
-        Reach::new(Grid::new(interval), 0, 2 * NS_PER_S),
-    )
+/// One cluster rule at `rate_per_s` (burst 0, max_queue_delay 2 s).
+fn config(rate_per_s: u64, failure: OnEngineFailure, replicas: u32) -> Config {
+    let rule = SimRule {
+        name: "orders".into(),
+        rate_per_s,
+        burst: 0,
+        max_queue_delay_ms: 2000,
+        expected_replicas: replicas,
+        on_engine_failure: failure,
+    };
+    super::sim::config(&engine(), &[rule]).unwrap()
 }
 
 /// Evenly spaced arrivals of rule 0 at `per_s`, in (from, to].
@@ -70,10 +70,8 @@ fn all_granted(world: &World) -> Vec<(u64, u64)> {
 
 #[test]
 fn three_proxies_60_30_10_at_three_times_the_rate_share_it_exactly() {
-    let (spec, reach) = rule(300, OnEngineFailure::LocalShare, 3);
-    let proxies = (0..3)
-        .map(|_| SimProxy::new(&engine(), &[(spec.clone(), reach)], 0))
-        .collect();
+    let config = config(300, OnEngineFailure::LocalShare, 3);
+    let proxies = (0..3).map(|_| SimProxy::new(&config, 0).unwrap()).collect();
     let mut w = World::new(proxies, 50 * MS);
     let loads = [540, 270, 90]; // 60/30/10 of 900/s = 3 x 300/s
     let (start, end) = (T0, T0 + 12 * NS_PER_S);
@@ -110,7 +108,7 @@ fn three_proxies_60_30_10_at_three_times_the_rate_share_it_exactly() {
         .collect();
     for p in &w.proxies {
         let granted: u64 = p.granted.iter().map(|g| g.1 .1 - g.1 .0).sum();
-        eprintln!("releases {} granted {granted} rejected {} timed out {} calls {} failures {} stats {:?}", p.releases.len(), p.rejected, p.timed_out, p.calls, p.failures, p.caller.stats(0));
+        eprintln!("releases {} granted {granted} rejected {} timed out {} calls {} failures {} stats {:?}", p.releases.len(), p.rejected, p.timed_out, p.calls, p.failures, p.caller().stats(0));
     }
     eprintln!("shares {shares:?}");
     // Calls: at most 10 per second per proxy.
