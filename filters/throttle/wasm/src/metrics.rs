@@ -3,7 +3,7 @@
 //! defined from the core's table) and takes every change the core returns
 //! as data ([`Metrics::count`]): counter and gauge deltas wait in a buffer
 //! and are handed over at the worker's next tick ([`Metrics::flush`]: every
-//! ~4 ms while requests are held, else every [`crate::worker::FLUSH_MS`]
+//! ~4 ms while requests are held, else every `FLUSH_MS` (`worker.rs`)
 //! while there is traffic), so a request within the rate makes no metric
 //! host call; samples (a released request's wait, a gauge's new level) go
 //! at once ([`Metrics::record`], [`Metrics::set`]).

@@ -7,21 +7,22 @@
 //!
 //! The simulation has no decision logic of its own. Two things stand in for
 //! the glue and Envoy: the timer (a proxy's worker ticks at every tick of the
-//! world, and exactly at each held request's release time: the glue's tick
-//! jitter is measured against real Envoy instead), and the observation of
-//! which grid slot each request used (read from the cursor's compare-and-swap
-//! in the store, as an operator would read shared data).
+//! world while it holds anything, and releases exactly at each held
+//! request's release time: the glue's tick jitter is measured against real
+//! Envoy instead), and the observation of which grid slot each request used
+//! (read from the cursor's compare-and-swap in the store, as an operator
+//! would read shared data).
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use serde_json::{json, Value};
 
 use crate::clock::{Fixed, NS_PER_MS, NS_PER_S};
 use crate::config::{self, Config, EngineConfig, OnEngineFailure};
 use crate::keys::KeyHasher;
-use crate::matcher::{Facts, FakeRequest};
+use crate::matcher::{Facts, Request};
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Initial, Store, StoreError};
 use crate::stream::{initial_values, Env, Stream, Verdict};
@@ -253,7 +254,10 @@ impl Store for SimStore<'_> {
     }
 
     fn store(&self, id: CellId, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
-        let before = self.mem.load(id)?.0.map_or(0, |[next, _]| next);
+        let before = match id {
+            CellId::Cursor(_) => self.mem.load(id)?.0.map_or(0, |[next, _]| next),
+            _ => 0,
+        };
         let stored = self.mem.store(id, value, token)?;
         if stored {
             let taken = match id {
@@ -272,6 +276,31 @@ impl Store for SimStore<'_> {
 
     fn store_blob(&self, id: BlobId, value: &[u8], token: u32) -> Result<bool, StoreError> {
         self.mem.store_blob(id, value, token)
+    }
+}
+
+/// A request of rule `.0`: `GET /` with the header `x-sim-rule: <rule>`,
+/// nothing allocated unless a rule reads it.
+struct SimRequest(usize);
+
+impl Request for SimRequest {
+    fn path(&mut self) -> Option<Vec<u8>> {
+        Some(b"/".to_vec())
+    }
+    fn method(&mut self) -> Option<Vec<u8>> {
+        Some(b"GET".to_vec())
+    }
+    fn authority(&mut self) -> Option<Vec<u8>> {
+        Some(b"sim".to_vec())
+    }
+    fn header(&mut self, name: &str) -> Option<Vec<u8>> {
+        (name == "x-sim-rule").then(|| self.0.to_string().into_bytes())
+    }
+    fn source_address(&mut self) -> Option<String> {
+        None
+    }
+    fn principal(&mut self) -> Option<String> {
+        None
     }
 }
 
@@ -310,6 +339,9 @@ pub struct SimProxy {
     pub failures: u64,
     /// Takes the simulation could not match to a request (always 0: checked by the tests).
     pub unmatched: u64,
+    /// The requests waiting for grants, by rule, in the worker's order
+    /// (oldest first: one max_queue_delay per rule).
+    waiters: Vec<VecDeque<u32>>,
 }
 
 impl std::fmt::Debug for SimStore<'_> {
@@ -343,6 +375,7 @@ impl SimProxy {
             calls: 0,
             failures: 0,
             unmatched: 0,
+            waiters: vec![VecDeque::new(); config.rules.len()],
         };
         // As the glue does on configure.
         let store = proxy.store();
@@ -401,7 +434,7 @@ impl SimProxy {
         self.release_due(now);
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let req = FakeRequest::get("/").with_header("x-sim-rule", &rule.to_string());
+        let req = SimRequest(rule);
         let env = Env {
             config: &self.config,
             hasher: &self.hasher,
@@ -436,6 +469,12 @@ impl SimProxy {
                 Fate::Released { slot }
             }
             Verdict::Hold => {
+                if taken.is_none() {
+                    // It waits for grants.
+                    if let Some(q) = self.waiters.get_mut(rule) {
+                        q.push_back(id);
+                    }
+                }
                 self.held.insert(id, HeldRequest { arrived: t, taken });
                 Fate::Held
             }
@@ -446,23 +485,22 @@ impl SimProxy {
         }
     }
 
-    /// The worker's ticks at each held request's release time up to `now`
-    /// (this host's clock): an exact timer.
+    /// The worker's releases at each held request's release time up to
+    /// `now` (this host's clock): an exact timer. (Retries of requests
+    /// waiting for grants run on the regular tick.)
     fn release_due(&mut self, now: u64) {
         while let Some(at) = self.worker.queue.next_release().filter(|&at| at <= now) {
-            self.worker_tick(at);
+            let store = SimStore {
+                mem: MemStore(&self.cells),
+                taken: &self.taken,
+            };
+            let plan = self.worker.plan_releases(&self.config, store, at);
+            self.carry_out(at, plan);
         }
     }
 
     /// One tick of the worker at `now` (this host's clock), carried out.
     fn worker_tick(&mut self, now: u64) {
-        let waiting: Vec<u32> = self
-            .worker
-            .grants
-            .oldest_first()
-            .into_iter()
-            .map(|(id, ..)| id)
-            .collect();
         let mut clock = Fixed {
             mono: now,
             wall: now,
@@ -472,8 +510,8 @@ impl SimProxy {
             taken: &self.taken,
         };
         let plan = self.worker.plan_tick(&self.config, store, &mut clock);
-        // The retries that took something, oldest first, took what the
-        // store saw taken, in that order.
+        // The retries that took something, each rule's oldest first, took
+        // what the store saw taken, in that order.
         let replied: HashSet<u32> = plan
             .actions
             .iter()
@@ -482,19 +520,30 @@ impl SimProxy {
                 TickAction::Resume { .. } => None,
             })
             .collect();
-        let retried: Vec<u32> = waiting
-            .into_iter()
-            .filter(|id| !self.worker.grants.contains(*id) && !replied.contains(id))
-            .collect();
-        let taken: Vec<Taken> = self.taken.borrow_mut().drain(..).collect();
+        // Each rule's waiters leave in their order: the first ones that no
+        // longer wait left on this tick.
+        let mut retried = Vec::new();
+        for queue in &mut self.waiters {
+            while let Some(&id) = queue
+                .front()
+                .filter(|id| !self.worker.grants.contains(**id))
+            {
+                queue.pop_front();
+                if !replied.contains(&id) {
+                    retried.push(id);
+                }
+            }
+        }
+        let mut taken = self.taken.borrow_mut();
         if retried.len() != taken.len() {
             self.unmatched += 1;
         }
-        for (id, t) in retried.iter().zip(taken) {
+        for (id, t) in retried.iter().zip(taken.drain(..)) {
             if let Some(h) = self.held.get_mut(id) {
                 h.taken = Some(t);
             }
         }
+        drop(taken);
         self.carry_out(now, plan);
     }
 
@@ -552,7 +601,10 @@ impl SimProxy {
     pub fn tick(&mut self, t: u64) -> Option<Call> {
         let now = self.clock(t);
         self.release_due(now);
-        self.worker_tick(now);
+        // As the glue: the worker ticks while it holds anything.
+        if self.worker.needs_ticks() {
+            self.worker_tick(now);
+        }
         let store = SimStore {
             mem: MemStore(&self.cells),
             taken: &self.taken,
