@@ -46,11 +46,20 @@ pub enum Stat {
     InFlight,
     WaitMs,
     SlotsTaken,
+    SlotsAhead,
     SlotsGranted,
     SlotsUnused,
     EngineCalls,
     EngineFailures,
+    FailuresTransport,
+    FailuresTimeout,
+    FailuresStatus,
+    FailuresConfig,
+    FailuresClock,
+    FailuresLost,
+    FailuresNonsense,
     FallbackMs,
+    ClockOffsetMs,
 }
 
 /// A stat's name, kind and meaning.
@@ -103,6 +112,8 @@ pub const TABLE: [Spec; COUNT] = [
         "Time released requests were held, in milliseconds."),
     spec(Stat::SlotsTaken, "slots_taken", Kind::Counter,
         "Cluster scope: slots of the shared grid this proxy's requests used."),
+    spec(Stat::SlotsAhead, "slots_ahead", Kind::Counter,
+        "Cluster scope: of the slots taken, requests that went at once ahead of their slot: on this proxy's next slot before its time, or on credit when it had none (repaid from its next grants). At most `burst + 1` are ahead at any instant."),
     spec(Stat::SlotsGranted, "slots_granted", Kind::Counter,
         "Cluster scope: slots of the shared grid the engine granted this proxy."),
     spec(Stat::SlotsUnused, "slots_unused", Kind::Gauge,
@@ -111,12 +122,28 @@ pub const TABLE: [Spec; COUNT] = [
         "Cluster scope: calls to the rate limit service that carried the rule (at most 10 per second per proxy over time, 11 within any second)."),
     spec(Stat::EngineFailures, "engine_failures", Kind::Counter,
         "Cluster scope: of those, calls that failed (transport error, non-200, timeout, or an answer that makes no sense)."),
+    spec(Stat::FailuresTransport, "failures_transport", Kind::Counter,
+        "Cluster scope: failed calls with no answer (connection refused or reset, no healthy endpoint, no such cluster)."),
+    spec(Stat::FailuresTimeout, "failures_timeout", Kind::Counter,
+        "Cluster scope: failed calls not answered within `engine.timeout`."),
+    spec(Stat::FailuresStatus, "failures_status", Kind::Counter,
+        "Cluster scope: failed calls answered with an HTTP status other than 200 (400: the service cannot reach Redis)."),
+    spec(Stat::FailuresConfig, "failures_config", Kind::Counter,
+        "Cluster scope: failed calls whose answer is not for the throttle's counters (domain or descriptors not configured, a unit other than hour, a limit too small)."),
+    spec(Stat::FailuresClock, "failures_clock", Kind::Counter,
+        "Cluster scope: the service's clock is not this proxy's (its hour ends at another time), or this proxy's clock was found off the other proxies' and its grid moved to theirs."),
+    spec(Stat::FailuresLost, "failures_lost", Kind::Counter,
+        "Cluster scope: answers showing the engine lost its counters (Redis restarted empty); the slots granted ahead were dropped."),
+    spec(Stat::FailuresNonsense, "failures_nonsense", Kind::Counter,
+        "Cluster scope: failed calls whose answer made no sense otherwise."),
     spec(Stat::FallbackMs, "fallback_ms", Kind::Gauge,
         "Cluster scope: total milliseconds the rule has spent in its `on_engine_failure` fallback (rising while in fallback)."),
+    spec(Stat::ClockOffsetMs, "clock_offset_ms", Kind::Gauge,
+        "Cluster scope: how far this proxy's clock was found from the other proxies' of the rule (ms, whole epochs; 0: in step); its grid follows theirs."),
 ];
 
 /// Number of stats.
-pub const COUNT: usize = 20;
+pub const COUNT: usize = 29;
 
 impl Stat {
     /// Every stat, in table order.
@@ -136,11 +163,32 @@ impl Stat {
         Stat::InFlight,
         Stat::WaitMs,
         Stat::SlotsTaken,
+        Stat::SlotsAhead,
         Stat::SlotsGranted,
         Stat::SlotsUnused,
         Stat::EngineCalls,
         Stat::EngineFailures,
+        Stat::FailuresTransport,
+        Stat::FailuresTimeout,
+        Stat::FailuresStatus,
+        Stat::FailuresConfig,
+        Stat::FailuresClock,
+        Stat::FailuresLost,
+        Stat::FailuresNonsense,
         Stat::FallbackMs,
+        Stat::ClockOffsetMs,
+    ];
+
+    /// The counter of each failure kind, in the order of
+    /// [`crate::cluster::Failure::KINDS`].
+    pub const FAILURES: [Stat; 7] = [
+        Stat::FailuresTransport,
+        Stat::FailuresTimeout,
+        Stat::FailuresStatus,
+        Stat::FailuresConfig,
+        Stat::FailuresClock,
+        Stat::FailuresLost,
+        Stat::FailuresNonsense,
     ];
 
     /// The stat's entry in [`TABLE`].

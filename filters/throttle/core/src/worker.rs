@@ -18,8 +18,8 @@ use crate::gate::{self, Enter, GateWaiters, Waiter};
 use crate::queue::{Held, HeldQueue};
 use crate::reply::{rejection, Reply};
 use crate::stats::{Counts, Stat};
-use crate::store::{CellId, Store};
-use crate::stream::{retry_grants, Outcome};
+use crate::store::{BlobId, CellId, Store};
+use crate::stream::{retry_grants, Outcome, Wait};
 
 /// Requests of cluster rules waiting for grants from the engine, by rule and
 /// deadline. A rule's deadlines grow with its waiters' age (one
@@ -218,10 +218,12 @@ impl Worker {
     ) -> TickPlan {
         let mut plan = TickPlan::default();
         let now = clock.mono();
-        self.rate_releases(cfg, store, now, &mut plan);
+        let back_on_grid = self.rate_releases(cfg, store, now, &mut plan);
         if !self.grants.is_empty() {
             self.grant_retries(cfg, store, clock, &mut plan);
         }
+        // From the next tick on, with the others.
+        self.wait_for_grants(back_on_grid);
         self.gate_turns(cfg, store, now, &mut plan);
         plan
     }
@@ -262,14 +264,15 @@ impl Worker {
             let mut counts = Counts::NONE;
             let outcome = retry_grants(store, index, rule, now, wall, waited_ns, &mut counts);
             plan.merge(index, &counts);
-            let release_at = match outcome {
+            let (release_at, fallback) = match outcome {
+                Outcome::Wait(Wait::Fallback { until, .. }) => (Some(until), true),
                 Outcome::Wait(_) => {
                     from = index + 1;
                     continue;
                 }
-                Outcome::Go => Some(now),
-                Outcome::Hold { until } => Some(until),
-                Outcome::Reject { .. } | Outcome::Contention => None,
+                Outcome::Go => (Some(now), false),
+                Outcome::Hold { until } => (Some(until), false),
+                Outcome::Reject { .. } | Outcome::Contention => (None, false),
             };
             self.grants.cancel(id);
             match release_at {
@@ -278,6 +281,7 @@ impl Worker {
                     rule: index,
                     waited_ns,
                 }),
+                Some(t) if fallback => self.queue.hold_fallback(id, index, since, t),
                 Some(t) => self.queue.hold(id, index, since, t),
                 None => plan.actions.push(self.reject(cfg, id, index)),
             }
@@ -290,8 +294,15 @@ impl Worker {
     /// does), leaving the retries and the gate to the regular tick.
     pub fn plan_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64) -> TickPlan {
         let mut plan = TickPlan::default();
-        self.rate_releases(cfg, store, now, &mut plan);
+        let back_on_grid = self.rate_releases(cfg, store, now, &mut plan);
+        self.wait_for_grants(back_on_grid);
         plan
+    }
+
+    fn wait_for_grants(&mut self, waiters: Vec<GrantWaiter>) {
+        for w in waiters {
+            self.grants.wait(w.id, w.rule, w.since, w.deadline);
+        }
     }
 
     /// Only the gate part of a tick: waiters whose turn came (a slot was
@@ -311,7 +322,17 @@ impl Worker {
         }
     }
 
-    fn rate_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64, plan: &mut TickPlan) {
+    /// Resumes the requests whose turn came; returns those held on a
+    /// fallback schedule whose rule is back on the grid: they wait for
+    /// grants (counted as waiting already).
+    fn rate_releases<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        now: u64,
+        plan: &mut TickPlan,
+    ) -> Vec<GrantWaiter> {
+        let mut back_on_grid = Vec::new();
         let mut due: Vec<Held> = Vec::new();
         self.queue.pop_due(now, &mut due);
         for r in due {
@@ -319,6 +340,25 @@ impl Worker {
             let Some(rule) = cfg.rules.get(index) else {
                 continue;
             };
+            if r.fallback && cluster::on_grid(&mut store.blob(BlobId::Grants(index))) {
+                // Its turn was given on the fallback schedule, and the grid
+                // is back: going now would add to the whole grid. It waits
+                // for grants (first among them: it waited longest), within
+                // what is left of its max_queue_delay.
+                let deadline = r.held_at.saturating_add(rule.max_delay_ns);
+                if cluster::add_waiting(&mut store.cell(CellId::Waiting(index)), 1).is_ok() {
+                    back_on_grid.push(GrantWaiter {
+                        id,
+                        rule: index,
+                        since: r.held_at,
+                        deadline,
+                    });
+                } else {
+                    plan.count(index, Stat::Contention, 1);
+                    plan.actions.push(self.reject(cfg, id, index));
+                }
+                continue;
+            }
             let resume = TickAction::Resume {
                 id,
                 rule: index,
@@ -344,6 +384,7 @@ impl Worker {
                 }
             }
         }
+        back_on_grid
     }
 
     fn gate_turns<S: Store>(&mut self, cfg: &Config, store: S, now: u64, plan: &mut TickPlan) {

@@ -637,9 +637,20 @@ fn a_cluster_rule_waits_for_its_first_grants_then_takes_its_slots() {
         20,
         "a VM with cluster rules ticks to call the engine"
     );
-    // No grants yet: the first request waits for them.
+    // No grants yet: the first request goes at once on credit (burst 0: one
+    // at a time); the next waits for grants.
+    assert_eq!(w.request(9, &[]), Flow::Continue);
     assert_eq!(w.request(10, &[]), Flow::Pause);
-    assert_eq!(w.stats("c"), s(&[("queued", 1), ("held", 1)]));
+    assert_eq!(
+        w.stats("c"),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("held", 1),
+            ("slots_taken", 1),
+            ("slots_ahead", 1)
+        ])
+    );
     w.run(0, 400, Some(&mut engine));
     assert_eq!(
         host.state().resumed,
@@ -656,8 +667,8 @@ fn a_cluster_rule_waits_for_its_first_grants_then_takes_its_slots() {
     assert!(calls.len() <= 5, "{} calls in 400 ms", calls.len());
     assert_eq!(w.metric("c", "engine_calls"), calls.len() as i64);
     assert_eq!(w.metric("c", "engine_failures"), 0);
-    assert!(w.metric("c", "slots_granted") >= 1);
-    assert_eq!(w.metric("c", "slots_taken"), 1);
+    assert!(w.metric("c", "slots_granted") >= 2);
+    assert_eq!(w.metric("c", "slots_taken"), 2);
     assert_eq!(w.metric("c", "held"), 0);
     // With demand seen, the proxy claims ahead: the next request takes a slot
     // (at once or held until it) and needs no grant first.
@@ -670,14 +681,16 @@ fn a_cluster_rule_waits_for_its_first_grants_then_takes_its_slots() {
         "{flow:?} {resumed:?}"
     );
     assert!(reply(host, 11).is_none());
-    assert_eq!(w.metric("c", "slots_taken"), 2);
+    assert_eq!(w.metric("c", "slots_taken"), 3);
 }
 
 #[test]
 fn an_engine_that_is_down_falls_back_to_the_local_share_then_recovers() {
     let host = Fake::new();
     let mut w = cluster_worker(host, "local_share");
-    // The engine's cluster does not answer: every call fails.
+    // The engine's cluster does not answer: every call fails. The first
+    // request goes on credit (never repaid: no grant comes), the next waits.
+    assert_eq!(w.request(9, &[]), Flow::Continue);
     assert_eq!(w.request(10, &[]), Flow::Pause);
     w.run(0, 600, None);
     assert!(w.metric("c", "engine_failures") >= 1);
@@ -716,6 +729,7 @@ fn deny_rejects_while_the_engine_fails() {
     let host = Fake::new();
     let mut w = cluster_worker(host, "deny");
     host.state().clusters.clear(); // the cluster is unknown: every call is refused
+    assert_eq!(w.request(9, &[]), Flow::Continue, "on credit");
     assert_eq!(w.request(10, &[]), Flow::Pause);
     w.run(0, 600, None);
     assert_eq!(
@@ -767,6 +781,8 @@ fn only_one_vm_of_the_process_calls_the_engine() {
     let mut b = Worker::new(host, 2, &cluster_config("local_share"));
     let mut engine = FakeEngine::default();
     a.at_both(0);
+    // The process's one credit goes to the first; the others wait for grants.
+    assert_eq!(a.request(9, &[]), Flow::Continue);
     a.request(10, &[]);
     b.request(20, &[]);
     for t in (0..=400).step_by(5) {

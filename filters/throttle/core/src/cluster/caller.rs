@@ -45,6 +45,7 @@ use crate::config::{EngineConfig, OnEngineFailure};
 use super::engine::{Claim, Counted, Counter, Engine, Failure, Request};
 use super::grants::Mode;
 use super::grid::{Grid, WINDOW_NS};
+use super::skew::Skew;
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
 /// The process counter they read moves when each worker hands its counts
@@ -54,6 +55,14 @@ use super::grid::{Grid, WINDOW_NS};
 /// claimed nothing for that epoch: at 2 requests/s per proxy, measured over
 /// one epoch, every request waited for grants (p50 29-104 ms).
 pub const ARRIVAL_SAMPLES: usize = 6;
+
+/// How many of its member adds a caller remembers: as far back as probes
+/// look ([`super::skew::REACH_NS`] at the shortest epochs), and then as far
+/// again (a clock that steps back adds to the same counters twice).
+pub const OWN_ADDS_MEMORY: usize = 64;
+
+/// The demand counter's unit: 1/64 of a request per epoch.
+pub const DEMAND_UNIT: u64 = 64;
 
 /// How many member looks (epochs) the `local_share` divisor remembers (~5 s).
 pub const MEMBERS_MEMORY: usize = 50;
@@ -85,6 +94,9 @@ pub struct RuleFacts {
     pub arrived_total: u64,
     /// Requests waiting for grants now.
     pub waiting: u64,
+    /// Slots this process owes: requests that went on credit, repaid from
+    /// its next grants ([`super::publish`]).
+    pub owed: u64,
 }
 
 /// What the glue publishes for one rule (into its grants blob).
@@ -94,8 +106,16 @@ pub struct RuleUpdate {
     pub mode: Mode,
     /// Slots per second this process may expect (the fair share), 0 if unknown.
     pub grant_rate_per_s: u64,
-    /// Newly granted global slot ranges `[start, end)`.
+    /// Newly granted global slot ranges `[start, end)`, in this process's
+    /// time (the fleet's slots shifted by its clock's offset, [`Skew`]).
     pub ranges: Vec<(u64, u64)>,
+    /// Drop every range granted before (their slots may be granted again
+    /// after counters were lost, or the clock stepped under them).
+    pub reset: bool,
+    /// Move every range granted before by this many slots: this process's
+    /// clock offset from the fleet's changed ([`Skew`]), and its grants are
+    /// the same fleet slots at other local times.
+    pub shift: i64,
 }
 
 /// A call to send to the engine's cluster, bounded by `engine.timeout`.
@@ -127,6 +147,11 @@ pub struct RuleStats {
     pub members_recent_max: u64,
     /// Their demand in slots per epoch, last seen (0: never seen).
     pub demand: u64,
+    /// Failed calls by kind ([`Failure::KINDS`]).
+    pub failed: [u64; 7],
+    /// How far this process's clock was found from the other proxies', ms
+    /// (whole epochs; its grid follows theirs).
+    pub clock_offset_ms: u64,
 }
 
 impl RuleStats {
@@ -140,6 +165,10 @@ impl RuleStats {
 /// What one planned descriptor is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Purpose {
+    /// Where the other proxies' clocks stand: a look at `members(e+k+j)`.
+    Probe(i64),
+    /// The per-hour count of calls: it only grows, or counters were lost.
+    Gen,
     Share,
     Leftover,
     MemberAdd,
@@ -182,16 +211,68 @@ struct RuleState {
     /// The last member counts looked at.
     member_looks: Vec<u64>,
     /// Epochs between the start of a demand epoch's adds and the look at its
-    /// total: `1 + ceil((max_clock_skew + timeout) / E)`, so that every
-    /// proxy's add has been counted (whatever its clock) before anyone reads it.
+    /// total: `ceil((E/4 + timeout + max_clock_skew) / E)`, so that every
+    /// proxy's add has been counted (whatever its clock and phase) before
+    /// anyone reads it ([`lag_epochs`]).
     lag: u64,
+    /// `k`: shares of epoch `X` are claimed in epoch `X - k`, leftovers in
+    /// `X - 1`: far enough apart that every share claim on `X` reaches the
+    /// engine before any leftover claim on it, whatever the clocks within
+    /// `max_clock_skew` ([`ahead_epochs`]).
+    ahead: u64,
     /// arrived_total samples (value, wall time), at least an epoch apart,
     /// the oldest first ([`ARRIVAL_SAMPLES`] at most).
     arrived_samples: Vec<(u64, u64)>,
-    /// Requests arrived per epoch, over the samples' span.
-    arrived_per_epoch: u64,
+    /// Requests arrived per epoch, over the samples' span, in 1/[`DEMAND_UNIT`]
+    /// of a request (what the demand counter adds up: fine enough that a
+    /// proxy with 0.4 requests per epoch and one with 1 get shares 2 to 5).
+    demand: u64,
     mode: Mode,
     stats: RuleStats,
+    /// This process's clock against the other proxies'.
+    skew: Skew,
+    /// The member counters this process added to (the last
+    /// [`OWN_ADDS_MEMORY`]): a probe of one of them counts us too.
+    own_adds: Vec<u64>,
+    /// The last per-hour call count seen: (hour window, count).
+    gen: Option<(u64, u64)>,
+    /// The next update must drop every range granted before.
+    reset: bool,
+    /// The next update must move every range granted before by this many slots.
+    shift: i64,
+}
+
+impl RuleState {
+    /// The fleet's wall time for this rule at our wall time `now`.
+    fn fleet_time(&self, now: u64) -> u64 {
+        now.saturating_add_signed(-self.offset_ns())
+    }
+
+    /// Our clock's offset from the fleet's, ns.
+    fn offset_ns(&self) -> i64 {
+        let e = i64::try_from(self.spec.grid.epoch_ns).unwrap_or(i64::MAX);
+        self.skew.offset_epochs.saturating_mul(e)
+    }
+
+    /// The grants were in another time frame (the clock stepped, or its
+    /// offset from the fleet's changed): drop them, and plan afresh. What
+    /// was added to or seen in each counter stays true (a counter's name
+    /// does not change with the frame).
+    fn forget_grants(&mut self) {
+        self.last_epoch = None;
+        self.granted.clear();
+        self.reset = true;
+    }
+
+    /// The engine lost its counters: nothing seen or added there holds.
+    fn forget_counters(&mut self) {
+        self.forget_grants();
+        self.member_adds.clear();
+        self.seen.clear();
+        self.demand_ranges.clear();
+        self.demand_totals.clear();
+        self.gen = None;
+    }
 }
 
 /// The calling VM's state for all cluster rules of one process.
@@ -207,11 +288,22 @@ pub struct Caller {
     in_flight: Option<InFlight>,
     /// When the current run of failures began (None: the last call succeeded).
     failing_since: Option<u64>,
-    /// Where in each epoch this process calls, in thousandths of half an
+    /// Where in each epoch this process calls, in thousandths of a quarter
     /// epoch: proxies pick different phases so their calls spread over the
-    /// first half of the epoch instead of all coming at its start.
+    /// first quarter of the epoch instead of all coming at its start.
     phase_permille: u64,
+    /// The engine block's cluster and domain, for the log.
+    cluster: String,
+    domain: String,
+    /// What the log should say (at warn), taken by [`Caller::take_events`].
+    events: Vec<String>,
+    /// When the current run of failures was last logged.
+    warned_at: Option<u64>,
 }
+
+/// A run of failures is logged when it starts the fallback, then at most once
+/// per this long while it lasts.
+pub const WARN_EVERY_NS: u64 = 10 * NS_PER_S;
 
 /// How long a call may stay unanswered before it is counted as lost (the
 /// host answers every call by its timeout; this only guards against a lost callback).
@@ -259,17 +351,27 @@ impl Caller {
                     demand_ranges: Vec::new(),
                     demand_totals: Vec::new(),
                     member_looks: Vec::new(),
-                    lag: 1 + (engine.max_clock_skew_ns + engine.timeout_ns).div_ceil(epoch_ns),
+                    lag: lag_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
+                    ahead: ahead_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
                     arrived_samples: Vec::new(),
-                    arrived_per_epoch: 0,
+                    demand: 0,
                     mode: Mode::Grid,
                     stats: RuleStats::default(),
+                    skew: Skew::new(epoch_ns),
+                    own_adds: Vec::new(),
+                    shift: 0,
+                    gen: None,
+                    reset: false,
                 })
                 .collect(),
             call_due: None,
             in_flight: None,
             failing_since: None,
             phase_permille: 0,
+            cluster: engine.cluster.clone(),
+            domain: engine.domain.clone(),
+            events: Vec::new(),
+            warned_at: None,
         }
     }
 
@@ -300,6 +402,21 @@ impl Caller {
         self.in_flight.is_some()
     }
 
+    /// What happened that the log should say (at warn), since the last time.
+    pub fn take_events(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Rule `i`'s slots per epoch.
+    pub fn slots_per_epoch(&self, i: usize) -> Option<u64> {
+        self.rules.get(i).map(|r| r.spec.grid.slots_per_epoch)
+    }
+
+    /// Rule `i`'s clock offset from the other proxies', in its epochs.
+    pub fn clock_offset_epochs(&self, i: usize) -> Option<i64> {
+        self.rules.get(i).map(|r| r.skew.offset_epochs)
+    }
+
     /// Called on every tick of the calling VM with the wall time and one
     /// [`RuleFacts`] per rule. Returns the call to send, if any, and the
     /// rules whose mode changed (publish them).
@@ -319,6 +436,14 @@ impl Caller {
     }
 
     fn plan(&mut self, now: u64, facts: &[RuleFacts]) -> Option<Call> {
+        if self
+            .call_due
+            .is_some_and(|t| t > now.saturating_add(2 * MIN_CALL_INTERVAL_NS))
+        {
+            // A due time further ahead than the pace allows: the clock
+            // stepped back. Pace from now.
+            self.call_due = None;
+        }
         if self.in_flight.is_some()
             || self
                 .call_due
@@ -330,44 +455,57 @@ impl Caller {
         let mut plan = Vec::new();
         for (i, (r, fact)) in self.rules.iter_mut().zip(facts).enumerate() {
             let g = r.spec.grid;
+            // Epochs are counted on the fleet's clock.
+            let now = r.fleet_time(now);
             let e = g.epoch_of(now);
+            if r.last_epoch.is_some_and(|last| last > e + 1) {
+                // The clock stepped back: grants planned ahead of it no
+                // longer line up. Plan afresh from here.
+                r.forget_grants();
+                r.skew.restart();
+            }
             if r.last_epoch.is_some_and(|last| last >= e) {
                 continue;
             }
-            let offset = g.epoch_ns / 2 * self.phase_permille / 1000;
+            let offset = phase_offset(g.epoch_ns, self.phase_permille);
             if now < g.epoch_start(e).saturating_add(offset) {
                 continue;
             }
             r.granted.retain(|(f, _)| *f > e);
-            // Demand of epoch `y` is complete for everyone `lag` epochs after
-            // its adds began; shares of e+2 come from y = e+1-lag.
-            let lag = r.lag;
-            let y = (e + 1).saturating_sub(lag);
-            let look = e + 2 - lag;
+            // Shares of epoch e+k come from the demand of y = e+k-1-lag, whose
+            // total was looked at in the last epoch (its adds complete by then).
+            let (lag, k) = (r.lag, r.ahead);
+            let ahead = e + k;
+            let y = (ahead - 1).saturating_sub(lag);
+            let look = ahead.saturating_sub(lag);
             r.demand_ranges.retain(|(f, ..)| *f >= y);
             r.demand_totals.retain(|(f, _)| *f >= y);
             r.seen.retain(|(f, _)| *f + 2 > e);
             r.member_adds.retain(|f| *f > e);
-            let mut a = r.arrived_per_epoch;
-            if r.mode != Mode::Grid || fact.waiting > 0 {
-                // Waiting requests, or a fallback that must probe the engine
-                // every epoch, count as demand even before arrivals are measured.
-                a = a.max(1);
+            let mut demand = r.demand;
+            if demand == 0 && (r.mode != Mode::Grid || fact.waiting > 0 || fact.owed > 0) {
+                // Waiting requests, slots owed, or a fallback that must probe
+                // the engine every epoch count as demand before arrivals are
+                // measured.
+                demand = DEMAND_UNIT;
             }
-            if a == 0 {
+            if demand == 0 {
                 continue;
             }
+            // Whole requests per epoch, for the leftover claim.
+            let a = demand.div_ceil(DEMAND_UNIT);
             r.last_epoch = Some(e);
-            let (next, ahead) = (e + 1, e + 2);
+            let next = e + 1;
             let l = g.slots_per_epoch;
             let share = match (lookup3(&r.demand_ranges, y), lookup(&r.demand_totals, y)) {
                 (Some((d0, d1)), total) if total > 0 => {
                     let total = total.max(d1);
-                    div_floor_u128(l, d1, total) - div_floor_u128(l, d0, total)
+                    let phi = epoch_phase(ahead);
+                    rotated_floor(l, d1, total, phi) - rotated_floor(l, d0, total, phi)
                 }
                 _ => 0,
             };
-            let need = a.saturating_add(fact.waiting);
+            let need = a.saturating_add(fact.waiting).saturating_add(fact.owed);
             let leftover = need.saturating_sub(lookup(&r.granted, next)).min(l);
             let mut push = |purpose, epoch, hits| {
                 plan.push(Planned {
@@ -379,6 +517,13 @@ impl Caller {
             };
             if g.may_claim(look, now, skew, timeout) {
                 push(Purpose::DemandLook, look, 0);
+                push(Purpose::Gen, look, 1);
+            }
+            for j in r.skew.probes() {
+                let at = ahead.saturating_add_signed(j);
+                if g.may_claim(at, now, skew, timeout) {
+                    push(Purpose::Probe(j), at, 0);
+                }
             }
             if g.may_claim(next, now, skew, timeout) {
                 // Also the loss detector: it includes this proxy's own add.
@@ -388,8 +533,14 @@ impl Caller {
                 }
             }
             if g.may_claim(ahead, now, skew, timeout) {
-                push(Purpose::MemberAdd, ahead, 1);
-                push(Purpose::DemandAdd, ahead, a);
+                // Once per counter, even if the clock stepped back over it:
+                // other proxies count the members there.
+                if !r.own_adds.contains(&ahead) {
+                    push(Purpose::MemberAdd, ahead, 1);
+                }
+                if lookup3(&r.demand_ranges, ahead).is_none() {
+                    push(Purpose::DemandAdd, ahead, demand);
+                }
                 if share > 0 {
                     push(Purpose::Share, ahead, share);
                 }
@@ -404,13 +555,19 @@ impl Caller {
                 let r = self.rules.get(p.rule)?;
                 let counter = match p.purpose {
                     Purpose::Share | Purpose::Leftover => Counter::Slots,
-                    Purpose::MemberAdd | Purpose::MemberLook => Counter::Members,
+                    Purpose::MemberAdd | Purpose::MemberLook | Purpose::Probe(_) | Purpose::Gen => {
+                        Counter::Members
+                    }
                     Purpose::DemandAdd | Purpose::DemandLook => Counter::Demand,
+                };
+                let key = match p.purpose {
+                    Purpose::Gen => r.spec.grid.gen_key(&r.spec.name),
+                    _ => r.spec.grid.counter_key(&r.spec.name, p.epoch),
                 };
                 Some(Claim {
                     rule: p.rule,
                     counter,
-                    key: r.spec.grid.counter_key(&r.spec.name, p.epoch),
+                    key,
                     hits: p.hits,
                 })
             })
@@ -465,35 +622,48 @@ impl Caller {
         }
     }
 
-    /// Consistency of a parsed answer with what this process knows: its own
-    /// member adds must show, slot counters never go back, and the service's
-    /// hour must be ours.
+    /// Consistency of a parsed answer with what this process knows: the
+    /// per-hour call count grows, its own member adds show, slot counters
+    /// never go back, and the service's hour is ours.
     fn check(&self, call: &InFlight, counted: &[Counted]) -> Result<(), Failure> {
-        let ours = (WINDOW_NS - call.sent_at % WINDOW_NS).div_ceil(NS_PER_S);
         let tolerance = (self.skew_ns + self.timeout_ns).div_ceil(NS_PER_S) + 1;
         for (p, c) in call.plan.iter().zip(counted) {
             let Some(r) = self.rules.get(p.rule) else {
                 continue;
             };
+            let sent = r.fleet_time(call.sent_at);
+            let ours = (WINDOW_NS - sent % WINDOW_NS).div_ceil(NS_PER_S);
             if c.reset_s.abs_diff(ours) > tolerance && c.reset_s.abs_diff(ours + 3600) > tolerance {
-                return Err(Failure::Nonsense(format!(
+                return Err(Failure::Clock(format!(
                     "the service's hour ends in {} s, ours in {ours} s: clocks differ by more than max_clock_skew",
                     c.reset_s
                 )));
             }
+            let lost = |why: String| {
+                Err(Failure::Lost(format!(
+                    "{why}: counters were lost (Redis restarted?)"
+                )))
+            };
             match p.purpose {
+                Purpose::Gen => {
+                    let hour = sent / WINDOW_NS;
+                    if let Some((h, last)) = r.gen {
+                        if h == hour && c.after <= last {
+                            return lost(format!(
+                                "the hour's call count went back from {last} to {}",
+                                c.after
+                            ));
+                        }
+                    }
+                }
                 Purpose::MemberLook if c.after == 0 && r.member_adds.contains(&p.epoch) => {
-                    return Err(Failure::Nonsense(
-                        "a member counter this proxy added to reads 0: counters were lost (Redis restarted?)".into(),
-                    ));
+                    return lost("a member counter this proxy added to reads 0".into());
                 }
                 Purpose::Share | Purpose::Leftover => {
                     let before = c.after - p.hits;
                     let seen = lookup(&r.seen, p.epoch);
                     if before < seen {
-                        return Err(Failure::Nonsense(format!(
-                            "slot counter went back from {seen} to {before}: counters were lost (Redis restarted?)"
-                        )));
+                        return lost(format!("slot counter went back from {seen} to {before}"));
                     }
                 }
                 _ => {}
@@ -503,7 +673,15 @@ impl Caller {
     }
 
     fn succeeded(&mut self, now: u64, call: &InFlight, counted: &[Counted]) -> Vec<RuleUpdate> {
-        self.failing_since = None;
+        if let Some(since) = self.failing_since.take() {
+            if self.rules.iter().any(|r| r.mode != Mode::Grid) {
+                self.events.push(format!(
+                    "the engine answers again after {} ms of failures: cluster rules are back on the grid",
+                    now.saturating_sub(since) / crate::clock::NS_PER_MS
+                ));
+            }
+        }
+        self.warned_at = None;
         let mut ranges: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.rules.len()];
         for (p, c) in call.plan.iter().zip(counted) {
             let Some(r) = self.rules.get_mut(p.rule) else {
@@ -511,6 +689,11 @@ impl Caller {
             };
             let g = r.spec.grid;
             match p.purpose {
+                Purpose::Probe(j) => {
+                    let mine = r.own_adds.iter().filter(|&&f| f == p.epoch).count();
+                    r.skew.record(j, c.after, mine as u64);
+                }
+                Purpose::Gen => r.gen = Some((r.fleet_time(call.sent_at) / WINDOW_NS, c.after)),
                 Purpose::MemberLook => {
                     r.stats.members = c.after.max(1);
                     r.member_looks.push(r.stats.members);
@@ -523,19 +706,73 @@ impl Caller {
                     r.stats.demand = c.after;
                     bump(&mut r.demand_totals, p.epoch, |_| c.after);
                 }
-                Purpose::MemberAdd => r.member_adds.push(p.epoch),
+                Purpose::MemberAdd => {
+                    r.member_adds.push(p.epoch);
+                    r.own_adds.push(p.epoch);
+                    if r.own_adds.len() > OWN_ADDS_MEMORY {
+                        r.own_adds.remove(0);
+                    }
+                }
                 Purpose::DemandAdd => r.demand_ranges.push((p.epoch, c.after - p.hits, c.after)),
                 Purpose::Share | Purpose::Leftover => {
                     bump(&mut r.seen, p.epoch, |v| v.max(c.after));
                     let before = c.after - p.hits;
                     let end = c.after.min(g.slots_per_epoch);
                     if before < end {
+                        // The fleet's slots, in this process's time.
+                        let shift = r
+                            .skew
+                            .offset_epochs
+                            .saturating_mul(i64::try_from(g.slots_per_epoch).unwrap_or(i64::MAX));
                         if let Some(list) = ranges.get_mut(p.rule) {
-                            list.extend(g.position_ranges(p.epoch, before, end));
+                            list.extend(g.position_ranges(p.epoch, before, end).into_iter().map(
+                                |(a, b)| {
+                                    (
+                                        a.saturating_add_signed(shift),
+                                        b.saturating_add_signed(shift),
+                                    )
+                                },
+                            ));
                         }
                         bump(&mut r.granted, p.epoch, |v| v + (end - before));
                         r.stats.granted += end - before;
                     }
+                }
+            }
+        }
+        for (i, list) in ranges.iter_mut().enumerate() {
+            let Some(r) = self.rules.get_mut(i) else {
+                continue;
+            };
+            if let Some(delta) = r.skew.estimate() {
+                r.skew.offset_epochs = r.skew.offset_epochs.saturating_add(delta);
+                let ms = r.offset_ns().unsigned_abs() / crate::clock::NS_PER_MS;
+                r.stats.clock_offset_ms = ms;
+                if let Some(n) = r
+                    .stats
+                    .failed
+                    .get_mut(Failure::Clock(String::new()).index())
+                {
+                    *n += 1;
+                }
+                self.events.push(format!(
+                    "rule {}: this proxy's clock is about {ms} ms {} the other proxies' of the rule (max_clock_skew {} ms): its grid now follows theirs; set the clocks by NTP",
+                    r.spec.name,
+                    if r.skew.offset_epochs > 0 { "ahead of" } else { "behind" },
+                    self.skew_ns / crate::clock::NS_PER_MS
+                ));
+                r.skew.restart();
+                // The same fleet slots, at other local times: granted
+                // before, and in this answer.
+                let shift = delta
+                    .saturating_mul(i64::try_from(r.spec.grid.slots_per_epoch).unwrap_or(i64::MAX));
+                r.shift = r.shift.saturating_add(shift);
+                r.last_epoch = None;
+                for range in list.iter_mut() {
+                    *range = (
+                        range.0.saturating_add_signed(shift),
+                        range.1.saturating_add_signed(shift),
+                    );
                 }
             }
         }
@@ -553,21 +790,58 @@ impl Caller {
                     mode: Mode::Grid,
                     grant_rate_per_s: grant_rate(r),
                     ranges: list,
+                    reset: std::mem::take(&mut r.reset),
+                    shift: std::mem::take(&mut r.shift),
                 })
             })
             .collect()
     }
 
-    fn failed(&mut self, now: u64, _why: Failure) -> Vec<RuleUpdate> {
+    fn failed(&mut self, now: u64, why: Failure) -> Vec<RuleUpdate> {
+        let mut updates = Vec::new();
         if let Some(call) = self.in_flight.take() {
             for i in rules_of(&call.plan) {
-                if let Some(r) = self.rules.get_mut(i) {
-                    r.stats.failures += 1;
+                let Some(r) = self.rules.get_mut(i) else {
+                    continue;
+                };
+                r.stats.failures += 1;
+                if let Some(n) = r.stats.failed.get_mut(why.index()) {
+                    *n += 1;
+                }
+                if matches!(why, Failure::Lost(_)) {
+                    // Slots granted ahead may be granted again from the
+                    // fresh counters: drop them, and start counting anew.
+                    r.forget_counters();
+                    updates.push(RuleUpdate {
+                        rule: i,
+                        mode: r.mode,
+                        grant_rate_per_s: 0,
+                        ranges: Vec::new(),
+                        reset: std::mem::take(&mut r.reset),
+                        shift: 0,
+                    });
                 }
             }
         }
         self.failing_since.get_or_insert(now);
-        self.fallback_if_due(now)
+        let fell_back = self.fallback_if_due(now);
+        let due = self
+            .warned_at
+            .is_none_or(|t| now.saturating_sub(t) >= WARN_EVERY_NS);
+        let in_fallback = self.rules.iter().any(|r| r.mode != Mode::Grid);
+        if !fell_back.is_empty() || (in_fallback && due) {
+            self.warned_at = Some(now);
+            let since = self.failing_since.map_or(0, |t| now.saturating_sub(t));
+            self.events.push(format!(
+                "engine calls failing for {} ms ({}), cluster rules in their on_engine_failure fallback: {} (said at most every {} s while it lasts)",
+                since / crate::clock::NS_PER_MS,
+                why.kind(),
+                why.explain(&self.cluster, &self.domain),
+                WARN_EVERY_NS / NS_PER_S
+            ));
+        }
+        updates.extend(fell_back);
+        updates
     }
 
     fn fallback_if_due(&mut self, now: u64) -> Vec<RuleUpdate> {
@@ -582,10 +856,13 @@ impl Caller {
             if r.mode != Mode::Grid {
                 continue;
             }
-            // Never faster than rate / expected_replicas; slower when more
-            // proxies were seen recently (the autoscaler added some).
-            let divisor =
-                u64::from(r.spec.expected_replicas.max(1)).max(r.stats.members_recent_max);
+            // The proxies the engine last counted (the most over ~5 s before
+            // the failure), kept while it lasts; `expected_replicas` only if
+            // it never counted any.
+            let divisor = match r.stats.members_recent_max {
+                0 => u64::from(r.spec.expected_replicas.max(1)),
+                seen => seen,
+            };
             r.mode = match r.spec.on_engine_failure {
                 OnEngineFailure::Deny => Mode::Deny,
                 OnEngineFailure::LocalFull => Mode::Local {
@@ -601,6 +878,8 @@ impl Caller {
                 mode: r.mode,
                 grant_rate_per_s: 0,
                 ranges: Vec::new(),
+                reset: false,
+                shift: 0,
             });
         }
         out
@@ -626,7 +905,7 @@ fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     }
     if let Some(&(prev, at)) = r.arrived_samples.first() {
         let n = arrived_total.saturating_sub(prev);
-        r.arrived_per_epoch = div_ceil_u128(n, e_ns, now.saturating_sub(at));
+        r.demand = div_ceil_u128(n.saturating_mul(DEMAND_UNIT), e_ns, now.saturating_sub(at));
     }
     r.arrived_samples.push((arrived_total, now));
     if r.arrived_samples.len() > ARRIVAL_SAMPLES {
@@ -634,10 +913,57 @@ fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     }
 }
 
-/// `floor(a * b / c)` without overflow (c > 0), saturating at u64::MAX.
-fn div_floor_u128(a: u64, b: u64, c: u64) -> u64 {
-    let v = u128::from(a) * u128::from(b) / u128::from(c.max(1));
-    u64::try_from(v).unwrap_or(u64::MAX)
+/// Epochs between a demand epoch's adds and the look at its total: adds to
+/// `demand(X)` are sent in epoch `X - k` at a phase below `E/4` and reach the
+/// engine within `timeout`; a look sent `lag` epochs later, by a clock up to
+/// `skew` ahead, comes after all of them.
+pub fn lag_epochs(epoch_ns: u64, timeout_ns: u64, skew_ns: u64) -> u64 {
+    (epoch_ns / 4 + timeout_ns + skew_ns)
+        .div_ceil(epoch_ns.max(1))
+        .max(1)
+}
+
+/// `k`, how many epochs ahead shares are claimed: leftovers of epoch `X` are
+/// claimed in `X - 1` (at a phase of 0 at the earliest), shares of `X` in
+/// `X - k` (a phase below `E/4`, reaching the engine within `timeout`, by a
+/// clock up to `skew` behind), and every share must come first:
+/// `(k - 1) E > E/4 + timeout + skew`.
+pub fn ahead_epochs(epoch_ns: u64, timeout_ns: u64, skew_ns: u64) -> u64 {
+    2 + (epoch_ns / 4 + timeout_ns + skew_ns) / epoch_ns.max(1)
+}
+
+/// Where in an epoch of `epoch_ns` a process with phase `permille` calls:
+/// within its first quarter, so that calls of different processes spread
+/// out and still leave every share ahead of every leftover ([`ahead_epochs`]).
+fn phase_offset(epoch_ns: u64, permille: u64) -> u64 {
+    epoch_ns / 4 * permille / 1000
+}
+
+/// The offset (in 2^-64 units) of epoch `f`'s share boundaries: the
+/// fractional part of `f` times the golden ratio. Every proxy computes the
+/// same one; over consecutive epochs it is spread evenly over `[0, 1)` (a
+/// Kronecker sequence), so a proxy's shares add up to its proportion of `L`
+/// within about one slot however small `L` is. With a fixed offset, at
+/// `L = 1` the proxy whose demand spans the boundary wins every epoch.
+fn epoch_phase(f: u64) -> u64 {
+    f.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// `floor(l * d / total + phi / 2^64)` (total > 0). Summed over proxies whose
+/// demand ranges tile `[0, total)`, the differences give exactly `l`.
+fn rotated_floor(l: u64, d: u64, total: u64, phi: u64) -> u64 {
+    let total = u128::from(total.max(1));
+    let ld = u128::from(l) * u128::from(d);
+    // l * d < 2^64 for any real rate and demand; beyond it, no offset.
+    match (
+        ld.checked_shl(64).filter(|_| ld >> 64 == 0),
+        total.checked_shl(64),
+    ) {
+        (Some(num), Some(den)) if total >> 64 == 0 => {
+            u64::try_from((num + u128::from(phi) * total) / den).unwrap_or(u64::MAX)
+        }
+        _ => u64::try_from(ld / total).unwrap_or(u64::MAX),
+    }
 }
 
 /// `ceil(a * b / c)` without overflow (c > 0), saturating at u64::MAX.
@@ -653,7 +979,7 @@ fn grant_rate(r: &RuleState) -> u64 {
     let l = g.slots_per_epoch;
     let per_epoch = match r.stats.demand {
         0 => l.div_ceil(r.stats.members.max(1)),
-        total => l.min(div_ceil_u128(l, r.arrived_per_epoch.max(1), total)),
+        total => l.min(div_ceil_u128(l, r.demand.max(1), total)),
     };
     div_ceil_u128(per_epoch, NS_PER_S, g.epoch_ns)
 }

@@ -23,7 +23,7 @@
 //! times in `[t - slack, t + W]`: at most `R*W + burst + 2` across all proxies
 //! (plus the glue's tick jitter on held requests, and clock skew between hosts).
 
-use crate::clock::NS_PER_S;
+use crate::clock::{NS_PER_MS, NS_PER_S};
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
 use super::Grid;
@@ -197,6 +197,9 @@ pub struct Reach {
     pub slack_ns: u64,
     /// `max_queue_delay`.
     pub max_delay_ns: u64,
+    /// `burst + 1`: how many requests this process may let go ahead of its
+    /// grants, on credit, before slots granted to it repay them ([`repay`]).
+    pub credit: u64,
 }
 
 impl Reach {
@@ -205,6 +208,7 @@ impl Reach {
             grid,
             slack_ns: burst.saturating_add(1).saturating_mul(grid.interval_ns),
             max_delay_ns,
+            credit: burst.saturating_add(1),
         }
     }
 
@@ -241,6 +245,13 @@ impl Attempt {
 pub enum Take {
     /// Continue now on grid slot `slot`.
     Now { slot: u64 },
+    /// Continue now on grid slot `slot`, which is due later within the
+    /// epoch: the process lets one request go ahead of its slot at a time.
+    Early { slot: u64 },
+    /// Continue now on credit: no owned slot was at hand, and the process
+    /// owed fewer than `burst + 1`; it is repaid from its earliest slots
+    /// once granted ([`repay`]).
+    Credit,
     /// Hold `delay_ns` (until grid slot `slot`'s wall time).
     Hold { slot: u64, delay_ns: u64 },
     /// No owned slot for it yet: it now waits for grants (counted in the
@@ -266,12 +277,12 @@ fn retry_after(beyond_ns: u64) -> u64 {
 }
 
 /// Takes a slot for one request at wall time `now` (see the module docs).
-/// `can_hold`: the worker's queue has room. `waiting`: the rule's count of
-/// requests waiting for grants, read only off the fast path: a new request
-/// that would need a new range while others wait queues behind them, so
-/// waiting requests are served first. `take` keeps the count: +1 when it
-/// answers `Wait` to a first attempt, -1 when a retry ends in anything but
-/// `Wait`.
+/// `can_hold`: the worker's queue has room. `waiting`: the rule's cell
+/// `[requests waiting for grants, slots owed]`, read only off the fast path:
+/// a new request that would need a new range while others wait queues behind
+/// them, so waiting requests are served first. `take` keeps the count: +1
+/// when it answers `Wait` to a first attempt, -1 when a retry ends in
+/// anything but `Wait`; and +1 owed when it answers `Credit`.
 pub fn take<C: SharedCell, W: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
@@ -337,11 +348,26 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
             };
             match g.first_from(next.max(min_slot)) {
                 Some(found) if queued == 0 => found,
-                _ => return no_slot(g, max_delay, attempt, queued),
+                _ => return no_slot(g, waiting, reach, now, attempt, queued),
             }
         };
         let t = reach.grid.slot_time(slot);
-        let delay_ns = t.saturating_sub(now);
+        let mut delay_ns = t.saturating_sub(now);
+        let mut early = false;
+        if delay_ns > reach.grid.interval_ns && delay_ns <= reach.grid.epoch_ns {
+            // The next owned slot is further than one interval away but
+            // within the epoch: the process is within its share (a saturated
+            // one holds its requests for slots further ahead). One request at
+            // a time may take its slot now, before its time.
+            match go_ahead(waiting, reach, attempt, now, Some(t)) {
+                Some(Take::Contention) => return Take::Contention,
+                Some(_) => {
+                    early = true;
+                    delay_ns = 0;
+                }
+                None => {}
+            }
+        }
         if delay_ns > max_delay {
             return Take::Reject {
                 retry_after_s: retry_after(delay_ns - max_delay),
@@ -355,6 +381,7 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
             };
         }
         match cursor.store([slot + 1, range_end], token) {
+            Ok(true) if early => return Take::Early { slot },
             Ok(true) if delay_ns == 0 => return Take::Now { slot },
             Ok(true) => return Take::Hold { slot, delay_ns },
             Ok(false) => continue,
@@ -364,25 +391,103 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
     Take::Contention
 }
 
-/// No owned slot within reach (or others wait for one): the engine's state decides.
-fn no_slot(g: &Grants, max_delay: u64, attempt: Attempt, queued: u64) -> Take {
+/// How far a process is ahead of its grants, kept in the second word of a
+/// rule's waiting cell `[waiting, ahead]`: slots owed (requests that went on
+/// credit) and, in wall-clock ms, the time of the latest slot that was
+/// taken before its time or repays a credit. While that time lies ahead, or
+/// anything is owed, no request goes early; so at any instant the process
+/// is ahead of its grants by at most `burst + 1` requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ahead {
+    pub owed: u64,
+    pub until_ms: u64,
+}
+
+const UNTIL_BITS: u32 = 48;
+const UNTIL_MASK: u64 = (1 << UNTIL_BITS) - 1;
+
+impl Ahead {
+    pub fn decode(word: u64) -> Ahead {
+        Ahead {
+            owed: word >> UNTIL_BITS,
+            until_ms: word & UNTIL_MASK,
+        }
+    }
+
+    pub fn encode(self) -> u64 {
+        (self.owed.min(0xffff) << UNTIL_BITS) | self.until_ms.min(UNTIL_MASK)
+    }
+
+    /// Nothing taken ahead is still ahead at wall time `now`.
+    fn clear_at(self, now: u64) -> bool {
+        self.until_ms.saturating_mul(NS_PER_MS) <= now
+    }
+}
+
+/// Lets a request go ahead of its grants, if the process may: `early` (the
+/// slot it will take is due at `slot_time`) needs nothing owed and nothing
+/// ahead; credit (no slot at all) needs fewer than `reach.credit` owed and
+/// nothing ahead. A new request never goes ahead while others wait for
+/// grants. None: it may not; `Contention`: the cell failed.
+fn go_ahead<W: SharedCell>(
+    waiting: &mut W,
+    reach: &Reach,
+    attempt: Attempt,
+    now: u64,
+    early: Option<u64>,
+) -> Option<Take> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let Ok((v, token)) = waiting.load() else {
+            return Some(Take::Contention);
+        };
+        let [n, word] = v.unwrap_or([0, 0]);
+        let mut ahead = Ahead::decode(word);
+        let limit = if early.is_some() { 1 } else { reach.credit };
+        if !ahead.clear_at(now) || ahead.owed >= limit || (attempt == Attempt::First && n > 0) {
+            return None;
+        }
+        match early {
+            Some(t) => ahead.until_ms = t.div_ceil(NS_PER_MS),
+            None => ahead.owed += 1,
+        }
+        match waiting.store([n, ahead.encode()], token) {
+            Ok(true) => return Some(Take::Credit),
+            Ok(false) => continue,
+            Err(_) => return Some(Take::Contention),
+        }
+    }
+    Some(Take::Contention)
+}
+
+/// No owned slot within reach (or others wait for one): the engine's state
+/// decides. On the grid, a request goes on credit if it may, else waits for
+/// grants unless its turn at the whole fleet's rate (one slot every `T`
+/// behind those already waiting) lies beyond what it may wait: the fleet's
+/// rate, not this process's last share, which after a lull says nothing.
+fn no_slot<W: SharedCell>(
+    g: &Grants,
+    waiting: &mut W,
+    reach: &Reach,
+    now: u64,
+    attempt: Attempt,
+    queued: u64,
+) -> Take {
+    let max_delay = attempt.max_delay(reach);
     match (g.mode, attempt) {
         (Mode::Local { interval_ns }, _) => Take::Local { interval_ns },
         (Mode::Deny, _) => Take::Deny,
+        (Mode::Grid, _) if queued == 0 => {
+            go_ahead(waiting, reach, attempt, now, None).unwrap_or(Take::Wait)
+        }
         (Mode::Grid, Attempt::Retry { .. }) => Take::Wait,
         (Mode::Grid, Attempt::First) => {
-            // Served in time only if the grants expected within max_queue_delay
-            // cover the requests already waiting and this one.
-            let expected =
-                u128::from(g.grant_rate_per_s) * u128::from(max_delay) / u128::from(NS_PER_S);
-            if g.grant_rate_per_s > 0 && u128::from(queued) + 1 > expected {
-                let per_slot = NS_PER_S / g.grant_rate_per_s.max(1);
+            let turn = reach
+                .grid
+                .interval_ns
+                .saturating_mul(queued.saturating_add(1));
+            if turn > max_delay {
                 Take::Reject {
-                    retry_after_s: retry_after(
-                        per_slot
-                            .saturating_mul(queued.saturating_add(1))
-                            .saturating_sub(max_delay),
-                    ),
+                    retry_after_s: retry_after(turn - max_delay),
                     queue_full: false,
                 }
             } else {
@@ -464,19 +569,217 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     Err(StoreError(0))
 }
 
-/// Requests of a rule waiting for grants, in one process-wide cell `[count, 0]`:
+/// Repays what the process owes (requests that went on credit): takes its
+/// earliest owned slots, through the cursor as a request would, but only
+/// slots due within the coming epoch, so that a request let go early on
+/// credit is made up for within about two epochs (the call after it, and
+/// that epoch); what cannot be repaid yet stays owed, and no new credit is
+/// taken meanwhile. Called by the calling VM after it publishes. Returns how
+/// many were repaid.
+pub fn repay<C: SharedCell, W: SharedCell, B: SharedBlob>(
+    cursor: &mut C,
+    blob: &mut B,
+    waiting: &mut W,
+    reach: &Reach,
+    now: u64,
+) -> Result<u64, StoreError> {
+    let owed = waiting
+        .load()?
+        .0
+        .map_or(0, |[_, word]| Ahead::decode(word).owed);
+    let mut repaid = 0;
+    while repaid < owed {
+        let Some(slot) = take_near(cursor, blob, reach, now)? else {
+            break;
+        };
+        // Still ahead until the slot that repays it is due.
+        repaid_by(waiting, reach.grid.slot_time(slot))?;
+        repaid += 1;
+    }
+    Ok(repaid)
+}
+
+/// Takes the earliest owned slot not yet taken if it is due within the
+/// coming epoch (None: there is none).
+fn take_near<C: SharedCell, B: SharedBlob>(
+    cursor: &mut C,
+    blob: &mut B,
+    reach: &Reach,
+    now: u64,
+) -> Result<Option<u64>, StoreError> {
+    let horizon = now.saturating_add(reach.grid.epoch_ns);
+    let min_slot = reach.min_slot(now);
+    let mut grants: Option<Grants> = None;
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (value, token) = cursor.load()?;
+        let [next, end] = value.unwrap_or([0, 0]);
+        let (slot, range_end) = if next < end && next >= min_slot {
+            (next, end)
+        } else {
+            if grants.is_none() {
+                let (bytes, _) = blob.load()?;
+                grants = Some(
+                    bytes
+                        .as_deref()
+                        .and_then(Grants::decode)
+                        .unwrap_or_default(),
+                );
+            }
+            match grants
+                .as_ref()
+                .and_then(|g| g.first_from(next.max(min_slot)))
+            {
+                Some(found) => found,
+                None => return Ok(None),
+            }
+        };
+        if reach.grid.slot_time(slot) > horizon {
+            return Ok(None);
+        }
+        if cursor.store([slot + 1, range_end], token)? {
+            return Ok(Some(slot));
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// One slot owed is repaid by a slot due at wall time `t`.
+fn repaid_by<W: SharedCell>(waiting: &mut W, t: u64) -> Result<(), StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = waiting.load()?;
+        let [n, word] = v.unwrap_or([0, 0]);
+        let mut ahead = Ahead::decode(word);
+        ahead.owed = ahead.owed.saturating_sub(1);
+        ahead.until_ms = ahead.until_ms.max(t.div_ceil(NS_PER_MS));
+        if waiting.store([n, ahead.encode()], token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Moves every owned range by `shift` slots (the process's clock offset from
+/// the fleet's changed: the same fleet slots lie at other local times), and
+/// points the cursor nowhere, so that workers look in the moved blob. What
+/// workers took (below the cursor) is pruned first; if one takes more before
+/// the cursor is reset, the blob is pruned again at where it moved the cursor.
+pub fn shift_grants<C: SharedCell, B: SharedBlob>(
+    blob: &mut B,
+    cursor: &mut C,
+    shift: i64,
+) -> Result<(), StoreError> {
+    let mut moved = false;
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (value, cursor_token) = cursor.load()?;
+        let next = value.map_or(0, |[n, _]| n);
+        let (bytes, token) = blob.load()?;
+        let mut g = bytes
+            .as_deref()
+            .and_then(Grants::decode)
+            .unwrap_or_default();
+        if moved {
+            g.prune_below(next.saturating_add_signed(shift));
+        } else {
+            g.prune_below(next);
+            for r in &mut g.ranges {
+                *r = (
+                    r.0.saturating_add_signed(shift),
+                    r.1.saturating_add_signed(shift),
+                );
+            }
+        }
+        if !blob.store(&g.encode(), token)? {
+            continue;
+        }
+        moved = true;
+        if cursor.store([0, 0], cursor_token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Drops every owned range and points the cursor nowhere: the slots granted
+/// so far may be granted again (counters lost), or lie in another time frame.
+pub fn reset_grants<C: SharedCell, B: SharedBlob>(
+    blob: &mut B,
+    cursor: &mut C,
+) -> Result<(), StoreError> {
+    let mut cleared = false;
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        if !cleared {
+            let (bytes, token) = blob.load()?;
+            let mut g = bytes
+                .as_deref()
+                .and_then(Grants::decode)
+                .unwrap_or_default();
+            g.ranges.clear();
+            cleared = blob.store(&g.encode(), token)?;
+            continue;
+        }
+        let (_, token) = cursor.load()?;
+        if cursor.store([0, 0], token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Whether the rule takes slots of the grid now (the calling VM's last
+/// word). False if the grants cannot be read: a request keeps its turn.
+pub fn on_grid<B: SharedBlob>(blob: &mut B) -> bool {
+    blob.load()
+        .ok()
+        .and_then(|(bytes, _)| bytes)
+        .as_deref()
+        .and_then(Grants::decode)
+        .is_some_and(|g| g.mode == Mode::Grid)
+}
+
+/// When a rule falls back to its local schedule: the schedule's next turn
+/// moves to the end of the grid slots this process still owns (they stay
+/// valid and are taken first), so that the two never run at once. `mono` and
+/// `wall`: the same instant on both clocks.
+pub fn fallback_after_grants<C: SharedCell, B: SharedBlob>(
+    fallback: &mut C,
+    blob: &mut B,
+    reach: &Reach,
+    mono: u64,
+    wall: u64,
+) -> Result<(), StoreError> {
+    let (bytes, _) = blob.load()?;
+    let Some(end) = bytes
+        .as_deref()
+        .and_then(Grants::decode)
+        .and_then(|g| g.ranges.last().map(|r| r.1))
+    else {
+        return Ok(());
+    };
+    let start = mono.saturating_add(reach.grid.slot_time(end).saturating_sub(wall));
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = fallback.load()?;
+        let [fp, tat] = v.unwrap_or([0, 0]);
+        if tat >= start || fallback.store([fp, start], token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Requests of a rule waiting for grants, in one process-wide cell
+/// `[count, owed]` (`owed`: slots taken on credit, not yet repaid):
 /// `+1` when a request starts waiting, `-1` when it leaves (slot taken,
 /// rejected at its deadline, or gone). Returns the count after the change.
 pub fn add_waiting<C: SharedCell>(cell: &mut C, delta: i64) -> Result<u64, StoreError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (v, token) = cell.load()?;
-        let n = v.map_or(0, |[n, _]| n);
+        let [n, owed] = v.unwrap_or([0, 0]);
         let new = if delta >= 0 {
             n.saturating_add(delta.unsigned_abs())
         } else {
             n.saturating_sub(delta.unsigned_abs())
         };
-        if cell.store([new, 0], token)? {
+        if cell.store([new, owed], token)? {
             return Ok(new);
         }
     }
@@ -510,6 +813,20 @@ mod tests {
     }
 
     const FIRST: Attempt = Attempt::First;
+
+    /// The waiting cell's second word: `owed` slots, ahead until `until_ms`.
+    fn ahead(owed: u64, until_ms: u64) -> u64 {
+        Ahead { owed, until_ms }.encode()
+    }
+
+    /// A waiting cell of a process that owes all the credit it may take:
+    /// requests take only the slots they own (the tests of credit below).
+    fn owing() -> MemCell {
+        MemCell {
+            v: Some([0, u64::MAX]),
+            version: 0,
+        }
+    }
 
     #[test]
     fn the_blob_round_trips_and_rejects_garbage() {
@@ -553,43 +870,19 @@ mod tests {
         let r = reach();
         let now = at(1000);
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Now { slot: 1000 }
         );
         assert_eq!(c.v, Some([1001, 1003]), "the fast path moved the cursor");
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Hold {
                 slot: 1001,
                 delay_ns: 2 * MS
             }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Hold {
                 slot: 1002,
                 delay_ns: 4 * MS
@@ -597,15 +890,7 @@ mod tests {
         );
         // The next owned slot, 1010, is 20 ms away: beyond max_queue_delay (10 ms).
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -614,15 +899,7 @@ mod tests {
         assert_eq!(c.v, Some([1003, 1003]), "a rejection takes nothing");
         // 10 ms later it is within reach.
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now + 10 * MS,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now + 10 * MS, true, FIRST),
             Take::Hold {
                 slot: 1010,
                 delay_ns: 10 * MS
@@ -638,66 +915,26 @@ mod tests {
                          // At slot 1005's time + 1 ms: 1004 (3 ms old) is out of reach, 1005 (1 ms old) is not.
         let now = at(1005) + MS;
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Now { slot: 1005 }
         );
         // With burst 2 (slack 6 ms), 1003 would still do: (3 ms)->1004 is the oldest usable...
         let (mut c, mut b) = setup(&[(1000, 1010)]);
         let r3 = Reach::new(Grid::new(2 * MS), 2, 10 * MS);
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r3, now, true, FIRST),
             Take::Now { slot: 1003 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r3, now, true, FIRST),
             Take::Now { slot: 1004 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r3, now, true, FIRST),
             Take::Now { slot: 1005 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r3, now, true, FIRST),
             Take::Hold {
                 slot: 1006,
                 delay_ns: MS
@@ -710,27 +947,11 @@ mod tests {
         let (mut c, mut b) = setup(&[(1000, 1003)]);
         let r = reach();
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                false,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), false, FIRST),
             Take::Now { slot: 1000 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                false,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), false, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: true
@@ -740,23 +961,32 @@ mod tests {
     }
 
     #[test]
-    fn without_grants_a_request_waits_unless_the_grant_rate_cannot_serve_it() {
+    fn without_grants_a_request_goes_on_credit_then_waits_unless_the_fleets_rate_cannot_serve_it() {
         let mut blob = MemBlob::default();
         let mut c = MemCell::default();
         let mut waiting = MemCell::default();
-        let r = reach(); // hold up to 10 ms
-                         // Nothing known yet: wait (and be counted).
+        let r = reach(); // 500/s (T = 2 ms), burst 0 (credit 1), hold up to 10 ms
+                         // Nothing owned: the first goes at once on credit; the process owes 1.
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            Take::Credit
+        );
+        assert_eq!(waiting.v, Some([0, ahead(1, 0)]));
+        // The credit is spent: the next ones wait (counted) while the fleet's
+        // rate could serve them within max_queue_delay: 5 slots in 10 ms.
+        for n in 1..=4 {
+            assert_eq!(
+                take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+                Take::Wait
+            );
+            assert_eq!(waiting.v, Some([n, ahead(1, 0)]));
+        }
+        // A fifth behind four would get the fleet's 5th slot: 10 ms, just in
+        // reach; a sixth would not: rejected now, with what it lacks.
         assert_eq!(
             take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
             Take::Wait
         );
-        // A share of 250 slots/s: 2.5 slots per 10 ms. With one waiting, a second still fits...
-        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[]).unwrap();
-        assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
-            Take::Wait
-        );
-        // ...but with 2 already waiting, a third cannot be served within 10 ms: rejected now.
         assert_eq!(
             take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
             Take::Reject {
@@ -764,37 +994,26 @@ mod tests {
                 queue_full: false
             }
         );
-        // A retry is never rejected early: the glue rejects it at its deadline.
-        assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut waiting,
-                &r,
-                at(1000),
-                true,
-                Attempt::Retry { waited_ns: MS }
-            ),
-            Take::Wait
-        );
-        // Grants arrive (slots 1002..1010): a new request queues behind the two
-        // waiting ones; their retries take the slots first, and leave the count.
-        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[(1002, 1010)]).unwrap();
-        assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
-            Take::Reject {
-                retry_after_s: 1,
-                queue_full: false
-            }
-        );
-        let retry = Attempt::Retry { waited_ns: 2 * MS };
+        assert_eq!(waiting.v, Some([5, ahead(1, 0)]));
+        // A retry is never rejected early: the worker rejects it at its deadline.
+        let retry = Attempt::Retry { waited_ns: MS };
         assert_eq!(
             take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
-            Take::Hold {
-                slot: 1002,
-                delay_ns: 4 * MS
-            }
+            Take::Wait
         );
+        // Grants arrive (slots 1002..1010): the first repays the credit, the
+        // rest go to the waiting requests first (retries), oldest first.
+        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 0, &[(1002, 1010)]).unwrap();
+        assert_eq!(repay(&mut c, &mut blob, &mut waiting, &r, at(1000)), Ok(1));
+        assert_eq!(
+            waiting.v,
+            Some([5, ahead(0, at(1002) / MS)]),
+            "repaid by the earliest slot, ahead until its time"
+        );
+        assert_eq!(c.v, Some([1003, 1010]));
+        // Until slot 1002's time (4 ms), nothing goes ahead: the retries of
+        // the waiting take the next slots, oldest first, leaving the count...
+        let retry = Attempt::Retry { waited_ns: 2 * MS };
         assert_eq!(
             take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
             Take::Hold {
@@ -802,26 +1021,106 @@ mod tests {
                 delay_ns: 6 * MS
             }
         );
-        assert_eq!(waiting.v, Some([0, 0]));
-        // A retry may be held only for what is left of max_queue_delay (10 - 7 ms).
-        let mut w = MemCell::default();
-        add_waiting(&mut w, 1).unwrap();
+        assert_eq!(waiting.v.map(|[n, _]| n), Some(4));
+        // ...and a new request, while others wait, takes the cursor's next
+        // slot (the fast path reads no waiting count) and never goes ahead.
         assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut w,
-                &r,
-                at(1000),
-                true,
-                Attempt::Retry { waited_ns: 7 * MS }
-            ),
-            Take::Reject {
-                retry_after_s: 1,
-                queue_full: false
+            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            Take::Hold {
+                slot: 1004,
+                delay_ns: 8 * MS
             }
         );
-        assert_eq!(w.v, Some([0, 0]));
+        // Once 1002's time has passed, the oldest retry may go ahead again:
+        // on its slot (1005, 6 ms away at 1002's time), before its time.
+        assert_eq!(
+            take(&mut c, &mut blob, &mut waiting, &r, at(1002), true, retry),
+            Take::Early { slot: 1005 }
+        );
+        assert_eq!(waiting.v, Some([3, ahead(0, at(1005) / MS)]));
+    }
+
+    #[test]
+    fn a_shift_moves_the_untaken_slots_and_sends_workers_to_the_blob() {
+        // Owned 1000..1010 and 1020..1030; workers took 1000..1004.
+        let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
+        c.v = Some([1004, 1010]);
+        shift_grants(&mut b, &mut c, 500).unwrap();
+        assert_eq!(
+            Grants::decode(b.v.as_ref().unwrap()).unwrap().ranges,
+            vec![(1504, 1510), (1520, 1530)]
+        );
+        assert_eq!(c.v, Some([0, 0]));
+        // A worker now takes the first moved slot.
+        let r = Reach::new(Grid::new(2 * MS), 0, 10 * MS);
+        assert_eq!(
+            take(&mut c, &mut b, &mut owing(), &r, at(1504), true, FIRST),
+            Take::Now { slot: 1504 }
+        );
+    }
+
+    #[test]
+    fn credit_is_repaid_from_slots_due_within_the_coming_epoch_only() {
+        // Owed 1; owned: 1100 (200 ms away: beyond the epoch) only.
+        let (mut c, mut b) = setup(&[(1100, 1101)]);
+        let mut waiting = MemCell {
+            v: Some([0, ahead(1, 0)]),
+            version: 1,
+        };
+        let r = reach();
+        assert_eq!(repay(&mut c, &mut b, &mut waiting, &r, at(1000)), Ok(0));
+        assert_eq!(waiting.v, Some([0, ahead(1, 0)]), "still owed");
+        // 150 ms later it is due within the epoch: taken, and the debt goes
+        // (still ahead until that slot's time).
+        assert_eq!(repay(&mut c, &mut b, &mut waiting, &r, at(1075)), Ok(1));
+        assert_eq!(
+            (waiting.v, c.v),
+            (Some([0, ahead(0, at(1100) / MS)]), Some([1101, 1101]))
+        );
+        // Nothing owed: nothing taken.
+        let (mut c, mut b) = setup(&[(1000, 1010)]);
+        let mut none = MemCell::default();
+        let before = c.v;
+        assert_eq!(repay(&mut c, &mut b, &mut none, &r, at(1000)), Ok(0));
+        assert_eq!(c.v, before);
+    }
+
+    #[test]
+    fn one_request_at_a_time_goes_ahead_of_its_slot_within_the_epoch() {
+        // Owned: 1000 (now), 1004 and 1005 (8 and 10 ms away).
+        let (mut c, mut b) = setup(&[(1000, 1001), (1004, 1006)]);
+        let mut waiting = MemCell::default();
+        let r = reach();
+        let now = at(1000);
+        assert_eq!(
+            take(&mut c, &mut b, &mut waiting, &r, now, true, FIRST),
+            Take::Now { slot: 1000 }
+        );
+        // The next owned slot is 4 intervals away: taken now, before its time...
+        assert_eq!(
+            take(&mut c, &mut b, &mut waiting, &r, now, true, FIRST),
+            Take::Early { slot: 1004 }
+        );
+        assert_eq!(waiting.v, Some([0, ahead(0, at(1004) / MS)]));
+        // ...one at a time: until 1004's time the next one holds for its slot.
+        assert_eq!(
+            take(&mut c, &mut b, &mut waiting, &r, now, true, FIRST),
+            Take::Hold {
+                slot: 1005,
+                delay_ns: 10 * MS
+            }
+        );
+        // Within one interval, a slot is held for, not taken early.
+        let (mut c, mut b) = setup(&[(1001, 1002)]);
+        let mut waiting = MemCell::default();
+        assert_eq!(
+            take(&mut c, &mut b, &mut waiting, &r, now, true, FIRST),
+            Take::Hold {
+                slot: 1001,
+                delay_ns: 2 * MS
+            }
+        );
+        assert_eq!(waiting.v, None, "nothing ahead");
     }
 
     #[test]
@@ -841,42 +1140,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Now { slot: 1000 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Local {
                 interval_ns: 6 * MS
             }
         );
         publish(&mut b, &mut c, &r, 0, Mode::Deny, 0, &[]).unwrap();
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Deny
         );
     }
@@ -885,24 +1160,8 @@ mod tests {
     fn publish_prunes_what_is_taken_or_out_of_reach() {
         let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
         let r = reach();
-        take(
-            &mut c,
-            &mut b,
-            &mut MemCell::default(),
-            &r,
-            at(1000),
-            true,
-            FIRST,
-        );
-        take(
-            &mut c,
-            &mut b,
-            &mut MemCell::default(),
-            &r,
-            at(1000),
-            true,
-            FIRST,
-        );
+        take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
+        take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
         // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004.
         let usable = publish(&mut b, &mut c, &r, at(1005), Mode::Grid, 0, &[(1040, 1045)]).unwrap();
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
@@ -919,7 +1178,7 @@ mod tests {
         let take_one = |c: &mut MemCell, b: &mut MemBlob| match take(
             c,
             b,
-            &mut MemCell::default(),
+            &mut owing(),
             &r,
             at(1000),
             true,

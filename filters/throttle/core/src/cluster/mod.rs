@@ -65,6 +65,7 @@ pub mod grid;
 pub mod lease;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
+pub mod skew;
 pub mod wire;
 
 pub use caller::{
@@ -73,7 +74,10 @@ pub use caller::{
 };
 pub use calls::{Calls, Effects};
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
-pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, Take};
+pub use grants::{
+    add_waiting, fallback_after_grants, on_grid, publish, repay, reset_grants, shift_grants, take,
+    Attempt, Grants, Mode, Reach, Take,
+};
 pub use grid::Grid;
 
 use std::sync::Arc;
@@ -123,3 +127,6 @@ pub fn local_schedule(reach: &Reach, interval_ns: u64, attempt: Attempt) -> Sche
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod holds;

@@ -67,6 +67,17 @@ pub enum OnEngineFailure {
     LocalFull,
 }
 
+impl OnEngineFailure {
+    /// The configuration's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            OnEngineFailure::LocalShare => "local_share",
+            OnEngineFailure::Deny => "deny",
+            OnEngineFailure::LocalFull => "local_full",
+        }
+    }
+}
+
 /// A rule's `scope: "cluster"` settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterScope {
@@ -139,6 +150,36 @@ impl Rule {
 }
 
 impl Config {
+    /// One line per rule for the log and `throttle-config check`; a cluster
+    /// rule's names its engine.
+    pub fn describe(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .map(|r| match (&r.cluster, &self.engine) {
+                (Some(c), Some(e)) => format!(
+                    "{}, scope cluster (engine cluster {:?}, domain {:?}, expected_replicas {}, on_engine_failure {})",
+                    r.describe(),
+                    e.cluster,
+                    e.domain,
+                    c.expected_replicas,
+                    c.on_engine_failure.name()
+                ),
+                _ => r.describe(),
+            })
+            .collect()
+    }
+
+    /// What is valid but probably not meant (logged at warn when configured).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.engine.is_some() && self.rules.iter().all(|r| r.cluster.is_none()) {
+            out.push(
+                "engine: no rule has scope \"cluster\", so the engine block is not used".into(),
+            );
+        }
+        out
+    }
+
     /// Whether some rule needs request data to match or key (false when the
     /// first rule matches everything and has no key: the fast path reads no header).
     pub fn first_rule_takes_all(&self) -> bool {

@@ -464,10 +464,36 @@ fn bad_cluster_configs_name_the_field() {
          &["engine.domain: must be a non-empty string, got 7"]),
         (r#"{"engine": {"cluster": "rl", "host": "x"}, "rules": [{"name": "a", "rate": 10}]}"#,
          &["engine.host: unknown field (expected one of: cluster, timeout, fallback_after, domain, max_clock_skew)"]),
+        (r#"{"engine": {"cluster": "rl", "timeout": "500ms"}, "rules": [{"name": "a", "rate": 10, "max_queue_delay": "10ms", "scope": "cluster"}]}"#,
+         &["rules[0].max_queue_delay: 10 ms is shorter than engine.timeout (500 ms): a request waiting for grants from the engine could only be rejected; make it at least engine.timeout"]),
     ];
     for (json, expected) in table {
         assert_eq!(&errors(json), expected, "config: {json}");
     }
+}
+
+#[test]
+fn the_configured_line_names_the_scope_and_the_engine_and_warns_of_an_unused_engine() {
+    let c = parse(
+        br#"{"engine": {"cluster": "rl", "domain": "d"}, "rules": [
+            {"name": "a", "rate": 10, "scope": "cluster", "expected_replicas": 3},
+            {"name": "b", "rate": 5}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.describe(),
+        vec![
+            "a: rate 10/1s (interval 100000000ns), burst 0, max_queue_delay 1000ms, scope cluster (engine cluster \"rl\", domain \"d\", expected_replicas 3, on_engine_failure local_share)".to_string(),
+            "b: rate 5/1s (interval 200000000ns), burst 0, max_queue_delay 1000ms".to_string(),
+        ]
+    );
+    assert!(c.warnings().is_empty());
+    let unused =
+        parse(br#"{"engine": {"cluster": "rl"}, "rules": [{"name": "b", "rate": 5}]}"#).unwrap();
+    assert_eq!(
+        unused.warnings(),
+        vec!["engine: no rule has scope \"cluster\", so the engine block is not used".to_string()]
+    );
 }
 
 #[test]

@@ -181,6 +181,23 @@ impl Validator {
         };
         let rules = self.rules(obj, &defaults);
         let (rules, engine) = (rules?, engine?);
+        if let Some(e) = &engine {
+            for (i, r) in rules.iter().enumerate() {
+                if r.cluster.is_some() && r.max_delay_ns < e.timeout_ns {
+                    self.error(
+                        &format!("rules[{i}].max_queue_delay"),
+                        format!(
+                            "{} ms is shorter than engine.timeout ({} ms): a request waiting for grants from the engine could only be rejected; make it at least engine.timeout",
+                            r.max_delay_ns / crate::clock::NS_PER_MS,
+                            e.timeout_ns / crate::clock::NS_PER_MS
+                        ),
+                    );
+                }
+            }
+            if !self.errors.is_empty() {
+                return None;
+            }
+        }
         if engine.is_none() {
             for (i, r) in rules.iter().enumerate() {
                 if r.cluster.is_some() {

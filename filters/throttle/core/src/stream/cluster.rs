@@ -77,6 +77,13 @@ fn attempt<S: Store>(
             counts.inc(Stat::SlotsTaken);
             Outcome::Go
         }
+        Take::Early { .. } | Take::Credit => {
+            // Counted as taken: its slot is taken now (early), or the one that
+            // repays it later (credit).
+            counts.inc(Stat::SlotsTaken);
+            counts.inc(Stat::SlotsAhead);
+            Outcome::Go
+        }
         Take::Hold { delay_ns, .. } => {
             counts.inc(Stat::SlotsTaken);
             Outcome::Hold {
@@ -96,7 +103,13 @@ fn attempt<S: Store>(
                 can_hold,
             );
             // The fallback's schedule is not the rule's: no headers from it.
-            rate::outcome(admission).0
+            match rate::outcome(admission).0 {
+                Outcome::Hold { until } => Outcome::Wait(Wait::Fallback {
+                    until,
+                    deadline: now.saturating_add(attempt.max_delay(&reach)),
+                }),
+                other => other,
+            }
         }
         Take::Deny => Outcome::Reject { retry_after_s: 1 },
         Take::Contention => Outcome::Contention,

@@ -75,6 +75,9 @@ impl Stream {
             Outcome::Go => return Next::Stage,
             Outcome::Hold { until } => w.queue.hold(id, index, now, until),
             Outcome::Wait(Wait::Grants { deadline }) => w.grants.wait(id, index, now, deadline),
+            Outcome::Wait(Wait::Fallback { until, .. }) => {
+                w.queue.hold_fallback(id, index, now, until)
+            }
             Outcome::Wait(Wait::Gate { ticket, deadline }) => {
                 w.gate.wait(id, index, ticket, now, deadline)
             }
@@ -106,7 +109,9 @@ impl Stream {
         let first = !would(&d.counts);
         let (stat, note, next) = match outcome {
             Outcome::Go => return Next::Stage,
-            Outcome::Hold { until } => (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage),
+            Outcome::Hold { until } | Outcome::Wait(Wait::Fallback { until, .. }) => {
+                (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
+            }
             Outcome::Wait(Wait::Grants { deadline }) => {
                 // A dry run never waits: its place in the waiting count goes.
                 let _ = cluster::add_waiting(&mut cx.env.store.cell(CellId::Waiting(cx.index)), -1);

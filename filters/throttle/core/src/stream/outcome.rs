@@ -25,4 +25,9 @@ pub enum Wait {
     Grants { deadline: u64 },
     /// A concurrency slot: this gate ticket's turn.
     Gate { ticket: u64, deadline: u64 },
+    /// Cluster scope while the engine fails: the fallback schedule's turn at
+    /// `until`; should the grid be back by then, grants instead (until
+    /// `deadline`), so that a turn given during a blip never goes out on top
+    /// of the whole grid after it.
+    Fallback { until: u64, deadline: u64 },
 }
