@@ -1,0 +1,179 @@
+//! The worker's part of the class queues, on each tick (see the module
+//! docs of [`crate::classes`]): grant the due slots, pass on the grants of
+//! its abandoned tickets, release its requests whose ticket was granted, and
+//! answer those whose turn can no longer come in time (`displaced`).
+
+use crate::clock::NS_PER_S;
+use crate::config::{Config, Rule};
+use crate::reply::rejection;
+use crate::stats::{ClassStat, Counts};
+use crate::store::{BlobId, CellId, Store, StoreError};
+use crate::worker::{TickAction, TickPlan, Worker};
+
+use super::slots::{RateSlots, Slots};
+use super::tickets::{self, Abandoned, Settled, Tickets};
+use super::{cannot_make_it, turn_ns, Backlog, ClassWaiter};
+
+/// Most rounds of granting and passing on in one tick.
+const ROUNDS: usize = 64;
+
+impl Worker {
+    /// The class queues' part of a tick, for every rule with waiters or
+    /// abandoned tickets on this worker.
+    pub(crate) fn class_turns<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        now: u64,
+        plan: &mut TickPlan,
+    ) {
+        for index in self.classes.rules() {
+            let Some(rule) = cfg.rules.get(index) else {
+                continue;
+            };
+            if self.class_turn(cfg, rule, index, store, now, plan).is_err() {
+                // The shared value or the schedule failed: nothing is
+                // granted this tick; waiters past their deadline still go.
+                self.class_deadlines(cfg, index, store, now, plan);
+            }
+        }
+    }
+
+    fn class_turn<S: Store>(
+        &mut self,
+        cfg: &Config,
+        rule: &Rule,
+        index: usize,
+        store: S,
+        now: u64,
+        plan: &mut TickPlan,
+    ) -> Result<(), StoreError> {
+        let Some(schedule) = rule.schedule else {
+            return Ok(());
+        };
+        let mut blob = store.blob(BlobId::Classes(index));
+        let mut slots = RateSlots {
+            cell: store.cell(CellId::Rate(index)),
+            schedule,
+        };
+        let mut t = Tickets::default();
+        for _ in 0..ROUNDS {
+            t = tickets::grant_due(&mut blob, &mut slots, &rule.classes, now)?.tickets;
+            let mut passed = false;
+            for (c, ticket, counted) in self.classes.abandoned_of(index) {
+                if t.lines.get(c).is_none_or(|l| ticket > l.granted) {
+                    continue;
+                }
+                let (after, out) = tickets::settle(&mut blob, &mut slots, c, ticket, counted)?;
+                t = after;
+                if out != Settled::NotYet {
+                    self.classes.passed_on(index, c, ticket);
+                    passed = true;
+                }
+            }
+            if !passed {
+                break;
+            }
+        }
+        let mut left: Vec<ClassWaiter> = Vec::new();
+        for w in self.classes.of_rule(index) {
+            if t.lines.get(w.class).is_some_and(|l| w.ticket < l.granted) {
+                self.classes.remove(w.context_id);
+                self.releasing.insert(w.context_id, w.class);
+                self.release(cfg, store, w.context_id, index, w.since, now, plan);
+            } else {
+                left.push(w);
+            }
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        let outlook = slots.outlook(now, true)?;
+        let b = Backlog {
+            classes: &rule.classes,
+            tickets: &t,
+            outlook,
+            now,
+        };
+        for w in left {
+            let line = t.lines.get(w.class).copied().unwrap_or_default();
+            let position = w
+                .ticket
+                .saturating_sub(line.granted)
+                .saturating_add(1)
+                .saturating_sub(line.abandoned.into())
+                .max(1);
+            if now >= w.deadline || cannot_make_it(&b, w.class, position, w.deadline) {
+                let retry = turn_ns(&b, w.class, position, true)
+                    .unwrap_or(NS_PER_S)
+                    .div_ceil(NS_PER_S)
+                    .max(1);
+                self.displace(cfg, store, w, retry, plan);
+            }
+        }
+        Ok(())
+    }
+
+    /// Without the shared state: only the waiters past their deadline go.
+    fn class_deadlines<S: Store>(
+        &mut self,
+        cfg: &Config,
+        index: usize,
+        store: S,
+        now: u64,
+        plan: &mut TickPlan,
+    ) {
+        for w in self.classes.of_rule(index) {
+            if now >= w.deadline {
+                self.displace(cfg, store, w, 1, plan);
+            }
+        }
+    }
+
+    /// Answers a waiter whose turn cannot come in time; its ticket is abandoned.
+    fn displace<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        w: ClassWaiter,
+        retry_after_s: u64,
+        plan: &mut TickPlan,
+    ) {
+        self.classes.remove(w.context_id);
+        self.abandon_ticket(store, w);
+        let status = cfg.rules.get(w.rule).map_or(429, |r| r.reject_status);
+        let grpc = self.grpc.contains(&w.context_id);
+        plan.actions.push(TickAction::Reply {
+            id: w.context_id,
+            rule: w.rule,
+            reply: rejection(status, retry_after_s, grpc, Vec::new()),
+        });
+        let mut c = Counts::NONE;
+        c.add_class(w.class, ClassStat::Displaced, 1);
+        plan.merge(w.rule, &c);
+    }
+
+    /// A class waiter leaves (its stream ended, or Envoy answered it): its
+    /// ticket is abandoned. Returns whether it was waiting.
+    pub(crate) fn leave_class<S: Store>(&mut self, store: S, id: u32) -> bool {
+        let Some(w) = self.classes.remove(id) else {
+            return false;
+        };
+        self.abandon_ticket(store, w);
+        true
+    }
+
+    /// Abandons a waiter's ticket in the shared value; keeps it here if it
+    /// must still be settled. (If the store fails, it is kept as counted:
+    /// settled once next in line or granted, whichever the value shows.)
+    pub(crate) fn abandon_ticket<S: Store>(&mut self, store: S, w: ClassWaiter) {
+        let how = tickets::abandon(&mut store.blob(BlobId::Classes(w.rule)), w.class, w.ticket);
+        match how {
+            Ok(Abandoned::Skipped) => {}
+            Ok(Abandoned::Counted) => self.classes.abandon(w.rule, w.class, w.ticket, true),
+            Ok(Abandoned::Granted) | Err(_) => {
+                self.classes.abandon(w.rule, w.class, w.ticket, false)
+            }
+        }
+    }
+}
