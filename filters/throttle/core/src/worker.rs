@@ -201,7 +201,7 @@ impl Worker {
         let mut plan = TickPlan::default();
         let now = clock.mono();
         self.rate_releases(cfg, store, now, &mut plan);
-        self.class_turns(cfg, store, now, &mut plan);
+        self.class_turns(cfg, store, clock, &mut plan);
         if !self.grants.is_empty() {
             self.grant_retries(cfg, store, clock, &mut plan);
         }

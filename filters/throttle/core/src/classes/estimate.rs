@@ -107,11 +107,13 @@ pub fn cannot_make_it(b: &Backlog<'_>, c: usize, position: u64, deadline: u64) -
     if deadline < b.now {
         return true;
     }
-    let n = if deadline < b.outlook.next_at {
-        0
-    } else {
-        let span = (deadline - b.outlook.next_at) as f64 / NS_PER_S as f64;
-        (span * b.outlook.per_s).floor() as u64 + 1
+    let n = match (
+        deadline.checked_sub(b.outlook.next_at),
+        b.outlook.interval_ns,
+    ) {
+        (Some(span), t) if t > 0 => span / t + 1,
+        // No slot is coming (or it comes after the deadline).
+        _ => 0,
     };
     let waiting = b.tickets.waiting();
     let ppm = b.classes.get(c).map_or(0, |k| k.min_share_ppm);

@@ -336,3 +336,92 @@ fn dry_run_counts_the_classes_and_holds_nothing() {
     assert_eq!(c(0, ClassStat::Queued), 1);
     assert_eq!(p.totals[&(0, Stat::WouldQueue)], 5);
 }
+
+/// A cluster rule of 100/s (grid slot k at k x 10 ms wall time) whose engine
+/// granted this proxy `ranges`, in `mode`.
+fn cluster(ranges: &[(u64, u64)], mode: crate::cluster::Mode) -> Process {
+    let json = r#"{"engine": {"cluster": "rls"},
+      "rules": [{"name": "api", "rate": "100/s", "max_queue_delay": "1s", "scope": "cluster",
+      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                  {"name": "batch"}]}]}"#;
+    let p = Process::new(json, 2).unwrap();
+    let reach = crate::cluster::rule_reach(&p.config.rules[0]).unwrap();
+    let store = crate::testing::MemStore(&p.cells);
+    crate::cluster::publish(
+        &mut crate::store::Store::blob(store, crate::store::BlobId::Grants(0)),
+        &mut crate::store::Store::cell(store, crate::store::CellId::Cursor(0)),
+        &reach,
+        1000 * NS_PER_S,
+        mode,
+        50,
+        ranges,
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn in_cluster_scope_the_owned_grid_slots_are_granted_by_class() {
+    // Slot k is at k x 10 ms: this proxy owns slots 100_000..100_010 and
+    // 100_020..100_030 (t0 .. t0 + 100 ms, t0 + 200 .. 300 ms).
+    let t0 = 1000 * NS_PER_S;
+    let mut p = cluster(
+        &[(100_000, 100_010), (100_020, 100_030)],
+        crate::cluster::Mode::Grid,
+    );
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.totals[&(0, Stat::SlotsTaken)], 1);
+    assert_eq!(p.request(0, 2, req("batch"), t0 + MS), Verdict::Hold);
+    assert_eq!(p.request(1, 3, req("critical"), t0 + 2 * MS), Verdict::Hold);
+    // The next owned slot (t0 + 10 ms) is critical's, the one after batch's.
+    p.tick(0, t0 + 10 * MS);
+    p.tick(1, t0 + 10 * MS);
+    p.tick(0, t0 + 20 * MS);
+    assert_eq!(p.order, vec![1, 3, 2]);
+    assert_eq!(p.totals[&(0, Stat::SlotsTaken)], 3);
+    // Slots 100_010..100_020 are not ours: after the first range, a request
+    // waits for slot 100_020 (t0 + 200 ms).
+    for k in 0..7 {
+        assert_eq!(
+            p.request(0, 10 + k, req("critical"), t0 + 21 * MS),
+            Verdict::Hold
+        );
+    }
+    p.request(1, 20, req("critical"), t0 + 21 * MS);
+    for ms in 21..200 {
+        p.tick(0, t0 + ms * MS);
+        p.tick(1, t0 + ms * MS);
+    }
+    assert_eq!(p.seen[&20].fate, Fate::Held);
+    p.tick(1, t0 + 200 * MS);
+    assert_eq!(p.seen[&20].fate, Fate::Released(t0 + 200 * MS));
+}
+
+#[test]
+fn in_cluster_scope_deny_rejects_and_local_paces() {
+    let t0 = 1000 * NS_PER_S;
+    let mut p = cluster(&[], crate::cluster::Mode::Deny);
+    assert!(matches!(
+        p.request(0, 1, req("critical"), t0),
+        Verdict::Reply(_)
+    ));
+    // Local fallback at 20/s: one every 50 ms, from the fallback schedule.
+    let mut p = cluster(
+        &[],
+        crate::cluster::Mode::Local {
+            interval_ns: 50 * MS,
+        },
+    );
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.request(0, 2, req("batch"), t0), Verdict::Hold);
+    assert_eq!(p.request(1, 3, req("critical"), t0), Verdict::Hold);
+    p.tick(0, t0 + 50 * MS);
+    p.tick(1, t0 + 50 * MS);
+    assert_eq!(p.seen[&3].fate, Fate::Released(t0 + 50 * MS));
+    p.tick(0, t0 + 100 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 100 * MS));
+    assert!(
+        !p.totals.contains_key(&(0, Stat::SlotsTaken)),
+        "no grid slot"
+    );
+}

@@ -199,13 +199,8 @@ fn rate_slots_take_due_slots_in_virtual_time() {
     s.give_back(None).unwrap();
     assert_eq!(s.cell.v, Some([0, idle]));
     let o = s.outlook(idle + 3 * MS, false).unwrap();
-    assert_eq!(
-        o,
-        Outlook {
-            next_at: idle + 3 * MS,
-            per_s: 100.0
-        }
-    );
+    assert_eq!(o, Outlook::every(idle + 3 * MS, 10 * MS));
+    assert_eq!(o.per_s, 100.0);
     // Busy, a slot older than the catch-up is forfeited.
     let stall = idle + CATCH_UP_NS + 50 * MS;
     assert_eq!(
@@ -387,10 +382,7 @@ fn backlog<'a>(classes: &'a [Class], t: &'a Tickets, next_at: u64, now: u64) -> 
     Backlog {
         classes,
         tickets: t,
-        outlook: Outlook {
-            next_at,
-            per_s: 100.0,
-        },
+        outlook: Outlook::every(next_at, 10 * MS),
         now,
     }
 }

@@ -3,19 +3,23 @@
 //! its abandoned tickets, release its requests whose ticket was granted, and
 //! answer those whose turn can no longer come in time (`displaced`).
 
-use crate::clock::NS_PER_S;
+use crate::clock::{Clock, NS_PER_S};
 use crate::config::{Config, Rule};
 use crate::reply::rejection;
-use crate::stats::{ClassStat, Counts};
-use crate::store::{BlobId, CellId, Store, StoreError};
+use crate::stats::{ClassStat, Counts, Stat};
+use crate::store::{BlobId, Store, StoreError};
 use crate::worker::{TickAction, TickPlan, Worker};
 
-use super::slots::{RateSlots, Slots};
+use super::slots::{self, Slots};
 use super::tickets::{self, Abandoned, Settled, Tickets};
 use super::{cannot_make_it, turn_ns, Backlog, ClassWaiter};
 
 /// Most rounds of granting and passing on in one tick.
 const ROUNDS: usize = 64;
+
+/// How often a worker checks its waiters of a rule for a turn that can no
+/// longer come in time (deadlines themselves are kept at every tick).
+pub const CHECK_EVERY_NS: u64 = 10 * crate::clock::NS_PER_MS;
 
 impl Worker {
     /// The class queues' part of a tick, for every rule with waiters or
@@ -24,14 +28,23 @@ impl Worker {
         &mut self,
         cfg: &Config,
         store: S,
-        now: u64,
+        clock: &mut impl Clock,
         plan: &mut TickPlan,
     ) {
+        let now = clock.mono();
         for index in self.classes.rules() {
             let Some(rule) = cfg.rules.get(index) else {
                 continue;
             };
-            if self.class_turn(cfg, rule, index, store, now, plan).is_err() {
+            let wall = if rule.cluster.is_some() {
+                clock.wall()
+            } else {
+                0
+            };
+            if self
+                .class_turn(cfg, rule, index, store, (now, wall), plan)
+                .is_err()
+            {
                 // The shared value or the schedule failed: nothing is
                 // granted this tick; waiters past their deadline still go.
                 self.class_deadlines(cfg, index, store, now, plan);
@@ -45,20 +58,17 @@ impl Worker {
         rule: &Rule,
         index: usize,
         store: S,
-        now: u64,
+        (now, wall): (u64, u64),
         plan: &mut TickPlan,
     ) -> Result<(), StoreError> {
-        let Some(schedule) = rule.schedule else {
+        let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
             return Ok(());
         };
         let mut blob = store.blob(BlobId::Classes(index));
-        let mut slots = RateSlots {
-            cell: store.cell(CellId::Rate(index)),
-            schedule,
-        };
         let mut t = Tickets::default();
         for _ in 0..ROUNDS {
-            t = tickets::grant_due(&mut blob, &mut slots, &rule.classes, now)?.tickets;
+            let g = tickets::grant_due(&mut blob, &mut slots, &rule.classes, now)?;
+            t = g.tickets;
             let mut passed = false;
             for (c, ticket, counted) in self.classes.abandoned_of(index) {
                 if t.lines.get(c).is_none_or(|l| ticket > l.granted) {
@@ -75,17 +85,25 @@ impl Worker {
                 break;
             }
         }
-        let mut left: Vec<ClassWaiter> = Vec::new();
-        for w in self.classes.of_rule(index) {
-            if t.lines.get(w.class).is_some_and(|l| w.ticket < l.granted) {
+        let taken = slots.grid_taken();
+        if taken > 0 {
+            plan.count(
+                index,
+                Stat::SlotsTaken,
+                i32::try_from(taken).unwrap_or(i32::MAX),
+            );
+        }
+        for (c, line) in t.lines.iter().enumerate().take(rule.classes.len()) {
+            for w in self.classes.granted(index, c, line.granted) {
                 self.classes.remove(w.context_id);
                 self.releasing.insert(w.context_id, w.class);
                 self.release(cfg, store, w.context_id, index, w.since, now, plan);
-            } else {
-                left.push(w);
             }
         }
-        if left.is_empty() {
+        for w in self.classes.expired(index, now) {
+            self.displace(cfg, store, w, 1, plan);
+        }
+        if self.classes.is_empty() || !self.classes.check_due(index, now, CHECK_EVERY_NS) {
             return Ok(());
         }
         let outlook = slots.outlook(now, true)?;
@@ -95,7 +113,7 @@ impl Worker {
             outlook,
             now,
         };
-        for w in left {
+        for w in self.classes.of_rule(index) {
             let line = t.lines.get(w.class).copied().unwrap_or_default();
             let position = w
                 .ticket
@@ -103,7 +121,7 @@ impl Worker {
                 .saturating_add(1)
                 .saturating_sub(line.abandoned.into())
                 .max(1);
-            if now >= w.deadline || cannot_make_it(&b, w.class, position, w.deadline) {
+            if cannot_make_it(&b, w.class, position, w.deadline) {
                 let retry = turn_ns(&b, w.class, position, true)
                     .unwrap_or(NS_PER_S)
                     .div_ceil(NS_PER_S)
@@ -123,10 +141,8 @@ impl Worker {
         now: u64,
         plan: &mut TickPlan,
     ) {
-        for w in self.classes.of_rule(index) {
-            if now >= w.deadline {
-                self.displace(cfg, store, w, 1, plan);
-            }
+        for w in self.classes.expired(index, now) {
+            self.displace(cfg, store, w, 1, plan);
         }
     }
 

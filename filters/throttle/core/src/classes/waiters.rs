@@ -2,7 +2,7 @@
 //! abandoned tickets it must still pass on when their turn comes (as the
 //! gate keeps its abandoned tickets, [`crate::gate::GateWaiters`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A request waiting for its class's grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +28,10 @@ pub struct ClassWaiters {
     /// Abandoned tickets whose grant is still to pass on, with whether the
     /// shared value counts them as abandoned.
     abandoned: BTreeMap<Place, bool>,
+    /// Waiters by deadline.
+    deadlines: BTreeSet<(u64, u32)>,
+    /// When each rule's waiters were last checked for displacement.
+    checked: HashMap<usize, u64>,
 }
 
 impl ClassWaiters {
@@ -68,17 +72,49 @@ impl ClassWaiters {
 
     /// Starts waiting.
     pub fn wait(&mut self, w: ClassWaiter) {
+        self.remove(w.context_id);
         let place = (w.rule, w.class, w.ticket);
-        if let Some(old) = self.place_of.insert(w.context_id, place) {
-            self.by_place.remove(&old);
-        }
+        self.place_of.insert(w.context_id, place);
         self.by_place.insert(place, w);
+        self.deadlines.insert((w.deadline, w.context_id));
     }
 
     /// Stops waiting (its stream ended, or it is released or displaced).
     pub fn remove(&mut self, context_id: u32) -> Option<ClassWaiter> {
         let place = self.place_of.remove(&context_id)?;
-        self.by_place.remove(&place)
+        let w = self.by_place.remove(&place)?;
+        self.deadlines.remove(&(w.deadline, context_id));
+        Some(w)
+    }
+
+    /// Waiters of `rule` and `class` with a ticket below `granted` (their
+    /// grant came), in ticket order.
+    pub fn granted(&self, rule: usize, class: usize, granted: u64) -> Vec<ClassWaiter> {
+        self.by_place
+            .range((rule, class, 0)..(rule, class, granted))
+            .map(|(_, w)| *w)
+            .collect()
+    }
+
+    /// Waiters of `rule` whose deadline is at or before `now`.
+    pub fn expired(&self, rule: usize, now: u64) -> Vec<ClassWaiter> {
+        self.deadlines
+            .range(..=(now, u32::MAX))
+            .filter_map(|(_, id)| self.place_of.get(id).and_then(|p| self.by_place.get(p)))
+            .filter(|w| w.rule == rule)
+            .copied()
+            .collect()
+    }
+
+    /// Whether `rule`'s waiters are due for a displacement check at `now`
+    /// (at most every `every_ns`); records the check.
+    pub fn check_due(&mut self, rule: usize, now: u64, every_ns: u64) -> bool {
+        let last = self.checked.entry(rule).or_insert(0);
+        if now < last.saturating_add(every_ns) && *last != 0 {
+            return false;
+        }
+        *last = now;
+        true
     }
 
     /// Keeps an abandoned ticket until its grant is passed on.

@@ -5,23 +5,28 @@
 //! beyond its class's `max_queue_delay` (rejected at once). With `key_quota`,
 //! the key's quota is taken first, as without classes.
 
-use crate::classes::{self, tickets, Backlog, RateSlots, Slots};
-use crate::clock::NS_PER_S;
+use crate::classes::{self, slots, tickets, Backlog, Slots};
+use crate::clock::{Clock, NS_PER_S};
 use crate::keys::candidate_slots;
 use crate::matcher::{Facts, Request};
 use crate::schedule::{admit_keyed, Admission, Schedule};
-use crate::store::{BlobId, CellId, Store, StoreError};
+use crate::stats::{Counts, Stat};
+use crate::store::{BlobId, Store, StoreError};
 
 use super::rate::Seen;
 use super::{Ctx, Outcome, Wait};
 
 /// Admits one request of class `class` (an index into the rule's classes).
+/// `clock`'s wall time is read only for cluster rules; a grid slot taken
+/// counts `slots_taken`.
 pub(super) fn enter<S: Store, R: Request>(
     cx: &Ctx<'_, S>,
     class: usize,
     req: &mut Facts<R>,
+    clock: &mut impl Clock,
+    counts: &mut Counts,
 ) -> (Outcome, Option<Seen>) {
-    match try_enter(cx, class, req) {
+    match try_enter(cx, class, req, clock, counts) {
         Ok(out) => out,
         Err(_) => (Outcome::Contention, None),
     }
@@ -31,6 +36,8 @@ fn try_enter<S: Store, R: Request>(
     cx: &Ctx<'_, S>,
     c: usize,
     req: &mut Facts<R>,
+    clock: &mut impl Clock,
+    counts: &mut Counts,
 ) -> Result<(Outcome, Option<Seen>), StoreError> {
     let rule = cx.rule;
     let (Some(schedule), Some(k)) = (rule.schedule, rule.classes.get(c)) else {
@@ -39,9 +46,13 @@ fn try_enter<S: Store, R: Request>(
     let (store, index, now) = (cx.env.store, cx.index, cx.now);
     let max_delay = k.max_delay_ns;
     let mut blob = store.blob(BlobId::Classes(index));
-    let mut slots = RateSlots {
-        cell: store.cell(CellId::Rate(index)),
-        schedule,
+    let wall = if rule.cluster.is_some() {
+        clock.wall()
+    } else {
+        0
+    };
+    let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
+        return Ok((Outcome::Go, None));
     };
     let (t, _) = tickets::load(&mut blob)?;
     let busy = t.anyone_waits();
@@ -94,6 +105,10 @@ fn try_enter<S: Store, R: Request>(
     if fast {
         let ok = |slot: u64| classes::may_go_now(slot, c, &rule.classes, &waiting);
         if let Some(slot) = slots.take_due(now, busy, &ok)? {
+            counts.add(
+                Stat::SlotsTaken,
+                i32::try_from(slots.grid_taken()).unwrap_or(i32::MAX),
+            );
             if c + 1 < rule.classes.len() {
                 // The classes below weigh this class's arrivals.
                 tickets::count_arrival(&mut blob, c, now)?;

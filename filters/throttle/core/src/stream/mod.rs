@@ -220,7 +220,7 @@ impl Stream {
         self.class = rule.class_of(req);
         let outcome = match self.class {
             Some(c) if !rule.dry_run => {
-                let (outcome, seen) = class::enter(&cx, c, req);
+                let (outcome, seen) = class::enter(&cx, c, req, clock, &mut d.counts);
                 self.rate = seen;
                 outcome
             }
