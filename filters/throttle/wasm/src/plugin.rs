@@ -2,7 +2,7 @@
 //! configuration, its key hasher, and each rule's metric ids.
 
 use throttle_core::keys::KeyHasher;
-use throttle_core::stats::{self, Counts, Stat};
+use throttle_core::stats::{self, ClassStat, Counts, Stat};
 use throttle_core::{Config, NS_PER_MS};
 
 use crate::host::Host;
@@ -21,10 +21,13 @@ pub struct Plugin {
 pub struct RuleRuntime {
     /// Metric ids by [`Stat`] (None where the host refused the definition).
     pub metrics: [Option<u32>; stats::COUNT],
+    /// Per class of the rule, metric ids by [`ClassStat`].
+    pub classes: Vec<[Option<u32>; stats::CLASS_COUNT]>,
 }
 
 impl Plugin {
-    /// Defines the rules' metrics (`throttle.rule.<rule>.<stat>`).
+    /// Defines the rules' metrics (`throttle.rule.<rule>.<stat>`, and
+    /// `throttle.rule.<rule>.class.<class>.<stat>` per class).
     pub fn new<H: Host>(host: H, config: Config, seed: (u64, u64), config_hash: u64) -> Self {
         let rules = config
             .rules
@@ -33,6 +36,17 @@ impl Plugin {
                 metrics: Stat::ALL.map(|s| {
                     host.define_metric(s.kind(), &format!("throttle.rule.{}.{}", r.name, s.name()))
                 }),
+                classes: r
+                    .classes
+                    .iter()
+                    .map(|c| {
+                        ClassStat::ALL.map(|s| {
+                            let name =
+                                format!("throttle.rule.{}.class.{}.{}", r.name, c.name, s.name());
+                            host.define_metric(s.kind(), &name)
+                        })
+                    })
+                    .collect(),
             })
             .collect();
         Plugin {
@@ -62,6 +76,11 @@ impl Plugin {
                 host.increment_metric(*id, delta.into());
             }
         }
+        for (class, stat, delta) in counts.iter_classes() {
+            if let Some(Some(id)) = rt.classes.get(class).and_then(|c| c.get(stat as usize)) {
+                host.increment_metric(*id, delta.into());
+            }
+        }
     }
 
     /// The id of rule `rule`'s metric `stat`.
@@ -74,8 +93,18 @@ impl Plugin {
             .flatten()
     }
 
-    /// Records a released request's wait.
-    pub fn record_wait<H: Host>(&self, host: H, rule: usize, waited_ns: u64) {
+    /// Records a released request's wait (in its class's histogram too).
+    pub fn record_wait<H: Host>(&self, host: H, rule: usize, class: Option<usize>, waited_ns: u64) {
+        if let Some(Some(id)) = class.and_then(|c| {
+            self.rules
+                .get(rule)?
+                .classes
+                .get(c)?
+                .get(ClassStat::WaitMs as usize)
+                .copied()
+        }) {
+            host.record_metric(id, waited_ns / NS_PER_MS);
+        }
         if let Some(Some(id)) = self
             .rules
             .get(rule)

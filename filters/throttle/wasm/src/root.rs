@@ -218,7 +218,9 @@ impl<H: Host> Root<H> {
                     rule,
                     waited_ns,
                 } => {
+                    let mut class = None;
                     if let Ok(mut l) = self.local.try_borrow_mut() {
+                        class = l.worker.releasing.get(&id).copied();
                         l.worker.resuming(id, waited_ns);
                     }
                     let ok = host.resume_request(id).is_ok();
@@ -234,7 +236,7 @@ impl<H: Host> Root<H> {
                         count(rule, c);
                     }
                     if ok {
-                        plugin.record_wait(host, rule, waited_ns);
+                        plugin.record_wait(host, rule, class, waited_ns);
                     }
                 }
                 TickAction::Reply { id, rule, reply } => {
