@@ -101,7 +101,7 @@ impl Worker {
             }
         }
         for w in self.classes.expired(index, now) {
-            self.displace(cfg, store, w, 1, plan);
+            self.displace(cfg, store, w, 1, now, plan);
         }
         if self.classes.is_empty() || !self.classes.check_due(index, now, CHECK_EVERY_NS) {
             return Ok(());
@@ -126,7 +126,7 @@ impl Worker {
                     .unwrap_or(NS_PER_S)
                     .div_ceil(NS_PER_S)
                     .max(1);
-                self.displace(cfg, store, w, retry, plan);
+                self.displace(cfg, store, w, retry, now, plan);
             }
         }
         Ok(())
@@ -142,21 +142,36 @@ impl Worker {
         plan: &mut TickPlan,
     ) {
         for w in self.classes.expired(index, now) {
-            self.displace(cfg, store, w, 1, plan);
+            self.displace(cfg, store, w, 1, now, plan);
         }
     }
 
     /// Answers a waiter whose turn cannot come in time; its ticket is abandoned.
+    ///
+    /// Another worker may have granted its ticket since this tick read the
+    /// shared value: the abandonment tells (atomically), and such a request
+    /// is released instead, on the slot it was granted.
     fn displace<S: Store>(
         &mut self,
         cfg: &Config,
         store: S,
         w: ClassWaiter,
         retry_after_s: u64,
+        now: u64,
         plan: &mut TickPlan,
     ) {
         self.classes.remove(w.context_id);
-        self.abandon_ticket(store, w);
+        let blob = &mut store.blob(BlobId::Classes(w.rule));
+        match tickets::abandon(blob, w.class, w.ticket) {
+            Ok(Abandoned::Granted) => {
+                self.releasing.insert(w.context_id, w.class);
+                self.release(cfg, store, w.context_id, w.rule, w.since, now, plan);
+                return;
+            }
+            Ok(Abandoned::Skipped) => {}
+            Ok(Abandoned::Counted) => self.classes.abandon(w.rule, w.class, w.ticket, true),
+            Err(_) => self.classes.abandon(w.rule, w.class, w.ticket, false),
+        }
         let status = cfg.rules.get(w.rule).map_or(429, |r| r.reject_status);
         let grpc = self.grpc.contains(&w.context_id);
         plan.actions.push(TickAction::Reply {
