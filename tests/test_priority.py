@@ -8,19 +8,18 @@ which records every arrival with its class (harness/upstream.py)."""
 from __future__ import annotations
 
 import re
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from harness.procs import fortio_load, http_get, summarize, wait_until
+from harness import fortio
+from harness.net import wait_until
 from harness.upstream import Upstream
 
 pytestmark = pytest.mark.integration
 
-CRITICAL = ["-H", "x-priority: critical"]
+CRITICAL = ["x-priority: critical"]
 
 
 def classes_rule(rate: str, *, batch_share: float = 0.0, batch_delay: str = "5s", delay: str = "5s") -> dict:
@@ -39,49 +38,42 @@ def exact_balance(cfg: dict) -> None:
 
 
 def worker_connections(envoy: Any) -> list[int]:
-    _, _, body = http_get(f"http://127.0.0.1:{envoy.admin_port}/stats?filter=worker_.*downstream_cx_total")
-    return [int(v) for v in re.findall(r"listener\.127\.0\.0\.1_\d+\.worker_\d+\.downstream_cx_total: (\d+)",
-                                       body.decode())]
+    return list(envoy.stats_matching(r"^listener\.127\.0\.0\.1_\d+\.worker_\d+\.downstream_cx_total$").values())
 
 
-def in_parallel(*jobs: Callable[[], dict]) -> list[dict]:
-    out: list[dict] = [{} for _ in jobs]
-
-    def run(i: int, job: Callable[[], dict]) -> None:
-        out[i] = job()
-
-    threads = [threading.Thread(target=run, args=(i, j)) for i, j in enumerate(jobs)]
-    for t in threads:
-        t.start()
-        time.sleep(0.3)  # batch first, so that its requests are already waiting
-    for t in threads:
-        t.join(120)
-    return out
+def in_parallel(*loads: fortio.Load) -> list[fortio.Result]:
+    """The loads side by side, each started 0.3 s after the one before (batch first, so
+    that its requests are already waiting)."""
+    running = []
+    for load in loads:
+        running.append(load.start())
+        time.sleep(0.3)
+    return [r.result(120) for r in running]
 
 
 def test_critical_leaves_before_batch_held_on_either_worker(envoy_with):
     """50/s, strict priority: 40 batch connections keep ~40 batch requests waiting
-    (0.8 s each); 4 critical connections at 10/s in all (within the rate) wait only
-    for the next slot, on whichever worker they are."""
+    (0.8 s each); 4 critical connections at 10/s in all (within the rate, staggered)
+    wait only for the next slot, on whichever worker they are."""
     envoy = envoy_with(classes_rule("50/s"), mutate=exact_balance)
     batch, critical = in_parallel(
-        lambda: summarize(fortio_load(envoy.url + "/", connections=40, duration="4s")),
-        lambda: summarize(fortio_load(envoy.url + "/", connections=4, qps=10, duration="3s", extra=CRITICAL)))
+        fortio.Load(envoy.url + "/", connections=40, duration_s=4),
+        fortio.Load(envoy.url + "/", connections=4, qps=10, duration_s=3, uniform=True, headers=CRITICAL))
     stats = envoy.rule_stats("api")
     per_worker = worker_connections(envoy)
-    print(f"batch {batch['codes']} p50 {batch['p50_ms']:.0f} ms; critical {critical['codes']} "
-          f"p50 {critical['p50_ms']:.0f} ms p90 {critical['p90_ms']:.0f} ms max {critical['max_ms']:.0f} ms; "
+    print(f"batch {batch.codes} p50 {batch.ms(50):.0f} ms; critical {critical.codes} "
+          f"p50 {critical.ms(50):.0f} ms p90 {critical.ms(90):.0f} ms max {critical.max_ms:.0f} ms; "
           f"workers {per_worker}; {stats}")
     # Both workers held requests of both classes (exact balance: 20 + 2 connections each).
     assert len(per_worker) == 2 and min(per_worker) >= 20, per_worker
-    assert critical["errors"] == 0 and batch["errors"] == 0, (critical["codes"], batch["codes"])
+    assert critical.errors == 0 and batch.errors == 0, (critical.codes, batch.codes)
     assert stats["class.critical.rejected"] == 0 and stats["class.critical.displaced"] == 0, stats
     # Batch waits behind ~40 of its own (0.8 s); critical waits for one slot (20 ms) plus the
-    # holder's tick (about 4 ms here, more on a loaded machine). 200 ms leaves room for a
-    # stalled tick on a busy CI box and is still a quarter of batch's wait.
-    assert batch["p50_ms"] > 600, batch
-    assert critical["p90_ms"] < 200, critical
-    assert critical["max_ms"] < batch["p50_ms"], (critical, batch)
+    # holder's tick (about 4 ms here, more on a loaded machine). 100 ms leaves room for a
+    # stalled tick on a busy CI box and is still an eighth of batch's wait.
+    assert batch.ms(50) > 600, batch
+    assert critical.ms(90) < 100, critical
+    assert critical.max_ms < batch.ms(50), (critical, batch)
 
 
 def arrivals_by_class(app: Upstream, start: float, end: float) -> dict[str, list[float]]:
@@ -102,16 +94,16 @@ def test_the_total_rate_is_exact_and_batch_keeps_its_floor(envoy_with):
                            upstream_port=app.port, mutate=exact_balance)
         t0 = time.monotonic()
         batch, critical = in_parallel(
-            lambda: summarize(fortio_load(envoy.url + "/", connections=40, duration="7s")),
-            lambda: summarize(fortio_load(envoy.url + "/", connections=64, duration="7s",
-                                          extra=[*CRITICAL, "-allow-initial-errors"])))
+            fortio.Load(envoy.url + "/", connections=40, duration_s=7),
+            fortio.Load(envoy.url + "/", connections=64, duration_s=7, headers=CRITICAL,
+                        allow_initial_errors=True))
         stats = envoy.rule_stats("api")
         seen = arrivals_by_class(app, t0 + 1.5, t0 + 6.5)
     both = sorted(seen["critical"] + seen["batch"])
     rate = (len(both) - 1) / (both[-1] - both[0])
     share = len(seen["batch"]) / len(both)
     print(f"upstream {rate:.2f}/s ({100 * (rate / 200 - 1):+.2f}%), batch share {share:.3f}; "
-          f"critical {critical['codes']} p99 {critical['p99_ms']:.0f} ms; batch {batch['codes']}; {stats}")
+          f"critical {critical.codes} p99 {critical.ms(99):.0f} ms; batch {batch.codes}; {stats}")
     # The rule's schedule is exact in virtual time; the only error is the jitter of the two
     # ticks at the ends of the window (a few ms over 5 s, < 0.2%).
     assert abs(rate / 200 - 1) < 0.005, f"{rate:.2f}/s at the upstream, configured 200/s"
@@ -130,24 +122,23 @@ def test_a_batch_request_pushed_past_its_delay_is_displaced(envoy_with):
     429 at once and counted displaced."""
     envoy = envoy_with(classes_rule("50/s", batch_delay="2s"), mutate=exact_balance)
     batch, critical = in_parallel(
-        lambda: summarize(fortio_load(envoy.url + "/", connections=60, requests=60,
-                                      extra=["-allow-initial-errors"])),
-        lambda: summarize(fortio_load(envoy.url + "/", connections=100, requests=100, extra=CRITICAL)))
+        fortio.Load(envoy.url + "/", connections=60, requests=60, allow_initial_errors=True),
+        fortio.Load(envoy.url + "/", connections=100, requests=100, headers=CRITICAL))
     stats = envoy.rule_stats("api")
-    print(f"batch {batch['codes']} max {batch['max_ms']:.0f} ms; critical {critical['codes']}; {stats}")
-    assert critical["errors"] == 0, critical["codes"]
+    print(f"batch {batch.codes} max {batch.max_ms:.0f} ms; critical {critical.codes}; {stats}")
+    assert critical.errors == 0, critical.codes
     displaced = stats["class.batch.displaced"]
-    assert displaced > 0 and batch["codes"].get(429, 0) == displaced, (batch["codes"], stats)
+    assert displaced > 0 and batch.codes.get(429, 0) == displaced, (batch.codes, stats)
     # Displaced at the first check after critical arrived, not after waiting its whole delay.
-    assert batch["max_ms"] < 1500, batch
+    assert batch.max_ms < 1500, batch
     assert stats["rejected"] == displaced + stats["class.batch.rejected"], stats
     wait_until(lambda: envoy.rule_stats("api", settle=False)["held"] == 0, 5, "nothing held")
 
 
 def test_class_metrics_reach_prometheus_with_their_labels(envoy_with):
     envoy = envoy_with(classes_rule("50/s"))
-    s = summarize(fortio_load(envoy.url + "/", connections=2, requests=10, extra=CRITICAL))
-    assert s["errors"] == 0
+    s = fortio.load(envoy.url + "/", connections=2, requests=10, headers=CRITICAL)
+    assert s.errors == 0
     envoy.rule_stats("api")  # waits out the metrics' flush
     prom = envoy.prometheus()
     # Envoy's tag extractors (envoy/demo.yaml) give the rule and the class as labels.
