@@ -21,6 +21,10 @@ const ROUNDS: usize = 64;
 /// longer come in time (deadlines themselves are kept at every tick).
 pub const CHECK_EVERY_NS: u64 = 10 * crate::clock::NS_PER_MS;
 
+/// Slots another worker may have taken and not yet granted when this one
+/// reads the shared state (see the check in `class_turn`).
+pub const GRANTS_IN_FLIGHT: u64 = 2;
+
 impl Worker {
     /// The class queues' part of a tick, for every rule with waiters or
     /// abandoned tickets on this worker.
@@ -106,7 +110,14 @@ impl Worker {
         if self.classes.is_empty() || !self.classes.check_due(index, now, CHECK_EVERY_NS) {
             return Ok(());
         }
+        // The schedule first, then the tickets: a grant made by another worker in between
+        // then shows in the tickets (fewer ahead) while the schedule read misses its slot
+        // (more slots seem left), so a race only errs on the side of keeping a request. Only
+        // a grant whose slot is taken and whose ticket is not yet marked (a few microseconds)
+        // errs the other way, by one slot per worker granting at that instant:
+        // `GRANTS_IN_FLIGHT` slots of tolerance cover it. (The deadline still bounds the wait.)
         let outlook = slots.outlook(now, true)?;
+        let (t, _) = tickets::load(&mut blob)?;
         let b = Backlog {
             classes: &rule.classes,
             tickets: &t,
@@ -121,7 +132,8 @@ impl Worker {
                 .saturating_add(1)
                 .saturating_sub(line.abandoned.into())
                 .max(1);
-            if cannot_make_it(&b, w.class, position, w.deadline) {
+            let beyond = position.saturating_sub(GRANTS_IN_FLIGHT).max(1);
+            if w.ticket >= line.granted && cannot_make_it(&b, w.class, beyond, w.deadline) {
                 let retry = turn_ns(&b, w.class, position, true)
                     .unwrap_or(NS_PER_S)
                     .div_ceil(NS_PER_S)
