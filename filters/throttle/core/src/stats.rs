@@ -231,13 +231,18 @@ impl ClassStat {
 /// Most classes counted per rule.
 const CLASSES: usize = crate::classes::MAX;
 
-/// Changes to a rule's counters and gauges (and its classes' counters),
-/// returned with every decision so the glue can apply them (and tests can
-/// assert them exactly).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Changes to a rule's statistics (and its classes'), returned with every
+/// decision so the glue can apply them (and tests can assert them exactly):
+/// deltas of counters and gauges, and samples (a histogram's value, or a
+/// gauge's new level).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counts {
     deltas: [i32; COUNT],
     by_class: [[i32; CLASS_COUNT]; CLASSES],
+    /// In the order recorded (empty on the fast path: no allocation).
+    samples: Vec<(Stat, u64)>,
+    /// Samples of the classes' histograms: (class, stat, value).
+    class_samples: Vec<(usize, ClassStat, u64)>,
 }
 
 impl Counts {
@@ -245,6 +250,8 @@ impl Counts {
     pub const NONE: Counts = Counts {
         deltas: [0; COUNT],
         by_class: [[0; CLASS_COUNT]; CLASSES],
+        samples: Vec::new(),
+        class_samples: Vec::new(),
     };
 
     /// Adds `delta` to class `class`'s `stat`.
@@ -256,6 +263,16 @@ impl Counts {
         {
             *d = d.saturating_add(delta);
         }
+    }
+
+    /// Records a sample of class `class`'s histogram `stat`.
+    pub fn record_class(&mut self, class: usize, stat: ClassStat, value: u64) {
+        self.class_samples.push((class, stat, value));
+    }
+
+    /// The classes' samples recorded, in order.
+    pub fn class_samples(&self) -> &[(usize, ClassStat, u64)] {
+        &self.class_samples
     }
 
     /// The change of class `class`'s `stat`.
@@ -299,7 +316,13 @@ impl Counts {
         self.add(stat, 1);
     }
 
-    /// Adds every change of `other`.
+    /// Records `value`: a sample of a histogram, or the level a gauge is
+    /// set to (the glue hands samples to the host at once, in order).
+    pub fn record(&mut self, stat: Stat, value: u64) {
+        self.samples.push((stat, value));
+    }
+
+    /// Adds every change of `other` (its samples after ours).
     pub fn merge(&mut self, other: &Counts) {
         for (s, d) in other.iter() {
             self.add(s, d);
@@ -307,6 +330,8 @@ impl Counts {
         for (c, s, d) in other.iter_classes() {
             self.add_class(c, s, d);
         }
+        self.samples.extend_from_slice(&other.samples);
+        self.class_samples.extend_from_slice(&other.class_samples);
     }
 
     /// The change of `stat`.
@@ -316,10 +341,28 @@ impl Counts {
 
     /// Whether nothing changes.
     pub fn is_empty(&self) -> bool {
-        self.deltas.iter().all(|&d| d == 0) && self.by_class.iter().flatten().all(|&d| d == 0)
+        self.deltas.iter().all(|&d| d == 0)
+            && self.by_class.iter().flatten().all(|&d| d == 0)
+            && self.samples.is_empty()
+            && self.class_samples.is_empty()
     }
 
-    /// The non-zero changes, in table order.
+    /// The samples recorded, in order.
+    pub fn samples(&self) -> &[(Stat, u64)] {
+        &self.samples
+    }
+
+    /// The changes without the samples (what may wait to be handed over).
+    pub fn deltas(&self) -> Counts {
+        Counts {
+            deltas: self.deltas,
+            by_class: self.by_class,
+            samples: Vec::new(),
+            class_samples: Vec::new(),
+        }
+    }
+
+    /// The non-zero deltas, in table order.
     pub fn iter(&self) -> impl Iterator<Item = (Stat, i32)> + '_ {
         Stat::ALL
             .iter()
@@ -438,5 +481,13 @@ mod tests {
         assert_eq!(c.get(Stat::Held), 0);
         assert!(!c.is_empty());
         assert!(Counts::NONE.is_empty());
+        let mut w = Counts::NONE;
+        w.record(Stat::WaitMs, 104);
+        assert!(!w.is_empty() && w.iter().next().is_none());
+        c.merge(&w);
+        c.record(Stat::FallbackMs, 7);
+        assert_eq!(c.samples(), &[(Stat::WaitMs, 104), (Stat::FallbackMs, 7)]);
+        assert!(c.deltas().samples().is_empty());
+        assert_eq!(c.deltas().iter().count(), 2);
     }
 }
