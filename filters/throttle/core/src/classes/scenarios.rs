@@ -425,3 +425,25 @@ fn in_cluster_scope_deny_rejects_and_local_paces() {
         "no grid slot"
     );
 }
+
+#[test]
+fn with_concurrency_a_released_class_request_then_waits_for_a_slot() {
+    let json = r#"{"rules": [{"name": "api", "rate": "100/s", "concurrency": 1, "max_queue_delay": "1s",
+      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                  {"name": "batch"}]}]}"#;
+    let mut p = Process::new(json, 1).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.request(0, 2, req("critical"), t0 + MS), Verdict::Hold);
+    // Its slot comes at +10 ms; the only concurrency slot is still taken.
+    p.tick(0, t0 + 10 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Held);
+    assert!(p.workers[0].gate.contains(2), "waiting at the gate now");
+    // The first request's stream ends: its slot goes back, the critical one goes.
+    p.done(1);
+    p.tick(0, t0 + 12 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 12 * MS));
+    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!(c(0, ClassStat::Released), 1);
+    assert_eq!(p.totals[&(0, Stat::InFlight)], 1);
+}
