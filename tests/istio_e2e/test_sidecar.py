@@ -67,7 +67,14 @@ def test_the_shipped_wasmplugin_reaches_the_filter(sidecar, figures):
     assert cfg["vm_config"]["runtime"] == "envoy.wasm.runtime.v8"
     assert f"fetching image envoy-throttle from registry {sidecar.mesh.cp.registry_host}" in pod.log() \
         or "fetching image" in pod.log(), pod.log()[-2000:]
-    figures["configured"] = {"line": line, "ecds": wasm["name"], "code": code,
+    # Its place in productpage's inbound HTTP filters: last, right before the router (phase
+    # UNSPECIFIED_PHASE), after Istio's authentication and authorization filters.
+    chains = [names for names in istio.http_filter_names(pod, "virtualInbound") if any(PLUGIN in n for n in names)]
+    assert chains, istio.http_filter_names(pod, "virtualInbound")
+    for names in chains:
+        (mine,) = [i for i, n in enumerate(names) if PLUGIN in n]
+        assert names[mine + 1:] == ["envoy.filters.http.router"], names
+    figures["configured"] = {"line": line, "ecds": wasm["name"], "code": code, "inbound_http_filters": chains[0],
                              "fail_open": cfg.get("fail_open"), "failure_policy": cfg.get("failure_policy")}
 
 
