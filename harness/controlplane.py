@@ -29,9 +29,10 @@ from typing import Any
 import yaml
 
 from harness import meshpatches
+from harness.net import http_get, wait_until
 from harness.netns import Network, Node
 from harness.nsforward import Forward, call_in
-from harness.procs import ROOT, http_get, wait_until
+from harness.procs import ROOT
 
 TOOLS_JSON = ROOT / "build" / "istio-e2e" / "tools.json"
 K8S_TOOLS_JSON = ROOT / "build" / "k8s" / "tools.json"

@@ -38,9 +38,10 @@ import yaml
 
 from harness import meshpatches, ztunnel_standin
 from harness.controlplane import ISTIOD_HOST, SERVICE_CIDR, ControlPlane
+from harness.net import http_get, wait_until
 from harness.netns import Node
 from harness.nsforward import call_in
-from harness.procs import ROOT, go_bin, http_get, stop, wait_until
+from harness.procs import ROOT, go_bin, stop
 
 PROXY_UID = 1337  # the uid Istio's injector runs istio-proxy as, and istio-iptables excludes
 TRUST_DOMAIN = "cluster.local"

@@ -28,8 +28,9 @@ import pytest
 from harness import meshpatches
 from harness.kubelet import Kubelet, Pod
 from harness.mesh import NAMESPACE, Mesh
+from harness.net import wait_until
 from harness.netns import NetnsUnavailable
-from harness.procs import ROOT, wait_until
+from harness.procs import ROOT
 from tests.support import istio
 
 FIGURES = ROOT / "build" / "istio-e2e" / "figures.json"

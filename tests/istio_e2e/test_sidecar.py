@@ -15,7 +15,7 @@ import time
 import pytest
 
 from harness.mesh import NAMESPACE
-from harness.procs import wait_until
+from harness.net import wait_until
 from tests.istio_e2e.conftest import Phase
 from tests.support import istio
 
@@ -67,13 +67,14 @@ def test_the_shipped_wasmplugin_reaches_the_filter(sidecar, figures):
     assert cfg["vm_config"]["runtime"] == "envoy.wasm.runtime.v8"
     assert f"fetching image envoy-throttle from registry {sidecar.mesh.cp.registry_host}" in pod.log() \
         or "fetching image" in pod.log(), pod.log()[-2000:]
-    # Its place in productpage's inbound HTTP filters: last, right before the router (phase
-    # UNSPECIFIED_PHASE), after Istio's authentication and authorization filters.
+    # Its place in productpage's inbound HTTP filters (phase UNSPECIFIED_PHASE): after Istio's
+    # authentication and authorization filters (none without policies), then the filters Istio
+    # adds for every HCM (pilot/pkg/networking/core/listener_builder.go), then the router.
     chains = [names for names in istio.http_filter_names(pod, "virtualInbound") if any(PLUGIN in n for n in names)]
     assert chains, istio.http_filter_names(pod, "virtualInbound")
     for names in chains:
         (mine,) = [i for i, n in enumerate(names) if PLUGIN in n]
-        assert names[mine + 1:] == ["envoy.filters.http.router"], names
+        assert names[mine + 1:] == [f"envoy.filters.http.{f}" for f in ("grpc_stats", "fault", "cors", "router")], names
     figures["configured"] = {"line": line, "ecds": wasm["name"], "code": code, "inbound_http_filters": chains[0],
                              "fail_open": cfg.get("fail_open"), "failure_policy": cfg.get("failure_policy")}
 
@@ -221,7 +222,11 @@ def test_delete_removes_the_filter(sidecar, figures):
     result = istio.load(sidecar.client, URL, qps=60, connections=4, duration="5s")
     stamps = pod.arrival_times()
     rate = istio.rate_at_app(stamps, result["start"], result["end"])
-    assert set(result["codes"]) == {200}, result
+    # The listener changed (unlike a new rate, which is only ECDS): Envoy drains the connections
+    # of the old filter chain, and a request the client's sidecar sends on one just as it is
+    # closed gets 503 (Istio's default retry policy does not retry a reset). Seen: 2 of 300 in
+    # one of five runs, none in the others. More than 5 % would be something else.
+    assert set(result["codes"]) <= {200, 503} and result["codes"].get(503, 0) <= 0.05 * result["requests"], result
     assert rate > 50, rate
     figures["delete"] = {"rate_at_app_after_delete": round(rate, 2), "codes": result["codes"]}
     sidecar.mesh.kube.apply([sidecar.plugin(PLUGIN)])  # as shipped again

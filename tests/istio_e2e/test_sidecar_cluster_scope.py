@@ -22,7 +22,8 @@ import yaml
 
 from harness import meshpatches
 from harness.mesh import NAMESPACE
-from harness.procs import ROOT, stop, wait_until
+from harness.net import wait_until
+from harness.procs import ROOT, stop
 from tests.support import istio
 
 pytestmark = pytest.mark.istio

@@ -6,70 +6,46 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
-import tempfile
 import time
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from harness import windows
+from harness.fortio import Load
 from harness.kubelet import Pod
+from harness.net import http_get, wait_until
 from harness.nsforward import call_in
-from harness.procs import go_bin, http_get, summarize, wait_until
 
 XDS_TYPES = ("cluster", "listener", "route", "endpoint", "extensionconfig")
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 
 
-def fortio_argv(pod: Pod, url: str, out: Path, *, qps: float, connections: int, duration: str,
-                extra: list[str] | None = None) -> list[str]:
-    """`fortio load` run inside the pod (as `kubectl exec` would), its JSON result into `out`."""
-    return pod.node.argv([go_bin("fortio"), "load", "-c", str(connections), "-qps", str(qps), "-t", duration,
-                          "-json", str(out), "-loglevel", "error", "-timeout", "30s", "-allow-initial-errors",
-                          *(extra or []), url])
+def _load(url: str, qps: float, connections: int, duration: str) -> Load:
+    return Load(url, connections=connections, qps=qps, duration_s=float(duration.removesuffix("s")),
+                allow_initial_errors=True)
 
 
-def load(pod: Pod, url: str, *, qps: float, connections: int, duration: str, extra: list[str] | None = None,
-         timeout: float = 120) -> dict[str, Any]:
-    """One bounded Fortio run from the pod: summarize()'s figures plus start and end (epoch s)."""
-    out = Path(tempfile.mkstemp(prefix="fortio-", suffix=".json")[1])
-    try:
-        start = time.time()
-        subprocess.run(fortio_argv(pod, url, out, qps=qps, connections=connections, duration=duration, extra=extra),
-                       timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        end = time.time()
-        result = json.loads(out.read_text())
-    finally:
-        out.unlink(missing_ok=True)
-    return {**summarize(result), "start": start, "end": end}
+def load(pod: Pod, url: str, *, qps: float, connections: int, duration: str, timeout: float = 120) -> dict[str, Any]:
+    """One bounded Fortio run from inside the pod (as `kubectl exec` would): its figures, plus
+    start and end (seconds since the epoch, to compare with the application's arrivals)."""
+    start = time.time()
+    result = _load(url, qps, connections, duration).run(timeout_s=timeout, prefix=pod.node.argv([]))
+    return {**result.summary(), "start": start, "end": time.time()}
 
 
 class Background:
     """A Fortio run from a pod in the background (several clients at once)."""
 
     def __init__(self, pod: Pod, url: str, *, qps: float, connections: int, duration: str):
-        self.out = Path(tempfile.mkstemp(prefix="fortio-", suffix=".json")[1])
-        self.start = time.time()
         self.pod = pod
-        self.proc = subprocess.Popen(fortio_argv(pod, url, self.out, qps=qps, connections=connections,
-                                                 duration=duration), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.start = time.time()
+        self.running = _load(url, qps, connections, duration).start(prefix=pod.node.argv([]))
 
     def result(self, timeout: float = 120) -> dict[str, Any]:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        end = time.time()
-        try:
-            return {**summarize(json.loads(self.out.read_text())), "start": self.start, "end": end}
-        finally:
-            self.out.unlink(missing_ok=True)
+        result = self.running.result(timeout)
+        return {**result.summary(), "start": self.start, "end": time.time()}
 
 
 def rate_at_app(stamps: list[float], start: float, end: float, trim: float = 1.0) -> float:
