@@ -117,12 +117,13 @@ class ControlPlane:
     """etcd, kube-apiserver, istiod and the registry in the node `cp` of `net`. Use as a context
     manager (or start/stop); processes are stopped by PID with the network."""
 
-    def __init__(self, net: Network, tools: dict[str, str] | None = None, istiod_env: dict[str, str] | None = None):
+    def __init__(self, net: Network, tools: dict[str, str] | None = None, istiod_env: dict[str, str] | None = None,
+                 node: Node | None = None):
         self.net = net
         self.tools = tools or load_tools()
         self.dir = net.dir / "cp"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.node: Node = net.add("cp")
+        self.node: Node = node or net.add("cp")  # `node`: one the caller made (the mesh lab's)
         self.admin_token = secrets.token_hex(16)
         self.forwards: list[Forward] = []
         self.procs: dict[str, subprocess.Popen] = {}

@@ -48,6 +48,11 @@ TRUST_DOMAIN = "cluster.local"
 AGENT_STATUS_PORT = 15021  # pilot-agent's /healthz/ready
 AGENT_PROM_PORT = 15020  # pilot-agent's merged /stats/prometheus
 ENVOY_ADMIN_PORT = 15000
+# The injection template's istio-init arguments (REDIRECT mode, every port and address captured),
+# and the nf_tables backend named (Debian's iptables), so that a cleanup finds the rules it made:
+# left to guess, the cleanup of an adopted pod's rules picked the legacy backend and removed nothing.
+ISTIO_IPTABLES_ARGS = ("-p", "15001", "-z", "15006", "-u", str(PROXY_UID), "-m", "REDIRECT", "-i", "*", "-x", "",
+                       "-b", "*", "-d", "15090,15021,15020", "--force-iptables-binary", "nft")
 
 
 def spiffe(namespace: str, service_account: str) -> str:
@@ -91,6 +96,7 @@ class Pod:
     apps: dict[str, subprocess.Popen] = field(default_factory=dict)
     proxy: subprocess.Popen | None = None  # pilot-agent, or the ztunnel stand-in's Envoy
     arrivals: Path | None = None
+    owned: bool = True  # the kubelet made the node (False: adopted, e.g. a mesh-lab node)
 
     @property
     def ip(self) -> str:
@@ -145,8 +151,10 @@ class Pod:
 class Kubelet:
     """Runs pods for a ControlPlane. Stop with `stop_all()` (the network stops what is left)."""
 
-    def __init__(self, cp: ControlPlane, concurrency: int = 2, log_level: str = "warning,wasm:info"):
+    def __init__(self, cp: ControlPlane, concurrency: int = 2, log_level: str = "warning,wasm:info",
+                 proxy_config: dict[str, Any] | None = None):
         self.cp = cp
+        self.proxy_config = proxy_config or {}  # more ProxyConfig fields for every proxy
         self.kube = cp.kube
         self.net = cp.net
         self.concurrency = concurrency
@@ -198,6 +206,8 @@ class Kubelet:
     def refresh_hosts(self) -> None:
         hosts = self.hosts()
         for pod in self.pods.values():
+            if not pod.owned:
+                continue
             short = {k.split(".", 1)[0]: v for k, v in hosts.items() if k.endswith(f".{pod.namespace}.svc.cluster.local")}
             pod.node.set_hosts({**hosts, **short})
 
@@ -253,6 +263,43 @@ class Kubelet:
         self.pods[(namespace, name)] = pod
         self._apply_pod(pod, template)
         return pod
+
+    def adopt(self, node: Node, name: str, namespace: str, labels: dict[str, str], service_account: str,
+              ports: list[int], mode: str, deployment: str | None = None) -> Pod:
+        """A Pod object for a node the caller made and runs the application in (the mesh lab's
+        nodes): registered, its status patched ready, in the EndpointSlices; nothing started."""
+        d = self.dir / f"{namespace}-{name}"
+        d.mkdir(parents=True, exist_ok=True)
+        if not self.kube.exists("serviceaccount", service_account, namespace):
+            self.kube.apply([{"apiVersion": "v1", "kind": "ServiceAccount",
+                              "metadata": {"name": service_account, "namespace": namespace}}])
+        pod = Pod(name=name, namespace=namespace, deployment=deployment or name, mode=mode, node=node,
+                  service_account=service_account, labels=dict(labels), dir=d, ports=list(ports), owned=False)
+        self.pods[(namespace, name)] = pod
+        self._apply_pod(pod, {"metadata": {"labels": labels}, "spec": {
+            "serviceAccountName": service_account,
+            "containers": [{"name": "app", "image": "local", "ports": [{"containerPort": p} for p in ports]}]}})
+        self._status(pod, ready=True)
+        return pod
+
+    def launch_sidecar(self, pod: Pod) -> None:
+        """What injection gives an adopted pod: Istio's iptables rules and pilot-agent (not waiting:
+        several start side by side, then `wait_ready`)."""
+        self._iptables_sidecar(pod)
+        self._start_agent(pod, "sidecar")
+
+    def wait_ready(self, pod: Pod, timeout: float = 120) -> None:
+        self._wait_ready(pod, timeout)
+
+    def stop_sidecar(self, pod: Pod) -> None:
+        """Stops an adopted pod's pilot-agent (by PID) and removes Istio's iptables rules."""
+        stop(pod.proxy, timeout=15)
+        if pod.proxy in self.net.procs:
+            self.net.procs.remove(pod.proxy)
+        pod.proxy = None
+        # The same flags: the cleanup deletes the rules that these flags make.
+        pod.node.run([self.cp.tools["pilot-agent"], "istio-iptables", *ISTIO_IPTABLES_ARGS, "--cleanup-only"],
+                     timeout=60, check=True)
 
     def _apply_pod(self, pod: Pod, template: dict[str, Any]) -> None:
         labels = dict(pod.labels)
@@ -383,9 +430,7 @@ class Kubelet:
     # -- capture ---------------------------------------------------------------------------
     def _iptables_sidecar(self, pod: Pod) -> None:
         """What the injected istio-init container runs (Istio's own rules, REDIRECT mode)."""
-        pod.node.run([self.cp.tools["pilot-agent"], "istio-iptables", "-p", "15001", "-z", "15006",
-                      "-u", str(PROXY_UID), "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
-                      "-d", "15090,15021,15020"], timeout=60, check=True)
+        pod.node.run([self.cp.tools["pilot-agent"], "istio-iptables", *ISTIO_IPTABLES_ARGS], timeout=60, check=True)
 
     def _iptables_ambient(self, pod: Pod) -> None:
         """Ambient capture (istio-cni's job): the pod's connections to Service addresses go to the
@@ -435,7 +480,7 @@ class Kubelet:
 
     def _agent_env(self, pod: Pod, kind: str) -> dict[str, str]:
         proxy_config = {"binaryPath": self._envoy, "discoveryAddress": f"{ISTIOD_HOST}:15012",
-                        "concurrency": self.concurrency, "terminationDrainDuration": "1s"}
+                        "concurrency": self.concurrency, "terminationDrainDuration": "1s", **self.proxy_config}
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(pod.dir / "proxy"),
             "POD_NAME": pod.name, "POD_NAMESPACE": pod.namespace, "INSTANCE_IP": pod.ip,
@@ -522,7 +567,8 @@ class Kubelet:
                       "ambient.istio.io/redirection=enabled")
 
     # -- waypoint ---------------------------------------------------------------------------
-    def start_waypoint(self, namespace: str, gateway: str = "waypoint", timeout: float = 120) -> Pod:
+    def start_waypoint(self, namespace: str, gateway: str = "waypoint", timeout: float = 120,
+                       node: Node | None = None) -> Pod:
         """The Deployment, ServiceAccount and Service istiod's gateway controller would make for a
         `Gateway` of class istio-waypoint, played here: one pod running `pilot-agent proxy waypoint`."""
         gw = self.kube.get("gateway", gateway, namespace)
@@ -541,12 +587,14 @@ class Kubelet:
                         {"name": "istio-proxy", "image": "istio/proxyv2",
                          "ports": [{"containerPort": 15008, "name": "mesh"}, {"containerPort": 15021, "name": "status-port"}]}]}}
         name = f"{gateway}-0"
-        node = self.net.add(f"{namespace}-{name}")
-        node.route(SERVICE_CIDR)
+        owned = node is None
+        if node is None:
+            node = self.net.add(f"{namespace}-{name}")
+            node.route(SERVICE_CIDR)
         d = self.dir / f"{namespace}-{name}"
         d.mkdir(parents=True, exist_ok=True)
         pod = Pod(name=name, namespace=namespace, deployment=gateway, mode="waypoint", node=node,
-                  service_account=gateway, labels=labels, dir=d)
+                  service_account=gateway, labels=labels, dir=d, owned=owned)
         self.pods[(namespace, name)] = pod
         self._apply_pod(pod, template)
         self.refresh_hosts()
@@ -621,7 +669,7 @@ class Kubelet:
         if slices:
             self.kube.apply(slices)
         for pod in self.pods.values():
-            if pod.mode == "none":
+            if pod.mode == "none" and pod.owned:
                 self._kube_proxy_rules(pod)
 
     # -- stopping ----------------------------------------------------------------------------
@@ -635,7 +683,8 @@ class Kubelet:
         for gone in (pod.proxy, *pod.apps.values()):
             if gone is not None and gone in self.net.procs:
                 self.net.procs.remove(gone)
-        self.net.remove(pod.node.name)
+        if pod.owned:
+            self.net.remove(pod.node.name)
         if delete:
             self.kube.run("delete", "pod", pod.name, "-n", pod.namespace, "--grace-period=0", "--force",
                           "--ignore-not-found", check=False)
