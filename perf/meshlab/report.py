@@ -232,7 +232,8 @@ def _header(meta: dict) -> list[str]:
           f"- app: {APP_LABEL}; Fortio loads `details` alone (`/details/0`) or the whole fan-out through productpage "
           "(`/api/v1/products/0/page`: details, then reviews -> ratings)",
           "- nodes: one network namespace per workload (client, productpage, details, reviews, ratings) and one "
-          "for the waypoint, joined by veth to a bridge; Fortio on the client node",
+          "for the waypoint" + (", one for the control plane" if meta.get("istiod") else "")
+          + ", joined by veth to a bridge; Fortio on the client node",
           f"- Envoy {meta['envoy']}, `--concurrency 2` per proxy; Fortio {meta['fortio']} with `-r "
           f"{meta.get('fortio_resolution_s', '0.001')}` (10 µs histogram buckets); {meta['cpus']} CPUs, {load} "
           "(other work shares this machine: numbers are noisy)",
