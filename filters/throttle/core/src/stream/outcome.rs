@@ -30,4 +30,10 @@ pub enum Wait {
     /// `deadline`), so that a turn given during a blip never goes out on top
     /// of the whole grid after it.
     Fallback { until: u64, deadline: u64 },
+    /// A slot of the rule's rate, granted by class: this class ticket's grant.
+    Class {
+        class: usize,
+        ticket: u64,
+        deadline: u64,
+    },
 }
