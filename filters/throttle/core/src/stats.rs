@@ -60,6 +60,7 @@ pub enum Stat {
     FailuresNonsense,
     FallbackMs,
     ClockOffsetMs,
+    GridMismatch,
 }
 
 /// A stat's name, kind and meaning.
@@ -140,10 +141,12 @@ pub const TABLE: [Spec; COUNT] = [
         "Cluster scope: total milliseconds the rule has spent in its `on_engine_failure` fallback (rising while in fallback)."),
     spec(Stat::ClockOffsetMs, "clock_offset_ms", Kind::Gauge,
         "Cluster scope: how far this proxy's clock was found from the other proxies' of the rule (ms, whole epochs; 0: in step); its grid follows theirs."),
+    spec(Stat::GridMismatch, "grid_mismatch", Kind::Counter,
+        "Cluster scope: seconds in which more proxies carried a rule of this name than this rule's grid: another rate under the same name counts on its own grid, with its own full rate (a rollout of a new rate, or configurations that differ)."),
 ];
 
 /// Number of stats.
-pub const COUNT: usize = 29;
+pub const COUNT: usize = 30;
 
 impl Stat {
     /// Every stat, in table order.
@@ -177,6 +180,7 @@ impl Stat {
         Stat::FailuresNonsense,
         Stat::FallbackMs,
         Stat::ClockOffsetMs,
+        Stat::GridMismatch,
     ];
 
     /// The counter of each failure kind, in the order of

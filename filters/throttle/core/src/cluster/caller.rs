@@ -152,6 +152,9 @@ pub struct RuleStats {
     /// How far this process's clock was found from the other proxies', ms
     /// (whole epochs; its grid follows theirs).
     pub clock_offset_ms: u64,
+    /// Seconds in which more proxies carried a rule of this name than this
+    /// grid (another rate under the same name).
+    pub mismatch: u64,
 }
 
 impl RuleStats {
@@ -169,6 +172,12 @@ enum Purpose {
     Probe(i64),
     /// The per-hour count of calls: it only grows, or counters were lost.
     Gen,
+    /// Once per second: this proxy in the second's counters of the rule's
+    /// name (`any`) and of its grid, and a look at both two seconds back.
+    NameAdd,
+    GridAdd,
+    NameLook,
+    GridLook,
     Share,
     Leftover,
     MemberAdd,
@@ -240,6 +249,12 @@ struct RuleState {
     reset: bool,
     /// The next update must move every range granted before by this many slots.
     shift: i64,
+    /// The last second this proxy added itself to the per-second counters.
+    second: Option<u64>,
+    /// Proxies seen two seconds back: (second, of the name, of this grid).
+    seen_second: (u64, Option<u64>, Option<u64>),
+    /// When a mismatch was last logged.
+    mismatch_warned: Option<u64>,
 }
 
 impl RuleState {
@@ -360,6 +375,9 @@ impl Caller {
                     skew: Skew::new(epoch_ns),
                     own_adds: Vec::new(),
                     shift: 0,
+                    second: None,
+                    seen_second: (0, None, None),
+                    mismatch_warned: None,
                     gen: None,
                     reset: false,
                 })
@@ -519,6 +537,18 @@ impl Caller {
                 push(Purpose::DemandLook, look, 0);
                 push(Purpose::Gen, look, 1);
             }
+            // Once per second: count ourselves under the rule's name and
+            // under this grid, and look two seconds back (complete by now).
+            let sec = now / NS_PER_S;
+            if r.second != Some(sec) && g.may_claim(g.epoch_of(now), now, skew, timeout) {
+                r.second = Some(sec);
+                for purpose in [Purpose::NameAdd, Purpose::GridAdd] {
+                    push(purpose, sec, 1);
+                }
+                for purpose in [Purpose::NameLook, Purpose::GridLook] {
+                    push(purpose, sec.saturating_sub(2), 0);
+                }
+            }
             for j in r.skew.probes() {
                 let at = ahead.saturating_add_signed(j);
                 if g.may_claim(at, now, skew, timeout) {
@@ -555,13 +585,24 @@ impl Caller {
                 let r = self.rules.get(p.rule)?;
                 let counter = match p.purpose {
                     Purpose::Share | Purpose::Leftover => Counter::Slots,
-                    Purpose::MemberAdd | Purpose::MemberLook | Purpose::Probe(_) | Purpose::Gen => {
-                        Counter::Members
-                    }
+                    Purpose::MemberAdd
+                    | Purpose::MemberLook
+                    | Purpose::Probe(_)
+                    | Purpose::Gen
+                    | Purpose::NameAdd
+                    | Purpose::GridAdd
+                    | Purpose::NameLook
+                    | Purpose::GridLook => Counter::Members,
                     Purpose::DemandAdd | Purpose::DemandLook => Counter::Demand,
                 };
                 let key = match p.purpose {
                     Purpose::Gen => r.spec.grid.gen_key(&r.spec.name),
+                    Purpose::NameAdd | Purpose::NameLook => {
+                        r.spec.grid.second_keys(&r.spec.name, p.epoch).0
+                    }
+                    Purpose::GridAdd | Purpose::GridLook => {
+                        r.spec.grid.second_keys(&r.spec.name, p.epoch).1
+                    }
                     _ => r.spec.grid.counter_key(&r.spec.name, p.epoch),
                 };
                 Some(Claim {
@@ -694,6 +735,35 @@ impl Caller {
                     r.skew.record(j, c.after, mine as u64);
                 }
                 Purpose::Gen => r.gen = Some((r.fleet_time(call.sent_at) / WINDOW_NS, c.after)),
+                Purpose::NameAdd | Purpose::GridAdd => {}
+                Purpose::NameLook | Purpose::GridLook => {
+                    if r.seen_second.0 != p.epoch {
+                        r.seen_second = (p.epoch, None, None);
+                    }
+                    if p.purpose == Purpose::NameLook {
+                        r.seen_second.1 = Some(c.after);
+                    } else {
+                        r.seen_second.2 = Some(c.after);
+                    }
+                    if let (_, Some(name), Some(grid)) = r.seen_second {
+                        if name > grid {
+                            r.stats.mismatch += 1;
+                            let due = r
+                                .mismatch_warned
+                                .is_none_or(|t| now.saturating_sub(t) >= WARN_EVERY_NS);
+                            if due {
+                                r.mismatch_warned = Some(now);
+                                self.events.push(format!(
+                                    "rule {}: {name} proxies carry a rule of this name, {grid} of them at this rate ({}): the others count on another grid with its own full rate (a rollout of a new rate, or configurations that differ?) (said at most every {} s)",
+                                    r.spec.name,
+                                    r.spec.grid.interval_ns,
+                                    WARN_EVERY_NS / NS_PER_S
+                                ));
+                            }
+                        }
+                        r.seen_second = (p.epoch, None, None);
+                    }
+                }
                 Purpose::MemberLook => {
                     r.stats.members = c.after.max(1);
                     r.member_looks.push(r.stats.members);

@@ -278,6 +278,7 @@ impl Calls {
                 (Stat::EngineCalls, stats.calls, last.calls),
                 (Stat::EngineFailures, stats.failures, last.failures),
                 (Stat::SlotsGranted, stats.granted, last.granted),
+                (Stat::GridMismatch, stats.mismatch, last.mismatch),
             ] {
                 c.add(
                     stat,

@@ -375,3 +375,36 @@ fn a_clock_that_steps_away_is_found_within_two_seconds_and_only_that_proxy_moves
         );
     }
 }
+
+/// Finding 7: the same rule name at two rates (a rollout of a new rate) is
+/// two grids whose rates add up; each proxy sees that more proxies carry the
+/// name than its grid, counts it and says so. One rate: nothing.
+#[test]
+fn the_same_name_at_two_rates_is_seen_and_counted_and_one_rate_is_not() {
+    let (old, new) = (config(300, 0, 1000, 3), config(100, 0, 1000, 3));
+    for (configs, mismatch) in [([&old, &old, &old], false), ([&old, &new, &new], true)] {
+        let proxies = configs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| SimProxy::new(c, 0).unwrap().with_phase(i as u64 * 300))
+            .collect();
+        let mut w = World::new(proxies, 50 * MS);
+        w.run(
+            T0,
+            T0 + 6 * NS_PER_S,
+            |p, from, to| even(150.0, 3 * MS * p as u64)(from, to),
+            |_, _| Net::Latency(MS),
+        );
+        let seen: Vec<u64> = w
+            .proxies
+            .iter()
+            .map(|p| p.total(0, crate::stats::Stat::GridMismatch))
+            .collect();
+        if mismatch {
+            // Every second from the third on, on both grids.
+            assert!(seen.iter().all(|&n| n >= 3), "{seen:?}");
+        } else {
+            assert_eq!(seen, vec![0, 0, 0]);
+        }
+    }
+}

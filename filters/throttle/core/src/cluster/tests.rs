@@ -183,10 +183,25 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
     // per epoch, in 1/64) to e+3. No share yet: it had no place in an earlier
     // demand total.
     let gen = r#"{"entries":[{"key":"throttle_members","value":"orders:2000000:50:gen"}],"hitsAddend":"1"}"#;
+    // Once per second: itself in this second's count of the rule's name and
+    // of its grid, and a look at both two seconds back.
+    let sec = T0 / NS_PER_S;
+    let m = |value: String, hits: u64| {
+        format!(
+            r#"{{"entries":[{{"key":"throttle_members","value":"{value}"}}],"hitsAddend":"{hits}"}}"#
+        )
+    };
+    let seconds = [
+        m(format!("orders:any:{sec}"), 1),
+        m(format!("orders:2000000:50:sec:{sec}"), 1),
+        m(format!("orders:any:{}", sec - 2), 0),
+        m(format!("orders:2000000:50:sec:{}", sec - 2), 0),
+    ]
+    .join(",");
     assert_eq!(
         body,
         format!(
-            r#"{{"descriptors":[{},{gen},{},{},{},{},{},{},{},{}],"domain":"envoy_throttle"}}"#,
+            r#"{{"descriptors":[{},{gen},{seconds},{},{},{},{},{},{},{},{}],"domain":"envoy_throttle"}}"#,
             d("throttle_demand", E0 + 1, 0),
             d("throttle_members", E0 + 4, 0),
             d("throttle_members", E0 + 2, 0),
@@ -552,9 +567,13 @@ fn no_claim_lands_near_the_services_hour_boundary() {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             for d in v["descriptors"].as_array().unwrap() {
                 let value = d["entries"][0]["value"].as_str().unwrap();
-                // (The hour's call count has no epoch: it is per hour.)
-                if let Ok(f) = value.rsplit(':').next().unwrap().parse::<u64>() {
-                    claimed.push((t, f));
+                // Epoch counters only (`<rule>:<T>:<L>:<epoch>`): the hour's
+                // call count and the per-second member counts have none.
+                let parts: Vec<&str> = value.split(':').collect();
+                if let [_, _, _, f] = parts[..] {
+                    if let Ok(f) = f.parse::<u64>() {
+                        claimed.push((t, f));
+                    }
                 }
             }
             let (status, answer) = eng.handle(&call.request.body, t);
