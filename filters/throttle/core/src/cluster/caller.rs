@@ -4,38 +4,58 @@
 //! One call per process per epoch at most (all cluster rules' claims
 //! batched), never two in flight, never closer than [`MIN_CALL_INTERVAL_NS`]:
 //! at most 10 calls per second per process whatever the traffic, and none
-//! while no rule has demand. At epoch `e` a rule with demand sends:
+//! while no rule has demand. Epochs are counted on the fleet's clock: this
+//! process's wall clock less its offset from the others' ([`Skew`]). With
+//! `k` = [`ahead_epochs`] (3 with the defaults) and `lag` = [`lag_epochs`]
+//! (2), at epoch `e` a rule with demand sends:
 //!
-//! * `members(e+2) += 1` and `demand(e+2) += a` (its arrivals per epoch): the
-//!   answer places its demand at `[D0, D1)` of epoch `e+2`'s demand total;
-//! * a look at `demand(e+2-lag)`, complete by now: its adds were made
-//!   `lag = 1 + ceil((max_clock_skew + timeout) / E)` epochs ago (2 or 3
-//!   epochs with the defaults), so every proxy's add has been counted
-//!   whatever its clock: `A`, the demand of all proxies;
-//! * a look at `members(e+1)`: `N`, the proxies with demand (nearly all have
-//!   added by now; the fallback uses the most seen in ~5 s), and a loss
-//!   detector (it must include this proxy's own add);
-//! * `slots(e+2) += floor(L*D1/A) - floor(L*D0/A)`, with `[D0, D1)` from its
-//!   add to `demand(y)` and `A` from its look at `demand(y)`, `y = e+1-lag`
-//!   (both made earlier): its share, in proportion to its demand. Every proxy computes
-//!   its share from the same `A`, so the shares add up to exactly `L`
-//!   whatever the order of the claims: no rounding goes against the last
-//!   claimer, and a request's chance does not depend on which proxy it reached;
-//! * `slots(e+1) += a + waiting - owned(e+1)`: leftovers, first come first
-//!   served (there are some only when a proxy did not claim its share: new,
-//!   idle, gone, or its call failed).
+//! * `members(e+k) += 1` (once per counter) and `demand(e+k) += a` (its
+//!   arrivals per epoch in 1/[`DEMAND_UNIT`]): the answer places its demand
+//!   at `[D0, D1)` of epoch `e+k`'s demand total;
+//! * a look at `demand(e+k-lag)`, complete by now whatever the clocks and
+//!   call phases within `max_clock_skew`: `A`, the demand of all proxies;
+//! * `gen += 1`, the hour's count of calls: it only grows within the hour,
+//!   unless the engine lost its counters (then the slots granted ahead are
+//!   dropped: they may be granted again);
+//! * once per second, itself in that second's count of proxies under the
+//!   rule's name and under its grid, and a look at both two seconds back:
+//!   more under the name is another rate under the same name (counted,
+//!   logged);
+//! * four looks at member counters around `e+k` ([`Skew::probes`]): where
+//!   the other proxies' clocks stand against ours;
+//! * a look at `members(e+1)`: `N`, the proxies with demand (the fallback
+//!   divides by the most seen over ~5 s), and a loss detector (it must include
+//!   this proxy's own add);
+//! * `slots(e+k) += floor(L*D1/A + phi) - floor(L*D0/A + phi)`, with
+//!   `[D0, D1)` and `A` of epoch `y = e+k-1-lag` (both learned earlier), and
+//!   `phi` the same offset for every proxy, spread evenly over `[0, 1)` epoch
+//!   after epoch (the fractional part of the epoch times the golden ratio):
+//!   its share, in proportion to its demand.
+//!   Every proxy computes its share from the same `A` and `phi`, so the
+//!   shares add up to exactly `L` whatever the order of the claims, and each
+//!   proxy's shares add up to its proportion of `L` within about a slot even
+//!   when `L` is 1 (rates of 10/s and less);
+//! * `slots(e+1) += a + waiting + owed - owned(e+1)`: leftovers, first come
+//!   first served (there are some only when a proxy did not claim its share:
+//!   new, idle, gone, or its call failed). Shares of an epoch are claimed `k`
+//!   epochs ahead and leftovers one epoch ahead, far enough apart that every
+//!   share claim reaches the engine before any leftover claim on the same
+//!   epoch, with clocks within `max_clock_skew` and calls in the first quarter
+//!   of an epoch ([`ahead_epochs`]).
 //!
 //! `a` = requests of the rule that arrived per epoch (whatever became of
 //! them), over the last 5 epochs ([`ARRIVAL_SAMPLES`]); `waiting` = requests
-//! waiting for grants now.
+//! waiting for grants now; `owed` = requests that went on credit.
 //! The limit is never reached, so each answer's counter `after` tells the
 //! positions this claim of `n` holds: `[after - n, min(after, L))` of the
 //! epoch, i.e. at most 8 ranges of global slots spread over the epoch
 //! ([`Grid::position_ranges`]). Nothing is granted twice.
 //!
-//! Failures (transport, non-200, timeout, nonsense) grant nothing; once calls
+//! Failures grant nothing and are counted by kind ([`Failure`]); once calls
 //! have kept failing for `fallback_after`, every rule switches to its
-//! `on_engine_failure` mode, and the first good answer switches them back.
+//! `on_engine_failure` mode, the log says why and what usually fixes it (then
+//! at most every [`WARN_EVERY_NS`] while it lasts), and the first good
+//! answer switches them back.
 
 use std::sync::Arc;
 
