@@ -27,7 +27,7 @@ from harness.net import free_port, wait_until
 from harness.procs import Child, envoy_bin
 
 # The longest the throttle keeps counter changes before Envoy has them: its flush tick
-# (FLUSH_MS, 100 ms, in filters/throttle/wasm/src/local.rs: batched per worker) plus two
+# (FLUSH_MS, 100 ms, in filters/throttle/wasm/src/worker.rs: batched per worker) plus two
 # ticks of Envoy's ~4 ms timer resolution, rounded up. A mirror of the Rust constant,
 # written here because the harness reads what the filter publishes, not its source: when
 # the filter's flush period moves, this moves with it.

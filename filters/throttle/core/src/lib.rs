@@ -7,6 +7,22 @@
 //! nanoseconds of a monotonic clock (the clock is injected), and shared state
 //! is reached through the [`Store`] and [`SharedCell`] traits ([`store`], the
 //! ground floor), so every behaviour is unit-tested exactly.
+//!
+//! Where a change goes (floors from the ground up; a module imports only
+//! from its own floor or below):
+//!
+//! | to change | edit | tested in |
+//! |---|---|---|
+//! | a shared value, its key | [`store`] ([`CellId`], the key layout) | `store.rs` |
+//! | a configuration field | [`config::spec`] (the table), `config/validate.rs`, [`Rule`] | `config/tests.rs` |
+//! | a statistic | [`stats`] (the table), and the stage or tick that counts it | `stream/tests.rs` |
+//! | a step of the request's decision | one stage file in `stream/`, one line in [`Stream::on_request`] | `stream/tests.rs` |
+//! | what a tick does | [`worker`] | `stream/tests.rs`, `tests/properties.rs` |
+//! | cluster scope, its engine | [`cluster`] (one file per engine beside `wire.rs`) | `cluster/tests.rs`, `tests/cluster_properties.rs` (the simulation) |
+//!
+//! Floors: `clock`, `store`, `stats`, `reply`, `queue`, `path`, `units`
+//! (and `testing`) < `schedule`, `gate`, `matcher`, `keys`, `ratelimit` <
+//! `config` < `cluster` < `stream`, `worker`.
 
 #![cfg_attr(
     test,

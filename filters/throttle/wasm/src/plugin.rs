@@ -1,44 +1,30 @@
 //! What the root context hands to every HTTP context: the validated
-//! configuration, its key hasher, and each rule's metric ids.
+//! configuration, its key hasher, its metrics, and where its shared values
+//! live.
 
 use throttle_core::keys::KeyHasher;
-use throttle_core::stats::{self, Counts, Stat};
-use throttle_core::{Config, NS_PER_MS};
+use throttle_core::Config;
 
 use crate::host::Host;
+use crate::metrics::Metrics;
 use crate::shared::SharedStore;
 
-/// A validated configuration with its per-rule runtime handles.
+/// A validated configuration with its runtime handles.
 pub struct Plugin {
     pub config: Config,
     pub hasher: KeyHasher,
-    pub rules: Vec<RuleRuntime>,
+    pub metrics: Metrics,
     /// A hash of the configuration's bytes: names its caller lease.
     pub config_hash: u64,
 }
 
-/// A rule's metric ids.
-pub struct RuleRuntime {
-    /// Metric ids by [`Stat`] (None where the host refused the definition).
-    pub metrics: [Option<u32>; stats::COUNT],
-}
-
 impl Plugin {
-    /// Defines the rules' metrics (`throttle.rule.<rule>.<stat>`).
+    /// Defines the rules' metrics.
     pub fn new<H: Host>(host: H, config: Config, seed: (u64, u64), config_hash: u64) -> Self {
-        let rules = config
-            .rules
-            .iter()
-            .map(|r| RuleRuntime {
-                metrics: Stat::ALL.map(|s| {
-                    host.define_metric(s.kind(), &format!("throttle.rule.{}.{}", r.name, s.name()))
-                }),
-            })
-            .collect();
         Plugin {
+            metrics: Metrics::new(host, &config),
             config,
             hasher: KeyHasher::new(seed),
-            rules,
             config_hash,
         }
     }
@@ -49,39 +35,6 @@ impl Plugin {
             host,
             config: &self.config,
             config_hash: self.config_hash,
-        }
-    }
-
-    /// Moves rule `rule`'s counters and gauges.
-    pub fn apply<H: Host>(&self, host: H, rule: usize, counts: &Counts) {
-        let Some(rt) = self.rules.get(rule) else {
-            return;
-        };
-        for (stat, delta) in counts.iter() {
-            if let Some(Some(id)) = rt.metrics.get(stat as usize) {
-                host.increment_metric(*id, delta.into());
-            }
-        }
-    }
-
-    /// The id of rule `rule`'s metric `stat`.
-    pub fn metric(&self, rule: usize, stat: Stat) -> Option<u32> {
-        self.rules
-            .get(rule)?
-            .metrics
-            .get(stat as usize)
-            .copied()
-            .flatten()
-    }
-
-    /// Records a released request's wait.
-    pub fn record_wait<H: Host>(&self, host: H, rule: usize, waited_ns: u64) {
-        if let Some(Some(id)) = self
-            .rules
-            .get(rule)
-            .and_then(|rt| rt.metrics.get(Stat::WaitMs as usize))
-        {
-            host.record_metric(*id, waited_ns / NS_PER_MS);
         }
     }
 }

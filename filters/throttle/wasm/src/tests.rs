@@ -427,8 +427,8 @@ fn a_busy_worker_state_never_strands_a_request() {
     // Something holds the worker state (cannot happen in one thread): the
     // glue fails closed without it (nothing held unrecorded), counted as
     // contention.
-    let worker = w.root.local();
-    let guard = worker.borrow_mut();
+    let worker = w.root.worker();
+    let guard = worker.core.borrow_mut();
     let reads = host.state().clock_reads;
     assert_eq!(w.request(11, &[]), Flow::Pause);
     drop(guard);
@@ -448,10 +448,16 @@ fn a_busy_worker_state_never_strands_a_request() {
     let cfg =
         r#"{"dry_run": true, "dry_run_headers": true, "rules": [{"name": "d", "rate": "10/s"}]}"#;
     let mut w = Worker::new(host, 1, cfg);
-    let worker = w.root.local();
-    let guard = worker.borrow_mut();
+    let worker = w.root.worker();
+    let guard = worker.core.borrow_mut();
+    assert_eq!(host.state().tick_ms, 0);
     assert_eq!(w.request(10, &[]), Flow::Continue);
     drop(guard);
+    assert_eq!(
+        host.state().tick_ms,
+        100,
+        "counted through the one route: a tick hands the counts over"
+    );
     w.respond(10, true);
     assert_eq!(
         response_headers(host, 10),
@@ -465,8 +471,8 @@ fn a_busy_worker_state_never_strands_a_request() {
     // A gate cannot record a slot without the worker state: rejected, counted as contention.
     let host = Fake::new();
     let mut w = Worker::new(host, 1, GATE);
-    let worker = w.root.local();
-    let guard = worker.borrow_mut();
+    let worker = w.root.worker();
+    let guard = worker.core.borrow_mut();
     assert_eq!(w.request(10, &[]), Flow::Pause);
     drop(guard);
     assert_eq!(w.stats("c"), s(&[("rejected", 1), ("contention", 1)]));

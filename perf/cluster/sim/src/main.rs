@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
-use throttle_core::cluster::sim::{max_in_window, FakeEngine, SimProxy};
-use throttle_core::cluster::{Failure, Grid, Reach, RuleSpec};
+use throttle_core::cluster::sim::{self, max_in_window, FakeEngine, SimProxy, SimRule};
+use throttle_core::cluster::{Failure, Grid};
 use throttle_core::config::{EngineConfig, OnEngineFailure};
 
 const MS: u64 = 1_000_000;
@@ -191,15 +191,21 @@ fn main() {
     let grid = Grid::new(interval);
     // A name per run: counters of earlier runs never mix in.
     let name = format!("sim{}", wall() / S % 100_000);
-    let rule = (
-        RuleSpec {
-            name,
-            grid,
-            expected_replicas: a.proxies as u32,
-            on_engine_failure: OnEngineFailure::LocalShare,
-        },
-        Reach::new(grid, 0, S),
-    );
+    let rule = SimRule {
+        name,
+        rate_per_s: a.rate,
+        burst: 0,
+        max_queue_delay_ms: 1000,
+        expected_replicas: a.proxies as u32,
+        on_engine_failure: OnEngineFailure::LocalShare,
+    };
+    let config = match sim::config(&engine_cfg, &[rule]) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cluster-sim: {e}");
+            std::process::exit(2);
+        }
+    };
     let skew_of = |i: usize| -> i64 {
         if a.skew_ms == 0 {
             return 0;
@@ -207,12 +213,16 @@ fn main() {
         let span = a.skew_ms * MS;
         (mix(i as u64 + 77) % span) as i64 - (span / 2) as i64
     };
-    let mut proxies: Vec<SimProxy> = (0..a.proxies)
-        .map(|i| {
-            SimProxy::new(&engine_cfg, std::slice::from_ref(&rule), skew_of(i))
-                .with_phase(mix(i as u64) % 1000)
-        })
-        .collect();
+    let mut proxies: Vec<SimProxy> = Vec::with_capacity(a.proxies);
+    for i in 0..a.proxies {
+        match SimProxy::new(&config, skew_of(i)) {
+            Ok(p) => proxies.push(p.with_phase(mix(i as u64) % 1000)),
+            Err(e) => {
+                eprintln!("cluster-sim: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
     let weights: Vec<f64> = (0..a.proxies)
         .map(|i| 1.0 / ((i + 1) as f64).powf(0.8))
         .collect();
@@ -324,11 +334,11 @@ fn main() {
                     if a.url.is_some() {
                         let _ = to_workers.send(Sent {
                             proxy: i,
-                            body: call.body,
+                            body: call.request.body,
                             sent: t,
                         });
                     } else {
-                        let served = fake.handle(&call.body, t + a.fake_latency_us * 500);
+                        let served = fake.handle(&call.request.body, t + a.fake_latency_us * 500);
                         fake_queue.push_back((t + a.fake_latency_us * 1000, i, t, Ok(served)));
                     }
                 }
@@ -375,7 +385,7 @@ fn main() {
         })
         .collect();
     let fallback_s: f64 = (0..a.proxies)
-        .filter_map(|i| proxies[i].caller.stats(0))
+        .filter_map(|i| proxies[i].caller().stats(0))
         .map(|s| s.fallback_total_ns(end) as f64 / S as f64)
         .sum();
     // The worst 100 ms window of grid releases alone (fallback pacing excluded).

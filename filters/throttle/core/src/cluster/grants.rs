@@ -487,7 +487,7 @@ pub fn add_waiting<C: SharedCell>(cell: &mut C, delta: i64) -> Result<u64, Store
 mod tests {
     use super::*;
     use crate::clock::NS_PER_MS;
-    use crate::cluster::sim::{MemBlob, MemCell};
+    use crate::testing::{MemBlob, MemCell};
 
     const MS: u64 = NS_PER_MS;
 

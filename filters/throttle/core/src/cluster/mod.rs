@@ -4,38 +4,47 @@
 //! nanoseconds since the Unix epoch.
 //!
 //! * [`grid`]: the slot grid every proxy computes alike, and the hourly guard.
-//! * [`wire`]: the `POST /json` body and the strict reading of answers.
 //! * [`caller`]: the calling VM — what to claim, when, what an answer grants,
 //!   fallback and return.
+//! * [`mod@engine`]: the engine as a trait (build the request for the caller's
+//!   claims, read the answer); [`wire`]: envoyproxy/ratelimit's `POST /json`,
+//!   its one implementation.
+//! * [`lease`]: which VM of a process calls; [`calls`]: that VM's side as a
+//!   whole (lease, plan, request, publish, statistics), all but the I/O.
 //! * [`grants`]: owned slots in shared data — the grants blob
 //!   ([`crate::SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
-//! * `sim` (feature `testing`): an in-memory engine that models the service (window suffix
-//!   included) and simulated proxies, for tests and the simulation driver.
+//! * `sim` (feature `testing`): an in-memory engine that models the service
+//!   (window suffix included), and simulated proxies that run the shipped
+//!   [`crate::Worker`], [`crate::Stream`] and [`Calls`] on the in-memory
+//!   store, for tests and the simulation driver.
 //!
-//! How the glue uses it (the order matters):
+//! How it runs (the order matters):
 //!
-//! 1. On configure: one [`Caller`] in the VM that makes the calls (built from
-//!    the rules with [`rule_spec`]); per rule, shared data for the grants blob,
-//!    the cursor, the waiting count and the fallback schedule's TAT.
-//! 2. On that VM's tick (every ~10 ms): read [`RuleFacts`] (the taken counter
-//!    metric and the waiting count), call [`Caller::tick`]; send the returned
-//!    [`Call`] with `dispatch_http_call` (`POST /json`, timeout
-//!    `call.timeout_ns`) and [`publish`] every returned [`RuleUpdate`].
-//! 3. On the call's answer: [`Caller::on_answer`] with `(status, body)`, or
-//!    `Failure::Transport` / `Failure::Timeout`; [`publish`] every update.
-//! 4. Per request, on any worker: [`take`] with the rule's [`Reach`] and
-//!    `Attempt::First`. `Now`: continue; `Hold`: hold `delay_ns`; both count
-//!    as taken (metric). `Wait`: keep it in the worker's queue and retry on
-//!    tick with `Attempt::Retry { waited_ns }`, oldest first, stopping at the
-//!    first that must still wait, and only when the grants blob changed
-//!    since (its CAS token; `sim::SimProxy` does exactly this); once it has waited
-//!    `max_queue_delay`, reject it and [`add_waiting`] -1 (also when its
-//!    client goes away). `Local`: [`crate::admit`] on the rule's fallback TAT
-//!    with [`local_schedule`]. `Deny`, `Reject`, `Contention`: reject. Every
-//!    request of the rule counts as arrived (the metric [`RuleFacts`] reads).
-//! 5. Metrics per rule from [`Caller::stats`]: calls, failures, slots granted,
-//!    time in fallback ([`RuleStats::fallback_total_ns`]); slots unused =
-//!    granted - taken - the usable count [`publish`] returns.
+//! 1. On configure: per rule, shared data for the grants blob, the cursor,
+//!    the waiting count and the fallback schedule's TAT
+//!    ([`crate::stream::initial_values`]); in every VM, one [`Calls`].
+//! 2. On each VM's tick (every 20 ms at least): [`Calls::on_tick`]. The VM
+//!    holding the lease reads [`RuleFacts`] (the rule's `requests` counter
+//!    and the waiting count), lets the [`Caller`] plan, [`publish`]es every
+//!    returned [`RuleUpdate`], and returns the [`Call`] to send (the glue:
+//!    `dispatch_http_call` of the engine's request to `engine.cluster`,
+//!    timeout `call.timeout_ns`).
+//! 3. On the call's answer: [`Calls::on_answer`] with `(status, body)`, or
+//!    `Failure::Transport` / `Failure::Timeout`; every update is published.
+//! 4. Per request, on any worker: the stream's cluster stage, [`take`] with
+//!    the rule's [`Reach`] and `Attempt::First`. `Now`: continue; `Hold`:
+//!    hold `delay_ns`; both count as taken (metric). `Wait`: the worker keeps
+//!    it and retries on every tick with `Attempt::Retry { waited_ns }`
+//!    ([`crate::stream::retry_grants`]), oldest first, stopping at the first
+//!    that must still wait; once it has waited `max_queue_delay`, it is
+//!    rejected and [`add_waiting`] -1 (also when its client goes away).
+//!    `Local`: [`crate::admit`] on the rule's fallback TAT with
+//!    [`local_schedule`] (a retry: what is left of `max_queue_delay`).
+//!    `Deny`, `Reject`, `Contention`: reject. Every request of the rule
+//!    counts as arrived (the metric [`RuleFacts`] reads).
+//! 5. Statistics per rule, returned by [`Calls`] as counts: calls, failures,
+//!    slots granted, time in fallback ([`RuleStats::fallback_total_ns`]);
+//!    slots unused = granted - taken - the usable count [`publish`] returns.
 //!
 //! Shared data per rule (proxy-wasm shared data, written with CAS; the keys
 //! are the layout of [`crate::store`]: [`CellId::key`](crate::store::CellId::key)):
@@ -49,8 +58,11 @@
 //! | `throttle/v2/caller/<hash of the configuration>` | the caller lease `[holder, until]` | the VMs that may call |
 
 pub mod caller;
+pub mod calls;
+pub mod engine;
 pub mod grants;
 pub mod grid;
+pub mod lease;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod wire;
@@ -59,12 +71,23 @@ pub use caller::{
     Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
     MIN_CALL_INTERVAL_NS,
 };
+pub use calls::{Calls, Effects};
+pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, Take};
 pub use grid::Grid;
-pub use wire::Failure;
 
-use crate::config::Rule;
+use std::sync::Arc;
+
+use crate::config::{EngineConfig, Rule};
 use crate::schedule::Schedule;
+
+/// The engine of a configuration's `engine` block (today always
+/// envoyproxy/ratelimit's JSON API; another engine is chosen here).
+pub fn engine(config: &EngineConfig) -> Arc<dyn Engine> {
+    Arc::new(wire::RatelimitJson {
+        domain: config.domain.clone(),
+    })
+}
 
 /// The calling VM's view of a validated cluster rule (None for process scope).
 pub fn rule_spec(rule: &Rule) -> Option<RuleSpec> {

@@ -54,6 +54,8 @@ struct Proc {
     clock_reads: usize,
     /// Counters and gauges by (rule, stat), as the host would hold them.
     totals: BTreeMap<(usize, Stat), i64>,
+    /// Samples (histograms, gauge levels) by rule, in order.
+    samples: Vec<(usize, Stat, u64)>,
     /// Streams resumed, in order, with the wait each was resumed after.
     resumed: Vec<(u32, u64)>,
     replies: HashMap<u32, Reply>,
@@ -77,6 +79,7 @@ impl Proc {
             },
             clock_reads: 0,
             totals: BTreeMap::new(),
+            samples: Vec::new(),
             resumed: Vec::new(),
             replies: HashMap::new(),
             gone: HashSet::new(),
@@ -100,6 +103,8 @@ impl Proc {
         for (stat, delta) in counts.iter() {
             *self.totals.entry((rule, stat)).or_default() += i64::from(delta);
         }
+        self.samples
+            .extend(counts.samples().iter().map(|&(stat, v)| (rule, stat, v)));
     }
 
     fn request(&mut self, id: u32, req: FakeRequest) -> Verdict {
@@ -320,6 +325,7 @@ fn a_held_request_is_released_at_its_turn_with_its_wait() {
     p.at(104);
     p.tick();
     assert_eq!(p.resumed, vec![(11, 104 * MS)]);
+    assert_eq!(p.samples, vec![(0, Stat::WaitMs, 104)]);
     assert!(!p.worker.needs_ticks());
     assert_eq!(
         p.respond(11, true),
@@ -437,6 +443,7 @@ fn a_stream_gone_at_its_turn_is_counted_gone() {
     p.tick();
     assert!(p.resumed.is_empty());
     assert!(p.worker.waited.is_empty(), "no wait kept for a gone stream");
+    assert!(p.samples.is_empty(), "no wait recorded for a gone stream");
     assert_eq!(p.stats(), s(&[("admitted", 1), ("queued", 1), ("gone", 1)]));
 }
 

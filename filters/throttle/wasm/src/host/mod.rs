@@ -12,6 +12,7 @@ pub mod abi;
 pub mod fake;
 pub mod map;
 
+use throttle_core::clock::Clock;
 use throttle_core::reply::Reply;
 use throttle_core::stats::Kind;
 
@@ -89,4 +90,16 @@ pub trait Host: Copy {
     fn enqueue(&self, queue: u32, data: &[u8]) -> bool;
     /// Takes the oldest message of a queue.
     fn dequeue(&self, queue: u32) -> Option<Vec<u8>>;
+}
+
+/// The host's clocks, as the core reads them.
+pub struct HostClock<H>(pub H);
+
+impl<H: Host> Clock for HostClock<H> {
+    fn mono(&mut self) -> u64 {
+        self.0.monotonic_ns()
+    }
+    fn wall(&mut self) -> u64 {
+        self.0.wall_ns()
+    }
 }
