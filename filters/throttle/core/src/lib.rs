@@ -34,6 +34,7 @@
     )
 )]
 
+pub mod classes;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -160,22 +160,140 @@ impl Stat {
     }
 }
 
-/// Changes to a rule's statistics, returned with every decision so the glue
-/// can apply them (and tests can assert them exactly): deltas of counters
-/// and gauges, and samples (a histogram's value, or a gauge's new level).
+/// One statistic of a rule's priority class, named
+/// `throttle.rule.<rule>.class.<class>.<stat>` (Prometheus:
+/// `throttle_class_<stat>{throttle_rule, throttle_class}`). Bounded: at most
+/// [`crate::classes::MAX`] classes per rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClassStat {
+    Admitted,
+    Queued,
+    Released,
+    Rejected,
+    Displaced,
+    WaitMs,
+}
+
+/// A class stat's name, kind and meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassSpec {
+    pub stat: ClassStat,
+    pub name: &'static str,
+    pub kind: Kind,
+    pub doc: &'static str,
+}
+
+/// Number of class stats.
+pub const CLASS_COUNT: usize = 6;
+
+/// Every class stat, in the order of [`ClassStat`] and of the README's table.
+pub const CLASS_TABLE: [ClassSpec; CLASS_COUNT] = [
+    ClassSpec { stat: ClassStat::Admitted, name: "admitted", kind: Kind::Counter,
+        doc: "Requests of the class continued at once." },
+    ClassSpec { stat: ClassStat::Queued, name: "queued", kind: Kind::Counter,
+        doc: "Requests of the class held, waiting for a release." },
+    ClassSpec { stat: ClassStat::Released, name: "released", kind: Kind::Counter,
+        doc: "Held requests of the class resumed at their turn." },
+    ClassSpec { stat: ClassStat::Rejected, name: "rejected", kind: Kind::Counter,
+        doc: "Requests of the class rejected at once: estimated turn beyond the class's `max_queue_delay`, full worker queue, over the key's quota, or contention." },
+    ClassSpec { stat: ClassStat::Displaced, name: "displaced", kind: Kind::Counter,
+        doc: "Held requests of the class rejected later: pushed back by higher classes, their turn moved past the class's `max_queue_delay` (they also count in the rule's `rejected`)." },
+    ClassSpec { stat: ClassStat::WaitMs, name: "wait_ms", kind: Kind::Histogram,
+        doc: "Time released requests of the class were held, in milliseconds." },
+];
+
+impl ClassStat {
+    /// Every class stat, in table order.
+    pub const ALL: [ClassStat; CLASS_COUNT] = [
+        ClassStat::Admitted,
+        ClassStat::Queued,
+        ClassStat::Released,
+        ClassStat::Rejected,
+        ClassStat::Displaced,
+        ClassStat::WaitMs,
+    ];
+
+    /// The stat's entry in [`CLASS_TABLE`].
+    pub fn spec(self) -> &'static ClassSpec {
+        const FIRST: &ClassSpec = &CLASS_TABLE[0];
+        CLASS_TABLE.iter().find(|s| s.stat == self).unwrap_or(FIRST)
+    }
+
+    pub fn name(self) -> &'static str {
+        self.spec().name
+    }
+
+    pub fn kind(self) -> Kind {
+        self.spec().kind
+    }
+}
+
+/// Most classes counted per rule.
+const CLASSES: usize = crate::classes::MAX;
+
+/// Changes to a rule's statistics (and its classes'), returned with every
+/// decision so the glue can apply them (and tests can assert them exactly):
+/// deltas of counters and gauges, and samples (a histogram's value, or a
+/// gauge's new level).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counts {
     deltas: [i32; COUNT],
+    by_class: [[i32; CLASS_COUNT]; CLASSES],
     /// In the order recorded (empty on the fast path: no allocation).
     samples: Vec<(Stat, u64)>,
+    /// Samples of the classes' histograms: (class, stat, value).
+    class_samples: Vec<(usize, ClassStat, u64)>,
 }
 
 impl Counts {
     /// No change.
     pub const NONE: Counts = Counts {
         deltas: [0; COUNT],
+        by_class: [[0; CLASS_COUNT]; CLASSES],
         samples: Vec::new(),
+        class_samples: Vec::new(),
     };
+
+    /// Adds `delta` to class `class`'s `stat`.
+    pub fn add_class(&mut self, class: usize, stat: ClassStat, delta: i32) {
+        if let Some(d) = self
+            .by_class
+            .get_mut(class)
+            .and_then(|c| c.get_mut(stat as usize))
+        {
+            *d = d.saturating_add(delta);
+        }
+    }
+
+    /// Records a sample of class `class`'s histogram `stat`.
+    pub fn record_class(&mut self, class: usize, stat: ClassStat, value: u64) {
+        self.class_samples.push((class, stat, value));
+    }
+
+    /// The classes' samples recorded, in order.
+    pub fn class_samples(&self) -> &[(usize, ClassStat, u64)] {
+        &self.class_samples
+    }
+
+    /// The change of class `class`'s `stat`.
+    pub fn get_class(&self, class: usize, stat: ClassStat) -> i32 {
+        self.by_class
+            .get(class)
+            .and_then(|c| c.get(stat as usize))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The non-zero class changes: (class, stat, delta).
+    pub fn iter_classes(&self) -> impl Iterator<Item = (usize, ClassStat, i32)> + '_ {
+        self.by_class.iter().enumerate().flat_map(|(c, row)| {
+            ClassStat::ALL
+                .iter()
+                .zip(row.iter())
+                .filter(|(_, &d)| d != 0)
+                .map(move |(&s, &d)| (c, s, d))
+        })
+    }
 
     /// These changes.
     pub fn of(changes: &[(Stat, i32)]) -> Self {
@@ -209,7 +327,11 @@ impl Counts {
         for (s, d) in other.iter() {
             self.add(s, d);
         }
+        for (c, s, d) in other.iter_classes() {
+            self.add_class(c, s, d);
+        }
         self.samples.extend_from_slice(&other.samples);
+        self.class_samples.extend_from_slice(&other.class_samples);
     }
 
     /// The change of `stat`.
@@ -219,7 +341,10 @@ impl Counts {
 
     /// Whether nothing changes.
     pub fn is_empty(&self) -> bool {
-        self.deltas.iter().all(|&d| d == 0) && self.samples.is_empty()
+        self.deltas.iter().all(|&d| d == 0)
+            && self.by_class.iter().flatten().all(|&d| d == 0)
+            && self.samples.is_empty()
+            && self.class_samples.is_empty()
     }
 
     /// The samples recorded, in order.
@@ -231,7 +356,9 @@ impl Counts {
     pub fn deltas(&self) -> Counts {
         Counts {
             deltas: self.deltas,
+            by_class: self.by_class,
             samples: Vec::new(),
+            class_samples: Vec::new(),
         }
     }
 
@@ -245,12 +372,21 @@ impl Counts {
     }
 }
 
-/// The README's statistics table (Markdown).
+/// The README's statistics table (Markdown): the rule's stats, then its
+/// classes' (`class.<class>.<stat>`).
 pub fn reference_table() -> String {
     let mut out = String::from("| name | type | description |\n|---|---|---|\n");
     for s in &TABLE {
         out.push_str(&format!(
             "| `{}` | {} | {} |\n",
+            s.name,
+            s.kind.name(),
+            s.doc
+        ));
+    }
+    for s in &CLASS_TABLE {
+        out.push_str(&format!(
+            "| `class.<class>.{}` | {} | {} |\n",
             s.name,
             s.kind.name(),
             s.doc
@@ -295,6 +431,43 @@ mod tests {
             );
             assert_eq!(TABLE.iter().filter(|t| t.name == s.name).count(), 1);
         }
+    }
+
+    #[test]
+    fn the_class_table_is_in_enum_order_and_its_names_split_back() {
+        for (i, s) in CLASS_TABLE.iter().enumerate() {
+            assert_eq!(s.stat as usize, i, "{}", s.name);
+            assert_eq!(ClassStat::ALL[i], s.stat);
+            assert!(s.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+            // A flattened class stat ends in `_class_<class>_<stat>`: no
+            // class stat may end in `_<another class stat>`.
+            for o in &CLASS_TABLE {
+                assert!(s.name == o.name || !s.name.ends_with(&format!("_{}", o.name)));
+            }
+            // ... nor may a rule stat end in `_<a class stat>` (it would read
+            // as a class stat of a rule whose name ends in `_class`).
+            for r in &TABLE {
+                assert!(!r.name.ends_with(&format!("_{}", s.name)), "{}", r.name);
+            }
+        }
+    }
+
+    #[test]
+    fn class_counts_add_up_apart_from_the_rule_s() {
+        let mut c = Counts::NONE;
+        c.add_class(2, ClassStat::Queued, 1);
+        c.add_class(9, ClassStat::Queued, 1); // no such class: ignored
+        assert!(!c.is_empty() && c.iter().next().is_none());
+        let mut d = Counts::of(&[(Stat::Queued, 1)]);
+        d.add_class(2, ClassStat::Queued, 2);
+        d.add_class(0, ClassStat::Displaced, 1);
+        c.merge(&d);
+        assert_eq!(
+            c.iter_classes().collect::<Vec<_>>(),
+            vec![(0, ClassStat::Displaced, 1), (2, ClassStat::Queued, 3)]
+        );
+        assert_eq!(c.get_class(2, ClassStat::Queued), 3);
+        assert_eq!(c.get(Stat::Queued), 1);
     }
 
     #[test]

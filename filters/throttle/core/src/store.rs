@@ -77,6 +77,9 @@ pub enum CellId {
 pub enum BlobId {
     /// Cluster scope: a rule's grants (mode and owned slot ranges).
     Grants(usize),
+    /// A rule with priority classes: its tickets per class
+    /// ([`crate::classes::Tickets`]).
+    Classes(usize),
 }
 
 /// Shared 16-byte cells with compare-and-swap, addressed by [`CellId`]. A
@@ -264,7 +267,7 @@ impl BlobId {
     /// The rule the value belongs to.
     pub fn rule(self) -> usize {
         match self {
-            BlobId::Grants(i) => i,
+            BlobId::Grants(i) | BlobId::Classes(i) => i,
         }
     }
 
@@ -272,6 +275,7 @@ impl BlobId {
     pub fn key(self, rule_name: &str) -> Option<Key> {
         match self {
             BlobId::Grants(_) => rule_key(rule_name, "grants"),
+            BlobId::Classes(_) => rule_key(rule_name, "classes"),
         }
     }
 }
@@ -322,6 +326,11 @@ mod tests {
             "throttle/v2/rule/users/grants"
         );
         assert_eq!(BlobId::Grants(3).rule(), 3);
+        assert_eq!(
+            BlobId::Classes(3).key(name).unwrap().as_str(),
+            "throttle/v2/rule/users/classes"
+        );
+        assert_eq!(BlobId::Classes(3).rule(), 3);
         for k in [SEED_KEY, WAKE_KEY, WAKE_QUEUE_PREFIX] {
             assert!(k.starts_with(KEY_ROOT));
         }

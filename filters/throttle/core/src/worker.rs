@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::classes::ClassWaiters;
 use crate::clock::Clock;
 use crate::clock::NS_PER_MS;
 use crate::cluster;
@@ -112,6 +113,10 @@ pub struct Worker {
     pub grants: GrantWaiters,
     /// Held gRPC requests (a tick-time rejection answers them the gRPC way).
     pub grpc: HashSet<u32>,
+    /// Requests waiting in the class queues of rules with priority classes.
+    pub classes: ClassWaiters,
+    /// Class requests being resumed: context id -> class (its counters).
+    pub releasing: HashMap<u32, usize>,
 }
 
 /// What a tick does to one request.
@@ -136,11 +141,11 @@ pub struct TickPlan {
 }
 
 impl TickPlan {
-    fn count(&mut self, rule: usize, stat: Stat, delta: i32) {
+    pub(crate) fn count(&mut self, rule: usize, stat: Stat, delta: i32) {
         self.merge(rule, &Counts::of(&[(stat, delta)]));
     }
 
-    fn merge(&mut self, rule: usize, counts: &Counts) {
+    pub(crate) fn merge(&mut self, rule: usize, counts: &Counts) {
         if counts.is_empty() {
             return;
         }
@@ -158,17 +163,23 @@ impl Worker {
 
     /// Requests held now, by rate, by gate or waiting for grants.
     pub fn held(&self) -> usize {
-        self.queue.len() + self.gate.len() + self.grants.len()
+        self.queue.len() + self.gate.len() + self.grants.len() + self.classes.len()
     }
 
     /// Whether `id` is held now.
     pub fn holds(&self, id: u32) -> bool {
-        self.queue.contains(id) || self.gate.contains(id) || self.grants.contains(id)
+        self.queue.contains(id)
+            || self.gate.contains(id)
+            || self.grants.contains(id)
+            || self.classes.contains(id)
     }
 
     /// Whether anything needs the tick.
     pub fn needs_ticks(&self) -> bool {
-        !self.queue.is_empty() || self.gate.needs_ticks() || !self.grants.is_empty()
+        !self.queue.is_empty()
+            || self.gate.needs_ticks()
+            || !self.grants.is_empty()
+            || self.classes.needs_ticks()
     }
 
     /// Stops holding `id` (its stream ended, or Envoy answered it): removes it
@@ -185,8 +196,10 @@ impl Worker {
             }
             None => false,
         };
+        let from_classes = self.leave_class(store, id);
+        self.releasing.remove(&id);
         self.grpc.remove(&id);
-        from_queue || from_gate || from_grants
+        from_queue || from_gate || from_grants || from_classes
     }
 
     /// Returns `id`'s concurrency slot, if it holds one (idempotent). Returns
@@ -219,6 +232,7 @@ impl Worker {
         let mut plan = TickPlan::default();
         let now = clock.mono();
         self.rate_releases(cfg, store, now, &mut plan);
+        self.class_turns(cfg, store, clock, &mut plan);
         if !self.grants.is_empty() {
             self.grant_retries(cfg, store, clock, &mut plan);
         }
@@ -302,7 +316,7 @@ impl Worker {
         plan
     }
 
-    fn reject(&self, cfg: &Config, id: u32, rule: usize) -> TickAction {
+    pub(crate) fn reject(&self, cfg: &Config, id: u32, rule: usize) -> TickAction {
         let status = cfg.rules.get(rule).map_or(429, |r| r.reject_status);
         TickAction::Reply {
             id,
@@ -315,33 +329,47 @@ impl Worker {
         let mut due: Vec<Held> = Vec::new();
         self.queue.pop_due(now, &mut due);
         for r in due {
-            let (id, index) = (r.context_id, r.rule);
-            let Some(rule) = cfg.rules.get(index) else {
-                continue;
-            };
-            let resume = TickAction::Resume {
-                id,
-                rule: index,
-                waited_ns: now.saturating_sub(r.held_at),
-            };
-            let Some(limit) = rule.concurrency else {
+            self.release(cfg, store, r.context_id, r.rule, r.held_at, now, plan);
+        }
+    }
+
+    /// A held request's turn came: resumed, or sent on to its rule's gate.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn release<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        id: u32,
+        index: usize,
+        held_at: u64,
+        now: u64,
+        plan: &mut TickPlan,
+    ) {
+        let Some(rule) = cfg.rules.get(index) else {
+            return;
+        };
+        let resume = TickAction::Resume {
+            id,
+            rule: index,
+            waited_ns: now.saturating_sub(held_at),
+        };
+        let Some(limit) = rule.concurrency else {
+            plan.actions.push(resume);
+            return;
+        };
+        match gate::enter(&mut store.cell(CellId::Gate(index)), limit, true) {
+            Enter::Go => {
+                self.in_flight.insert(id, index);
+                plan.count(index, Stat::InFlight, 1);
                 plan.actions.push(resume);
-                continue;
-            };
-            match gate::enter(&mut store.cell(CellId::Gate(index)), limit, true) {
-                Enter::Go => {
-                    self.in_flight.insert(id, index);
-                    plan.count(index, Stat::InFlight, 1);
-                    plan.actions.push(resume);
-                }
-                Enter::Wait { ticket } => {
-                    let deadline = r.held_at.saturating_add(rule.max_delay_ns);
-                    self.gate.wait(id, index, ticket, r.held_at, deadline);
-                }
-                Enter::Full | Enter::Contention => {
-                    plan.count(index, Stat::Contention, 1);
-                    plan.actions.push(self.reject(cfg, id, index));
-                }
+            }
+            Enter::Wait { ticket } => {
+                let deadline = held_at.saturating_add(rule.max_delay_ns);
+                self.gate.wait(id, index, ticket, held_at, deadline);
+            }
+            Enter::Full | Enter::Contention => {
+                plan.count(index, Stat::Contention, 1);
+                plan.actions.push(self.reject(cfg, id, index));
             }
         }
     }
@@ -393,10 +421,18 @@ impl Worker {
     pub fn resumed<S: Store>(&mut self, cfg: &Config, store: S, id: u32, ok: bool) -> Counts {
         self.grpc.remove(&id);
         let mut c = Counts::of(&[(Stat::Held, -1)]);
+        let class = self.releasing.remove(&id);
         if ok {
             c.inc(Stat::Released);
-            if let Some(&ms) = self.waited.get(&id) {
+            let waited = self.waited.get(&id).copied();
+            if let Some(ms) = waited {
                 c.record(Stat::WaitMs, ms);
+            }
+            if let Some(k) = class {
+                c.add_class(k, crate::stats::ClassStat::Released, 1);
+                if let Some(ms) = waited {
+                    c.record_class(k, crate::stats::ClassStat::WaitMs, ms);
+                }
             }
         } else {
             c.inc(Stat::Gone);
@@ -412,6 +448,7 @@ impl Worker {
     /// false if the stream was gone.
     pub fn replied(&mut self, id: u32, ok: bool) -> Counts {
         self.grpc.remove(&id);
+        self.releasing.remove(&id);
         Counts::of(&[
             (Stat::Held, -1),
             (if ok { Stat::Rejected } else { Stat::Gone }, 1),

@@ -19,6 +19,7 @@ const MS: u64 = NS_PER_MS;
 /// One worker (a root context and its streams) on a fake host.
 struct Worker {
     host: Fake,
+    root_id: u32,
     root: Root<Fake>,
     streams: HashMap<u32, HttpStream<Fake>>,
 }
@@ -34,6 +35,7 @@ impl Worker {
         );
         Worker {
             host,
+            root_id,
             root,
             streams: HashMap::new(),
         }
@@ -84,7 +86,7 @@ impl Worker {
     }
 
     fn tick(&mut self) {
-        self.host.state().current = 1;
+        self.host.state().current = self.root_id;
         self.root.on_tick();
     }
 }
@@ -781,4 +783,71 @@ fn only_one_vm_of_the_process_calls_the_engine() {
     let mut resumed = host.state().resumed.clone();
     resumed.sort_unstable();
     assert_eq!(resumed, vec![10, 20], "both workers' requests got slots");
+}
+
+/// 10/s: critical above batch, on two workers of one process.
+const CLASSES: &str = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "1s",
+  "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+              {"name": "batch"}]}]}"#;
+
+#[test]
+fn classes_order_releases_across_workers_and_count_per_class() {
+    let host = Fake::new();
+    let mut a = Worker::new(host, 1, CLASSES);
+    let mut b = Worker::new(host, 2, CLASSES);
+    a.at(0);
+    assert_eq!(a.request(10, &[]), Flow::Continue);
+    // Batch waits on worker a, then critical on worker b, for the slot at 100 ms.
+    assert_eq!(a.request(11, &[]), Flow::Pause);
+    assert_eq!(b.request(20, &[("x-priority", "critical")]), Flow::Pause);
+    assert_eq!(b.request(21, &[("x-priority", "critical")]), Flow::Pause);
+    assert_eq!(host.state().tick_ms, 1, "waiting starts the tick");
+    // Worker a ticks at the slot: it grants it to critical, held by b.
+    a.at(100);
+    a.tick();
+    assert!(host.state().resumed.is_empty());
+    b.at(103);
+    b.tick();
+    assert_eq!(host.state().resumed, vec![20]);
+    // Its client goes before the next slot: the next critical takes it; batch after.
+    b.done(21);
+    for ms in [200, 300] {
+        a.at(ms);
+        a.tick();
+        b.tick();
+    }
+    assert_eq!(host.state().resumed, vec![20, 11]);
+    assert_eq!(a.metric("api", "class.critical.queued"), 2);
+    assert_eq!(a.metric("api", "class.critical.released"), 1);
+    assert_eq!(a.metric("api", "class.batch.admitted"), 1);
+    assert_eq!(a.metric("api", "class.batch.released"), 1);
+    assert_eq!(a.metric("api", "cancelled"), 1);
+    let recorded = host.state().recorded.clone();
+    assert!(recorded.contains(&("throttle.rule.api.class.critical.wait_ms".to_string(), 103)));
+    assert!(recorded.contains(&("throttle.rule.api.class.batch.wait_ms".to_string(), 200)));
+    assert!(recorded.contains(&("throttle.rule.api.wait_ms".to_string(), 200)));
+    assert_eq!(a.metric("api", "held"), 0);
+}
+
+#[test]
+fn a_displaced_request_is_answered_and_counted() {
+    let host = Fake::new();
+    let json = CLASSES.replace(
+        r#"{"name": "batch"}"#,
+        r#"{"name": "batch", "max_queue_delay": "250ms"}"#,
+    );
+    let mut a = Worker::new(host, 1, &json);
+    a.at(0);
+    a.request(10, &[]);
+    assert_eq!(a.request(11, &[]), Flow::Pause); // batch: its turn at 100 ms
+    for id in 20..25 {
+        assert_eq!(a.request(id, &[("x-priority", "critical")]), Flow::Pause);
+    }
+    // Five critical requests now go first: batch cannot be served within 250 ms.
+    a.at(1);
+    a.tick();
+    let r = reply(host, 11).expect("a rejection");
+    assert_eq!(r.status, 429);
+    assert_eq!(a.metric("api", "class.batch.displaced"), 1);
+    assert_eq!(a.metric("api", "rejected"), 1);
 }

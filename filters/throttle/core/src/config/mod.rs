@@ -103,6 +103,22 @@ pub struct Rule {
     pub dry_run: bool,
     /// `scope: "cluster"`: one rate across all proxies (None: per process).
     pub cluster: Option<ClusterScope>,
+    /// Priority classes, highest first (empty: none).
+    pub classes: Vec<Class>,
+}
+
+/// One priority class of a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Class {
+    /// Unique in the rule; used in metric names.
+    pub name: String,
+    /// Which requests take the class (None: the default class, which takes
+    /// every request no other class fits).
+    pub matcher: Option<Match>,
+    /// The class's floor: parts per million of the rule's releases while it waits.
+    pub min_share_ppm: u32,
+    /// Longest a request of the class may wait, in ns.
+    pub max_delay_ns: u64,
 }
 
 impl Rule {
@@ -131,10 +147,38 @@ impl Rule {
                 self.key_slots
             ));
         }
+        if !self.classes.is_empty() {
+            let classes: Vec<String> = self
+                .classes
+                .iter()
+                .map(|c| {
+                    let mut d = format!("{} ({}ms", c.name, c.max_delay_ns / NS_PER_MS);
+                    if c.min_share_ppm > 0 {
+                        d.push_str(&format!(", min_share {}", f64::from(c.min_share_ppm) / 1e6));
+                    }
+                    d + ")"
+                })
+                .collect();
+            parts.push(format!("classes {}", classes.join(" > ")));
+        }
         if self.dry_run {
             parts.push("dry-run".into());
         }
         format!("{}: {}", self.name, parts.join(", "))
+    }
+}
+
+impl Rule {
+    /// The class of a request of this rule (None if the rule has no classes).
+    pub fn class_of<R: crate::matcher::Request>(
+        &self,
+        req: &mut crate::matcher::Facts<R>,
+    ) -> Option<usize> {
+        let fits = self
+            .classes
+            .iter()
+            .position(|c| c.matcher.as_ref().is_some_and(|m| m.matches(req)));
+        fits.or_else(|| self.classes.iter().position(|c| c.matcher.is_none()))
     }
 }
 

@@ -29,6 +29,7 @@
 //! answers an [`Outcome`], one line in [`Stream::on_request`], and its
 //! configuration.
 
+mod class;
 mod cluster;
 mod enforce;
 mod gate;
@@ -101,6 +102,8 @@ pub struct Stream {
     rate: Option<rate::Seen>,
     /// The filter answered it itself (the reply carried the headers).
     replied: bool,
+    /// Its priority class, if its rule has classes.
+    class: Option<usize>,
 }
 
 /// What the decisions need besides the request: the configuration, the
@@ -134,6 +137,12 @@ pub fn initial_values(index: usize, rule: &Rule) -> Vec<Initial> {
     if rule.concurrency.is_some() {
         out.push(Initial::Cell(CellId::Gate(index)));
     }
+    if !rule.classes.is_empty() {
+        out.push(Initial::Blob(
+            BlobId::Classes(index),
+            crate::classes::Tickets::default().encode(),
+        ));
+    }
     if rule.cluster.is_some() {
         out.extend(
             [
@@ -162,6 +171,11 @@ impl Stream {
     /// The rule that applied.
     pub fn rule(&self) -> Option<usize> {
         self.rule
+    }
+
+    /// Its priority class, if its rule has classes.
+    pub fn class(&self) -> Option<usize> {
+        self.class
     }
 
     /// The rule that applies to a request (None: none matches).
@@ -203,12 +217,19 @@ impl Stream {
             now: clock.mono(),
             can_hold: enforce::can_hold(env.config, rule, worker),
         };
-        let outcome = if rule.cluster.is_some() {
-            cluster::take(&cx, clock, &mut d.counts)
-        } else {
-            let (outcome, seen) = rate::admit_rate(&cx, req);
-            self.rate = seen;
-            outcome
+        self.class = rule.class_of(req);
+        let outcome = match self.class {
+            Some(c) if !rule.dry_run => {
+                let (outcome, seen) = class::enter(&cx, c, req, clock, &mut d.counts);
+                self.rate = seen;
+                outcome
+            }
+            _ if rule.cluster.is_some() => cluster::take(&cx, clock, &mut d.counts),
+            _ => {
+                let (outcome, seen) = rate::admit_rate(&cx, req);
+                self.rate = seen;
+                outcome
+            }
         };
         if self.enforce(&cx, outcome, worker, req, &mut d) == Next::Done {
             return d;
@@ -222,7 +243,7 @@ impl Stream {
                 return d;
             }
         }
-        enforce::went_through(&mut d.counts);
+        enforce::went_through(&mut d.counts, self.class);
         d
     }
 
@@ -239,6 +260,7 @@ impl Stream {
             return Decision::pass();
         };
         self.rule = Some(index);
+        self.class = rule.class_of(req);
         let mut d = Decision {
             verdict: Verdict::Continue,
             rule: Some(index),

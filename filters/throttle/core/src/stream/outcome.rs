@@ -25,4 +25,10 @@ pub enum Wait {
     Grants { deadline: u64 },
     /// A concurrency slot: this gate ticket's turn.
     Gate { ticket: u64, deadline: u64 },
+    /// A slot of the rule's rate, granted by class: this class ticket's grant.
+    Class {
+        class: usize,
+        ticket: u64,
+        deadline: u64,
+    },
 }
