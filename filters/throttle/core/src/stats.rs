@@ -235,10 +235,13 @@ const CLASSES: usize = crate::classes::MAX;
 /// decision so the glue can apply them (and tests can assert them exactly):
 /// deltas of counters and gauges, and samples (a histogram's value, or a
 /// gauge's new level).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Counts {
     deltas: [i32; COUNT],
-    by_class: [[i32; CLASS_COUNT]; CLASSES],
+    /// By class, grown on first use: empty for rules without classes, so
+    /// that a decision's counts stay small (they are moved and merged on
+    /// every request).
+    by_class: Vec<[i32; CLASS_COUNT]>,
     /// In the order recorded (empty on the fast path: no allocation).
     samples: Vec<(Stat, u64)>,
     /// Samples of the classes' histograms: (class, stat, value).
@@ -249,13 +252,19 @@ impl Counts {
     /// No change.
     pub const NONE: Counts = Counts {
         deltas: [0; COUNT],
-        by_class: [[0; CLASS_COUNT]; CLASSES],
+        by_class: Vec::new(),
         samples: Vec::new(),
         class_samples: Vec::new(),
     };
 
     /// Adds `delta` to class `class`'s `stat`.
     pub fn add_class(&mut self, class: usize, stat: ClassStat, delta: i32) {
+        if delta == 0 || class >= CLASSES {
+            return;
+        }
+        if self.by_class.len() <= class {
+            self.by_class.resize(class + 1, [0; CLASS_COUNT]);
+        }
         if let Some(d) = self
             .by_class
             .get_mut(class)
@@ -356,7 +365,7 @@ impl Counts {
     pub fn deltas(&self) -> Counts {
         Counts {
             deltas: self.deltas,
-            by_class: self.by_class,
+            by_class: self.by_class.clone(),
             samples: Vec::new(),
             class_samples: Vec::new(),
         }
@@ -371,6 +380,20 @@ impl Counts {
             .map(|(&s, &d)| (s, d))
     }
 }
+
+/// Equal when every change is: a class row that is absent counts as zeros.
+impl PartialEq for Counts {
+    fn eq(&self, other: &Counts) -> bool {
+        let rows = self.by_class.len().max(other.by_class.len());
+        let row = |c: &Counts, i: usize| c.by_class.get(i).copied().unwrap_or([0; CLASS_COUNT]);
+        self.deltas == other.deltas
+            && (0..rows).all(|i| row(self, i) == row(other, i))
+            && self.samples == other.samples
+            && self.class_samples == other.class_samples
+    }
+}
+
+impl Eq for Counts {}
 
 /// The README's statistics table (Markdown): the rule's stats, then its
 /// classes' (`class.<class>.<stat>`).
