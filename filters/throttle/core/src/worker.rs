@@ -191,7 +191,7 @@ impl Worker {
         let from_gate = self.gate.cancel(id).is_some();
         let from_grants = match self.grants.cancel(id) {
             Some(rule) => {
-                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(rule)), -1);
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(rule)), -1);
                 true
             }
             None => false,
@@ -268,7 +268,7 @@ impl Worker {
             };
             if now >= deadline {
                 self.grants.cancel(id);
-                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(index)), -1);
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), -1);
                 plan.actions.push(self.reject(cfg, id, index));
                 continue;
             }

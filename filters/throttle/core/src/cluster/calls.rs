@@ -113,10 +113,8 @@ impl Calls {
             .map(|&i| RuleFacts {
                 arrived_total: totals(i, Stat::Requests),
                 waiting: store
-                    .load(CellId::Waiting(i))
-                    .ok()
-                    .and_then(|(v, _)| v)
-                    .map_or(0, |[n, _]| n),
+                    .load(CellId::Cursor(i))
+                    .map_or(0, |(v, _)| super::Cursor::decode(v).waiting),
             })
             .collect();
         let now = clock.wall();

@@ -236,6 +236,39 @@ impl Attempt {
     }
 }
 
+/// A cluster rule's cursor cell ([`crate::CellId::Cursor`]): where this
+/// process's requests take their next owned slot (`[next, end)`, part of a
+/// range of the grants) and how many requests wait for grants, in one cell,
+/// so that a request reads both with one load: `[next, (end - next) |
+/// waiting << 32]`. A range longer than 2^32 - 1 slots is cut there (the rest
+/// is reached through the grants blob).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    pub next: u64,
+    pub end: u64,
+    pub waiting: u64,
+}
+
+impl Cursor {
+    const LOW: u64 = u32::MAX as u64;
+
+    /// The cursor of a cell's value (a cell never stored: `[0, 0)`, none waiting).
+    pub fn decode(value: Option<[u64; 2]>) -> Cursor {
+        let [next, packed] = value.unwrap_or([0, 0]);
+        Cursor {
+            next,
+            end: next.saturating_add(packed & Self::LOW),
+            waiting: packed >> 32,
+        }
+    }
+
+    /// The cell's value.
+    pub fn encode(self) -> [u64; 2] {
+        let len = self.end.saturating_sub(self.next).min(Self::LOW);
+        [self.next, len | (self.waiting.min(Self::LOW) << 32)]
+    }
+}
+
 /// The decision for one request of a cluster rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
@@ -244,7 +277,7 @@ pub enum Take {
     /// Hold `delay_ns` (until grid slot `slot`'s wall time).
     Hold { slot: u64, delay_ns: u64 },
     /// No owned slot for it yet: it now waits for grants (counted in the
-    /// waiting cell); retry on tick with `Attempt::Retry` until
+    /// cursor cell, [`Cursor::waiting`]); retry on tick with `Attempt::Retry` until
     /// `max_queue_delay`, then reject it and [`add_waiting`] -1.
     Wait,
     /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
@@ -266,37 +299,40 @@ fn retry_after(beyond_ns: u64) -> u64 {
 }
 
 /// Takes a slot for one request at wall time `now` (see the module docs).
-/// `can_hold`: the worker's queue has room. `waiting`: the rule's count of
-/// requests waiting for grants, read only off the fast path: a new request
-/// that would need a new range while others wait queues behind them, so
-/// waiting requests are served first. `take` keeps the count: +1 when it
-/// answers `Wait` to a first attempt, -1 when a retry ends in anything but
-/// `Wait`.
-pub fn take<C: SharedCell, W: SharedCell, B: SharedBlob>(
+/// `can_hold`: the worker's queue has room. The cursor cell ([`Cursor`])
+/// carries the rule's count of requests waiting for grants: a new request
+/// that would need a slot beyond the cursor's current range while others
+/// wait queues behind them, so waiting requests are served first. `take`
+/// keeps the count: +1 when it answers `Wait` to a first attempt, -1 when a
+/// retry ends in anything but `Wait`.
+///
+/// The fast path reads and writes the cursor cell only: its range is owned,
+/// so while it reaches the oldest usable slot (`min_slot`), that slot (or the
+/// cursor's next, if later) is the slot the grants would give. Only when the
+/// range is used up or in the past are the grants read.
+pub fn take<C: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
-    waiting: &mut W,
     reach: &Reach,
     now: u64,
     can_hold: bool,
     attempt: Attempt,
 ) -> Take {
-    let decision = take_inner(cursor, blob, waiting, reach, now, can_hold, attempt);
+    let decision = take_inner(cursor, blob, reach, now, can_hold, attempt);
     let delta = match (attempt, decision) {
         (Attempt::First, Take::Wait) => 1,
         (Attempt::Retry { .. }, Take::Wait) | (Attempt::First, _) => 0,
         (Attempt::Retry { .. }, _) => -1,
     };
-    if delta != 0 && add_waiting(waiting, delta).is_err() {
+    if delta != 0 && add_waiting(cursor, delta).is_err() {
         return Take::Contention;
     }
     decision
 }
 
-fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
+fn take_inner<C: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
-    waiting: &mut W,
     reach: &Reach,
     now: u64,
     can_hold: bool,
@@ -309,9 +345,17 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
         let Ok((value, token)) = cursor.load() else {
             return Take::Contention;
         };
-        let [next, end] = value.unwrap_or([0, 0]);
-        let (slot, range_end) = if next < end && next >= min_slot {
-            (next, end)
+        let c = Cursor::decode(value);
+        let queued = match attempt {
+            Attempt::First => c.waiting,
+            Attempt::Retry { .. } => 0,
+        };
+        let (slot, range_end) = if c.next < c.end && c.next >= min_slot {
+            (c.next, c.end)
+        } else if queued == 0 && c.next < min_slot && min_slot < c.end {
+            // The range is owned and still reaches the oldest usable slot:
+            // the first slot the grants hold from there.
+            (min_slot, c.end)
         } else {
             // The current range is used up or in the past: look at the grants.
             if grants.is_none() {
@@ -328,14 +372,7 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
             let Some(g) = grants.as_ref() else {
                 return Take::Contention;
             };
-            let queued = match attempt {
-                Attempt::First => match waiting.load() {
-                    Ok((v, _)) => v.map_or(0, |[n, _]| n),
-                    Err(_) => return Take::Contention,
-                },
-                Attempt::Retry { .. } => 0,
-            };
-            match g.first_from(next.max(min_slot)) {
+            match g.first_from(c.next.max(min_slot)) {
                 Some(found) if queued == 0 => found,
                 _ => return no_slot(g, max_delay, attempt, queued),
             }
@@ -354,7 +391,12 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
                 queue_full: true,
             };
         }
-        match cursor.store([slot + 1, range_end], token) {
+        let moved = Cursor {
+            next: slot + 1,
+            end: range_end,
+            waiting: c.waiting,
+        };
+        match cursor.store(moved.encode(), token) {
             Ok(true) if delay_ns == 0 => return Take::Now { slot },
             Ok(true) => return Take::Hold { slot, delay_ns },
             Ok(false) => continue,
@@ -421,7 +463,8 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (bytes, token) = blob.load()?;
         let (value, cursor_token) = cursor.load()?;
-        let next = value.map_or(0, |[n, _]| n);
+        let c = Cursor::decode(value);
+        let next = c.next;
         let mut g = bytes
             .as_deref()
             .and_then(Grants::decode)
@@ -454,7 +497,12 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
         }
         match g.ranges.first() {
             Some(&(a, b)) if a < next => {
-                if cursor.store([a, b], cursor_token)? {
+                let back = Cursor {
+                    next: a,
+                    end: b,
+                    waiting: c.waiting,
+                };
+                if cursor.store(back.encode(), cursor_token)? {
                     return Ok(usable);
                 }
             }
@@ -464,20 +512,21 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     Err(StoreError(0))
 }
 
-/// Requests of a rule waiting for grants, in one process-wide cell `[count, 0]`:
-/// `+1` when a request starts waiting, `-1` when it leaves (slot taken,
-/// rejected at its deadline, or gone). Returns the count after the change.
-pub fn add_waiting<C: SharedCell>(cell: &mut C, delta: i64) -> Result<u64, StoreError> {
+/// Requests of a rule waiting for grants, counted in its cursor cell
+/// ([`Cursor::waiting`]): `+1` when a request starts waiting, `-1` when it
+/// leaves (slot taken, rejected at its deadline, or gone). Returns the count
+/// after the change.
+pub fn add_waiting<C: SharedCell>(cursor: &mut C, delta: i64) -> Result<u64, StoreError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (v, token) = cell.load()?;
-        let n = v.map_or(0, |[n, _]| n);
-        let new = if delta >= 0 {
-            n.saturating_add(delta.unsigned_abs())
+        let (v, token) = cursor.load()?;
+        let mut c = Cursor::decode(v);
+        c.waiting = if delta >= 0 {
+            c.waiting.saturating_add(delta.unsigned_abs())
         } else {
-            n.saturating_sub(delta.unsigned_abs())
+            c.waiting.saturating_sub(delta.unsigned_abs())
         };
-        if cell.store([new, 0], token)? {
-            return Ok(new);
+        if cursor.store(c.encode(), token)? {
+            return Ok(c.waiting);
         }
     }
     Err(StoreError(0))
@@ -499,6 +548,12 @@ mod tests {
     /// Wall time of slot k at 500/s.
     fn at(k: u64) -> u64 {
         k * 2 * MS
+    }
+
+    /// The cursor's range `[next, end)`.
+    fn cur(c: &MemCell) -> (u64, u64) {
+        let x = Cursor::decode(c.v);
+        (x.next, x.end)
     }
 
     fn setup(ranges: &[(u64, u64)]) -> (MemCell, MemBlob) {
@@ -553,43 +608,19 @@ mod tests {
         let r = reach();
         let now = at(1000);
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, now, true, FIRST),
             Take::Now { slot: 1000 }
         );
-        assert_eq!(c.v, Some([1001, 1003]), "the fast path moved the cursor");
+        assert_eq!(cur(&c), (1001, 1003), "the fast path moved the cursor");
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, now, true, FIRST),
             Take::Hold {
                 slot: 1001,
                 delay_ns: 2 * MS
             }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, now, true, FIRST),
             Take::Hold {
                 slot: 1002,
                 delay_ns: 4 * MS
@@ -597,38 +628,22 @@ mod tests {
         );
         // The next owned slot, 1010, is 20 ms away: beyond max_queue_delay (10 ms).
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, now, true, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
             }
         );
-        assert_eq!(c.v, Some([1003, 1003]), "a rejection takes nothing");
+        assert_eq!(cur(&c), (1003, 1003), "a rejection takes nothing");
         // 10 ms later it is within reach.
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now + 10 * MS,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, now + 10 * MS, true, FIRST),
             Take::Hold {
                 slot: 1010,
                 delay_ns: 10 * MS
             }
         );
-        assert_eq!(c.v, Some([1011, 1012]));
+        assert_eq!(cur(&c), (1011, 1012));
     }
 
     #[test]
@@ -638,66 +653,26 @@ mod tests {
                          // At slot 1005's time + 1 ms: 1004 (3 ms old) is out of reach, 1005 (1 ms old) is not.
         let now = at(1005) + MS;
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, now, true, FIRST),
             Take::Now { slot: 1005 }
         );
         // With burst 2 (slack 6 ms), 1003 would still do: (3 ms)->1004 is the oldest usable...
         let (mut c, mut b) = setup(&[(1000, 1010)]);
         let r3 = Reach::new(Grid::new(2 * MS), 2, 10 * MS);
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r3, now, true, FIRST),
             Take::Now { slot: 1003 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r3, now, true, FIRST),
             Take::Now { slot: 1004 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r3, now, true, FIRST),
             Take::Now { slot: 1005 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r3, now, true, FIRST),
             Take::Hold {
                 slot: 1006,
                 delay_ns: MS
@@ -710,55 +685,101 @@ mod tests {
         let (mut c, mut b) = setup(&[(1000, 1003)]);
         let r = reach();
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                false,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, at(1000), false, FIRST),
             Take::Now { slot: 1000 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                false,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, at(1000), false, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: true
             }
         );
-        assert_eq!(c.v, Some([1001, 1003]));
+        assert_eq!(cur(&c), (1001, 1003));
+    }
+
+    #[test]
+    fn a_range_that_still_reaches_the_oldest_usable_slot_is_taken_without_the_grants() {
+        /// Grants that must not be read.
+        struct Unread;
+        impl SharedBlob for Unread {
+            type Token = u32;
+            fn load(&mut self) -> Result<(Option<Vec<u8>>, u32), StoreError> {
+                panic!("the fast path read the grants")
+            }
+            fn store(&mut self, _: &[u8], _: u32) -> Result<bool, StoreError> {
+                panic!("the fast path wrote the grants")
+            }
+        }
+        // Owned 1000..1010; burst 0: a slot stays usable one interval (2 ms).
+        let (mut c, mut b) = setup(&[(1000, 1010)]);
+        let r = reach();
+        assert_eq!(
+            take(&mut c, &mut b, &r, at(1000), true, FIRST),
+            Take::Now { slot: 1000 }
+        );
+        // 10 ms later the cursor (1001) is in the past, its range is not: the
+        // oldest usable slot (1004), as the grants would give, from the cursor alone.
+        assert_eq!(
+            take(&mut c, &mut Unread, &r, at(1005), true, FIRST),
+            Take::Now { slot: 1004 }
+        );
+        assert_eq!(cur(&c), (1005, 1010));
+        // With a request waiting for grants, a new one looks at the grants and
+        // queues behind it, as before; a retry does not.
+        add_waiting(&mut c, 1).unwrap();
+        assert_eq!(take(&mut c, &mut b, &r, at(1008), true, FIRST), Take::Wait);
+        assert_eq!(Cursor::decode(c.v).waiting, 2);
+        let retry = Attempt::Retry { waited_ns: MS };
+        assert_eq!(
+            take(&mut c, &mut Unread, &r, at(1008), true, retry),
+            Take::Now { slot: 1007 }
+        );
+        assert_eq!(Cursor::decode(c.v).waiting, 1);
+        // Beyond the range: the grants.
+        assert_eq!(take(&mut c, &mut b, &r, at(1011), true, retry), Take::Wait);
+    }
+
+    #[test]
+    fn the_cursor_cell_packs_the_range_and_the_waiting_count() {
+        let x = Cursor {
+            next: 1 << 50,
+            end: (1 << 50) + 100_000,
+            waiting: 7,
+        };
+        assert_eq!(Cursor::decode(Some(x.encode())), x);
+        assert_eq!(Cursor::decode(None), Cursor::default());
+        // A range longer than 2^32 - 1 slots is cut there.
+        let long = Cursor {
+            next: 5,
+            end: u64::MAX,
+            waiting: 0,
+        };
+        assert_eq!(
+            Cursor::decode(Some(long.encode())).end,
+            5 + u64::from(u32::MAX)
+        );
     }
 
     #[test]
     fn without_grants_a_request_waits_unless_the_grant_rate_cannot_serve_it() {
         let mut blob = MemBlob::default();
         let mut c = MemCell::default();
-        let mut waiting = MemCell::default();
         let r = reach(); // hold up to 10 ms
                          // Nothing known yet: wait (and be counted).
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            take(&mut c, &mut blob, &r, at(1000), true, FIRST),
             Take::Wait
         );
         // A share of 250 slots/s: 2.5 slots per 10 ms. With one waiting, a second still fits...
         publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[]).unwrap();
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            take(&mut c, &mut blob, &r, at(1000), true, FIRST),
             Take::Wait
         );
         // ...but with 2 already waiting, a third cannot be served within 10 ms: rejected now.
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            take(&mut c, &mut blob, &r, at(1000), true, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -769,7 +790,6 @@ mod tests {
             take(
                 &mut c,
                 &mut blob,
-                &mut waiting,
                 &r,
                 at(1000),
                 true,
@@ -781,7 +801,7 @@ mod tests {
         // waiting ones; their retries take the slots first, and leave the count.
         publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[(1002, 1010)]).unwrap();
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            take(&mut c, &mut blob, &r, at(1000), true, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
@@ -789,28 +809,26 @@ mod tests {
         );
         let retry = Attempt::Retry { waited_ns: 2 * MS };
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
+            take(&mut c, &mut blob, &r, at(1000), true, retry),
             Take::Hold {
                 slot: 1002,
                 delay_ns: 4 * MS
             }
         );
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
+            take(&mut c, &mut blob, &r, at(1000), true, retry),
             Take::Hold {
                 slot: 1003,
                 delay_ns: 6 * MS
             }
         );
-        assert_eq!(waiting.v, Some([0, 0]));
+        assert_eq!(Cursor::decode(c.v).waiting, 0);
         // A retry may be held only for what is left of max_queue_delay (10 - 7 ms).
-        let mut w = MemCell::default();
-        add_waiting(&mut w, 1).unwrap();
+        add_waiting(&mut c, 1).unwrap();
         assert_eq!(
             take(
                 &mut c,
                 &mut blob,
-                &mut w,
                 &r,
                 at(1000),
                 true,
@@ -821,7 +839,7 @@ mod tests {
                 queue_full: false
             }
         );
-        assert_eq!(w.v, Some([0, 0]));
+        assert_eq!(Cursor::decode(c.v).waiting, 0);
     }
 
     #[test]
@@ -841,68 +859,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, at(1000), true, FIRST),
             Take::Now { slot: 1000 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &r, at(1000), true, FIRST),
             Take::Local {
                 interval_ns: 6 * MS
             }
         );
         publish(&mut b, &mut c, &r, 0, Mode::Deny, 0, &[]).unwrap();
-        assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
-            Take::Deny
-        );
+        assert_eq!(take(&mut c, &mut b, &r, at(1000), true, FIRST), Take::Deny);
     }
 
     #[test]
     fn publish_prunes_what_is_taken_or_out_of_reach() {
         let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
         let r = reach();
-        take(
-            &mut c,
-            &mut b,
-            &mut MemCell::default(),
-            &r,
-            at(1000),
-            true,
-            FIRST,
-        );
-        take(
-            &mut c,
-            &mut b,
-            &mut MemCell::default(),
-            &r,
-            at(1000),
-            true,
-            FIRST,
-        );
+        take(&mut c, &mut b, &r, at(1000), true, FIRST);
+        take(&mut c, &mut b, &r, at(1000), true, FIRST);
         // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004.
         let usable = publish(&mut b, &mut c, &r, at(1005), Mode::Grid, 0, &[(1040, 1045)]).unwrap();
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
@@ -916,22 +891,15 @@ mod tests {
         let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
         let r = Reach::new(Grid::new(2 * MS), 0, 100 * MS);
         let mut taken = Vec::new();
-        let take_one = |c: &mut MemCell, b: &mut MemBlob| match take(
-            c,
-            b,
-            &mut MemCell::default(),
-            &r,
-            at(1000),
-            true,
-            FIRST,
-        ) {
-            Take::Now { slot } | Take::Hold { slot, .. } => slot,
-            other => panic!("{other:?}"),
-        };
+        let take_one =
+            |c: &mut MemCell, b: &mut MemBlob| match take(c, b, &r, at(1000), true, FIRST) {
+                Take::Now { slot } | Take::Hold { slot, .. } => slot,
+                other => panic!("{other:?}"),
+            };
         for _ in 0..15 {
             taken.push(take_one(&mut c, &mut b));
         }
-        assert_eq!(c.v, Some([1025, 1030]));
+        assert_eq!(cur(&c), (1025, 1030));
         // Leftovers granted at 1012..1014 (below the cursor) and 1040..1042.
         let usable = publish(
             &mut b,
@@ -945,8 +913,8 @@ mod tests {
         .unwrap();
         assert_eq!(usable, 2 + 5 + 2);
         assert_eq!(
-            c.v,
-            Some([1012, 1014]),
+            cur(&c),
+            (1012, 1014),
             "the cursor came back to the new range"
         );
         for _ in 0..9 {
@@ -978,8 +946,12 @@ mod tests {
                 if self.loads == 1 {
                     // A worker takes slot 1025 right after this load.
                     let (v, t) = self.inner.load()?;
-                    let [n, e] = v.unwrap_or([0, 0]);
-                    assert!(self.inner.store([n + 1, e], t)?);
+                    let x = Cursor::decode(v);
+                    let taken = Cursor {
+                        next: x.next + 1,
+                        ..x
+                    };
+                    assert!(self.inner.store(taken.encode(), t)?);
                 }
                 seen
             }
@@ -990,7 +962,14 @@ mod tests {
         let (c, mut b) = setup(&[(1020, 1030)]);
         let mut c = Racing { inner: c, loads: 0 };
         let r = Reach::new(Grid::new(2 * MS), 0, 100 * MS);
-        c.inner.v = Some([1025, 1030]);
+        c.inner.v = Some(
+            Cursor {
+                next: 1025,
+                end: 1030,
+                waiting: 0,
+            }
+            .encode(),
+        );
         publish(
             &mut b,
             &mut c,
@@ -1002,7 +981,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.loads, 2, "a second attempt");
-        assert_eq!(c.inner.v, Some([1012, 1014]));
+        assert_eq!(cur(&c.inner), (1012, 1014));
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
         assert_eq!(
             g.ranges,

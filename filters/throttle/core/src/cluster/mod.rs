@@ -51,11 +51,12 @@
 //!
 //! | key | value | written by |
 //! |---|---|---|
-//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
-//! | `throttle/v2/rule/<rule>/cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
-//! | `throttle/v2/rule/<rule>/waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
-//! | `throttle/v2/rule/<rule>/fallback` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
-//! | `throttle/v2/caller/<hash of the configuration>` | the caller lease `[holder, until]` | the VMs that may call |
+//! | `t3/<rule id>/G` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
+//! | `t3/<rule id>/c` | the [`Cursor`]: the next owned slot, its range's end and the count of requests waiting for grants (16 bytes) | every worker ([`take`], [`add_waiting`]); the calling VM moves it back to new ranges ([`publish`]) |
+//! | `t3/<rule id>/f` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
+//! | `throttle/v3/caller/<hash of the configuration>` | the caller lease `[holder, until]` | the VMs that may call |
+//!
+//! (`<rule id>`: [`crate::store::rule_id`] of the rule's name.)
 
 pub mod caller;
 pub mod calls;
@@ -73,7 +74,7 @@ pub use caller::{
 };
 pub use calls::{Calls, Effects};
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
-pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, Take};
+pub use grants::{add_waiting, publish, take, Attempt, Cursor, Grants, Mode, Reach, Take};
 pub use grid::Grid;
 
 use std::sync::Arc;

@@ -827,10 +827,7 @@ fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
 }
 
 fn waiting(p: &Proc) -> u64 {
-    p.cells
-        .borrow()
-        .get(CellId::Waiting(0))
-        .map_or(0, |[n, _]| n)
+    cluster::Cursor::decode(p.cells.borrow().get(CellId::Cursor(0))).waiting
 }
 
 #[test]
