@@ -343,6 +343,21 @@ impl Counts {
         self.class_samples.extend_from_slice(&other.class_samples);
     }
 
+    /// Adds the deltas of `other` (counters, gauges, classes), not its samples.
+    pub fn merge_deltas(&mut self, other: &Counts) {
+        for (d, o) in self.deltas.iter_mut().zip(other.deltas.iter()) {
+            *d = d.saturating_add(*o);
+        }
+        for (c, s, d) in other.iter_classes() {
+            self.add_class(c, s, d);
+        }
+    }
+
+    /// Whether any counter or gauge changes (samples aside).
+    pub fn has_deltas(&self) -> bool {
+        self.deltas.iter().any(|&d| d != 0) || self.by_class.iter().flatten().any(|&d| d != 0)
+    }
+
     /// The change of `stat`.
     pub fn get(&self, stat: Stat) -> i32 {
         self.deltas.get(stat as usize).copied().unwrap_or(0)
@@ -421,6 +436,27 @@ pub fn reference_table() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deltas_merge_without_samples_and_class_rows_grow_on_use() {
+        let mut a = Counts::of(&[(Stat::Requests, 1)]);
+        assert!(a.has_deltas());
+        assert!(!Counts::NONE.has_deltas());
+        let mut b = Counts::of(&[(Stat::Requests, 2), (Stat::Admitted, 1)]);
+        b.record(Stat::WaitMs, 7);
+        b.add_class(3, ClassStat::Queued, 1);
+        a.merge_deltas(&b);
+        assert_eq!(a.get(Stat::Requests), 3);
+        assert_eq!(a.get(Stat::Admitted), 1);
+        assert_eq!(a.get_class(3, ClassStat::Queued), 1);
+        assert!(a.samples().is_empty(), "samples go at once, never batched");
+        // A class row that came back to zero equals no row.
+        a.add_class(3, ClassStat::Queued, -1);
+        assert_eq!(a, Counts::of(&[(Stat::Requests, 3), (Stat::Admitted, 1)]));
+        let mut only_class = Counts::NONE;
+        only_class.add_class(0, ClassStat::Admitted, 1);
+        assert!(only_class.has_deltas());
+    }
 
     #[test]
     fn the_table_is_in_enum_order() {

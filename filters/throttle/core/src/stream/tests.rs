@@ -899,3 +899,42 @@ fn a_cluster_dry_run_never_waits_and_gives_its_waiting_place_back() {
     );
     assert_eq!(p.stats(), s(&[("would_queue", 1)]));
 }
+
+/// A request whose response side is quiet ([`Stream::response_is_quiet`]: the
+/// glue then skips the response's callbacks) would get nothing from them:
+/// no header, count, wake or tick, whatever comes. Held requests, gated
+/// rules and rate-limit headers are not quiet.
+#[test]
+fn a_quiet_response_side_answers_nothing() {
+    let cases = [
+        (r#"{"rules": [{"name": "a", "rate": "10/s"}]}"#, true),
+        (
+            r#"{"rules": [{"name": "a", "rate": "10/s", "key": {"header": "x-user"}}]}"#,
+            true,
+        ),
+        (
+            r#"{"rules": [{"name": "a", "rate": "10/s"}], "rate_limit_headers": true}"#,
+            false,
+        ),
+        (r#"{"rules": [{"name": "a", "concurrency": 5}]}"#, false),
+    ];
+    for (json, quiet) in cases {
+        let mut p = Proc::new(json);
+        assert_eq!(p.get(1), Verdict::Continue, "{json}");
+        assert_eq!(p.streams[&1].response_is_quiet(&p.config), quiet, "{json}");
+        let before = p.totals.clone();
+        let headers = p.respond(1, false);
+        p.response_end(1);
+        p.done(1);
+        if quiet {
+            assert!(headers.is_empty(), "{json}: {headers:?}");
+            assert_eq!(p.totals, before, "{json}");
+            assert!(!p.woke);
+        }
+    }
+    // A second request within 100 ms at 10/s is held: not quiet.
+    let mut p = Proc::new(r#"{"rules": [{"name": "a", "rate": "10/s"}]}"#);
+    p.get(1);
+    assert_eq!(p.get(2), Verdict::Hold);
+    assert!(!p.streams[&2].response_is_quiet(&p.config));
+}
