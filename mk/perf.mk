@@ -30,7 +30,7 @@ perf-cpu-quick: setup perf-setup build perf-noop ## The same, short (< 2 min, CI
 	$(PY) -m perf.cpu.run --profile quick
 	$(PY) -m pytest perf/tests/test_cpu.py -q
 
-perf-icount: setup setup-engine perf-setup build perf-noop ## Instructions per request under valgrind (callgrind): every variant, before (main) vs after (~35 min)
+perf-icount: setup setup-engine perf-setup build perf-noop ## Instructions per request under valgrind (callgrind): every variant, before (main) vs after (~25 min)
 	$(PY) -m perf.icount.run --profile full $(PERF_ICOUNT_ARGS)
 
 perf-icount-quick: setup setup-engine perf-setup build perf-noop ## The same, short (~2 min, CI): checks the tool works, asserts nothing about cost
