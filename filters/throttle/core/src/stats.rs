@@ -287,10 +287,13 @@ const CLASSES: usize = crate::classes::MAX;
 /// decision so the glue can apply them (and tests can assert them exactly):
 /// deltas of counters and gauges, and samples (a histogram's value, or a
 /// gauge's new level).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Counts {
     deltas: [i32; COUNT],
-    by_class: [[i32; CLASS_COUNT]; CLASSES],
+    /// By class, grown on first use: empty for rules without classes, so
+    /// that a decision's counts stay small (they are moved and merged on
+    /// every request).
+    by_class: Vec<[i32; CLASS_COUNT]>,
     /// In the order recorded (empty on the fast path: no allocation).
     samples: Vec<(Stat, u64)>,
     /// Samples of the classes' histograms: (class, stat, value).
@@ -301,13 +304,19 @@ impl Counts {
     /// No change.
     pub const NONE: Counts = Counts {
         deltas: [0; COUNT],
-        by_class: [[0; CLASS_COUNT]; CLASSES],
+        by_class: Vec::new(),
         samples: Vec::new(),
         class_samples: Vec::new(),
     };
 
     /// Adds `delta` to class `class`'s `stat`.
     pub fn add_class(&mut self, class: usize, stat: ClassStat, delta: i32) {
+        if delta == 0 || class >= CLASSES {
+            return;
+        }
+        if self.by_class.len() <= class {
+            self.by_class.resize(class + 1, [0; CLASS_COUNT]);
+        }
         if let Some(d) = self
             .by_class
             .get_mut(class)
@@ -386,6 +395,21 @@ impl Counts {
         self.class_samples.extend_from_slice(&other.class_samples);
     }
 
+    /// Adds the deltas of `other` (counters, gauges, classes), not its samples.
+    pub fn merge_deltas(&mut self, other: &Counts) {
+        for (d, o) in self.deltas.iter_mut().zip(other.deltas.iter()) {
+            *d = d.saturating_add(*o);
+        }
+        for (c, s, d) in other.iter_classes() {
+            self.add_class(c, s, d);
+        }
+    }
+
+    /// Whether any counter or gauge changes (samples aside).
+    pub fn has_deltas(&self) -> bool {
+        self.deltas.iter().any(|&d| d != 0) || self.by_class.iter().flatten().any(|&d| d != 0)
+    }
+
     /// The change of `stat`.
     pub fn get(&self, stat: Stat) -> i32 {
         self.deltas.get(stat as usize).copied().unwrap_or(0)
@@ -408,7 +432,7 @@ impl Counts {
     pub fn deltas(&self) -> Counts {
         Counts {
             deltas: self.deltas,
-            by_class: self.by_class,
+            by_class: self.by_class.clone(),
             samples: Vec::new(),
             class_samples: Vec::new(),
         }
@@ -423,6 +447,20 @@ impl Counts {
             .map(|(&s, &d)| (s, d))
     }
 }
+
+/// Equal when every change is: a class row that is absent counts as zeros.
+impl PartialEq for Counts {
+    fn eq(&self, other: &Counts) -> bool {
+        let rows = self.by_class.len().max(other.by_class.len());
+        let row = |c: &Counts, i: usize| c.by_class.get(i).copied().unwrap_or([0; CLASS_COUNT]);
+        self.deltas == other.deltas
+            && (0..rows).all(|i| row(self, i) == row(other, i))
+            && self.samples == other.samples
+            && self.class_samples == other.class_samples
+    }
+}
+
+impl Eq for Counts {}
 
 /// The README's statistics table (Markdown): the rule's stats, then its
 /// classes' (`class.<class>.<stat>`).
@@ -450,6 +488,27 @@ pub fn reference_table() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deltas_merge_without_samples_and_class_rows_grow_on_use() {
+        let mut a = Counts::of(&[(Stat::Requests, 1)]);
+        assert!(a.has_deltas());
+        assert!(!Counts::NONE.has_deltas());
+        let mut b = Counts::of(&[(Stat::Requests, 2), (Stat::Admitted, 1)]);
+        b.record(Stat::WaitMs, 7);
+        b.add_class(3, ClassStat::Queued, 1);
+        a.merge_deltas(&b);
+        assert_eq!(a.get(Stat::Requests), 3);
+        assert_eq!(a.get(Stat::Admitted), 1);
+        assert_eq!(a.get_class(3, ClassStat::Queued), 1);
+        assert!(a.samples().is_empty(), "samples go at once, never batched");
+        // A class row that came back to zero equals no row.
+        a.add_class(3, ClassStat::Queued, -1);
+        assert_eq!(a, Counts::of(&[(Stat::Requests, 3), (Stat::Admitted, 1)]));
+        let mut only_class = Counts::NONE;
+        only_class.add_class(0, ClassStat::Admitted, 1);
+        assert!(only_class.has_deltas());
+    }
 
     #[test]
     fn the_table_is_in_enum_order() {

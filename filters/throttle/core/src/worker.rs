@@ -191,7 +191,7 @@ impl Worker {
         let from_gate = self.gate.cancel(id).is_some();
         let from_grants = match self.grants.cancel(id) {
             Some(rule) => {
-                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(rule)), -1);
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(rule)), -1);
                 true
             }
             None => false,
@@ -270,7 +270,7 @@ impl Worker {
             };
             if now >= deadline {
                 self.grants.cancel(id);
-                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(index)), -1);
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), -1);
                 plan.actions.push(self.reject(cfg, id, index));
                 continue;
             }
@@ -360,7 +360,7 @@ impl Worker {
                 // for grants (first among them: it waited longest), within
                 // what is left of its max_queue_delay.
                 let deadline = r.held_at.saturating_add(rule.max_delay_ns);
-                if cluster::add_waiting(&mut store.cell(CellId::Waiting(index)), 1).is_ok() {
+                if cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), 1).is_ok() {
                     back_on_grid.push(GrantWaiter {
                         id,
                         rule: index,

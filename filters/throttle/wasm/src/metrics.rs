@@ -98,7 +98,7 @@ impl Metrics {
                 host.record_metric(id, value);
             }
         }
-        if counts.iter().next().is_none() && counts.iter_classes().next().is_none() {
+        if !counts.has_deltas() {
             return false;
         }
         let Ok(mut pending) = self.pending.try_borrow_mut() else {
@@ -110,7 +110,7 @@ impl Metrics {
             pending.resize(rule + 1, Counts::NONE);
         }
         if let Some(p) = pending.get_mut(rule) {
-            p.merge(&counts.deltas());
+            p.merge_deltas(counts);
         }
         self.dirty.set(true);
         true

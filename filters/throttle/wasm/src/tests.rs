@@ -867,3 +867,105 @@ fn a_displaced_request_is_answered_and_counted() {
     assert_eq!(a.metric("api", "class.batch.displaced"), 1);
     assert_eq!(a.metric("api", "rejected"), 1);
 }
+
+// ---------------------------------------------------------------- host calls
+
+/// The host calls of `n` requests within the rate, 1 ms apart (headers,
+/// response headers, response end, done), no tick in between: by ABI name.
+fn calls_of(
+    w: &mut Worker,
+    n: u32,
+    headers: &[(&str, &str)],
+    from_ms: u64,
+) -> Vec<(&'static str, usize)> {
+    let host = w.host;
+    host.state().hostcalls.clear();
+    for i in 0..n {
+        let id = 1000 + i;
+        w.at_both(from_ms + u64::from(i));
+        assert_eq!(w.request(id, headers), Flow::Continue);
+        w.respond(id, false);
+        w.response_end(id);
+        w.done(id);
+    }
+    let calls = host.state().hostcalls.clone();
+    calls.into_iter().collect()
+}
+
+/// On the fast path a request makes the host calls its decision needs and no
+/// other: one clock read, the rule's cell read and written once (an exact
+/// schedule across workers: see perf/icount/README.md), the path or the key
+/// header only for a rule that needs it; statistics wait for the tick.
+#[test]
+fn the_fast_path_host_calls_per_request() {
+    let fast =
+        |rule: &str| format!(r#"{{"rules": [{{"name": "f", "rate": "1000000/s", {rule}}}]}}"#);
+    let per = |w: &mut Worker, headers: &[(&str, &str)]| {
+        // The first request starts the worker's tick: measure the next 100.
+        calls_of(w, 1, headers, 0);
+        calls_of(w, 100, headers, 10)
+    };
+    let cas = [("get_shared_data", 100), ("set_shared_data", 100)];
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, &fast(r#""match": {"path_prefix": "/"}"#));
+    assert_eq!(
+        per(&mut w, &[]),
+        [("clock_time_get", 100), cas[0], cas[1]],
+        "unkeyed"
+    );
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, &fast(r#""key": {"header": "x-user"}"#));
+    assert_eq!(
+        per(&mut w, &[("x-user", "u")]),
+        [
+            ("clock_time_get", 100),
+            ("get_property", 100),
+            cas[0],
+            cas[1]
+        ],
+        "keyed by a header (every line of it: a property)"
+    );
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, &fast(r#""match": {"path_prefix": "/details"}"#));
+    assert_eq!(
+        per(&mut w, &[(":path", "/details.json")]),
+        [
+            ("clock_time_get", 100),
+            ("get_header_map_value", 100),
+            cas[0],
+            cas[1]
+        ],
+        "a path match"
+    );
+    // Cluster scope with grants in hand (the engine answered for a second of
+    // traffic first): the wall clock only, and the cursor cell; the grants
+    // only when the cursor's range ends.
+    let host = Fake::new();
+    host.state().clusters = vec!["throttle_engine".into()];
+    let mut w = Worker::new(
+        host,
+        1,
+        r#"{"engine": {"cluster": "throttle_engine"},
+            "rules": [{"name": "c", "rate": "1000000/s", "scope": "cluster"}]}"#,
+    );
+    let mut engine = FakeEngine::default();
+    for t in (0..1000).step_by(10) {
+        w.at_both(t);
+        let id = 100 + t as u32;
+        w.request(id, &[]);
+        w.run(t + 1, t + 9, Some(&mut engine));
+        w.respond(id, true);
+        w.done(id);
+    }
+    let calls = calls_of(&mut w, 50, &[], 1000);
+    let get = |name| {
+        calls
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, c)| *c)
+    };
+    assert_eq!(get("get_current_time_nanoseconds"), 50, "{calls:?}");
+    assert_eq!(get("set_shared_data"), 50, "{calls:?}");
+    assert!((50..=52).contains(&get("get_shared_data")), "{calls:?}");
+    assert_eq!(calls.len(), 3, "no other host call: {calls:?}");
+}

@@ -3,7 +3,7 @@
 //! proxy owns (`cluster::GridSlots`). An adaptive rate plugs in as one more
 //! source (or as the interval of this one).
 
-use crate::cluster::{self, Grants, Mode, Reach};
+use crate::cluster::{self, Cursor, Grants, Mode, Reach};
 use crate::config::Rule;
 use crate::schedule::Schedule;
 use crate::store::{
@@ -192,8 +192,9 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> GridSlots<C, B, F> {
             .unwrap_or_default())
     }
 
-    /// The next owned slot from the cursor `[next, end]`, else from the blob.
-    fn offer(&mut self, [next, end]: [u64; 2], min: u64) -> Result<Offer, StoreError> {
+    /// The next owned slot from the cursor's range, else from the blob.
+    fn offer(&mut self, c: Cursor, min: u64) -> Result<Offer, StoreError> {
+        let (next, end) = (c.next, c.end);
         if next < end && next >= min {
             return Ok(Offer::Slot(next, end));
         }
@@ -237,7 +238,8 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
         let min = self.min_slot(wall, busy);
         for _ in 0..MAX_CAS_ATTEMPTS {
             let (value, token) = self.cursor.load()?;
-            let (slot, end) = match self.offer(value.unwrap_or([0, 0]), min)? {
+            let c = Cursor::decode(value);
+            let (slot, end) = match self.offer(c, min)? {
                 Offer::Slot(slot, end) => (slot, end),
                 Offer::None => return Ok(None),
                 Offer::Local(interval) => return self.local(interval).take_due(now, busy, ok),
@@ -245,7 +247,12 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
             if self.reach.grid.slot_time(slot) > wall || !ok(slot) {
                 return Ok(None);
             }
-            if self.cursor.store([slot.saturating_add(1), end], token)? {
+            let moved = Cursor {
+                next: slot.saturating_add(1),
+                end,
+                waiting: c.waiting,
+            };
+            if self.cursor.store(moved.encode(), token)? {
                 self.taken = self.taken.saturating_add(1);
                 return Ok(Some(slot));
             }
@@ -260,8 +267,10 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
             return Ok(());
         };
         let (value, token) = self.cursor.load()?;
-        if let Some([next, end]) = value {
-            if next == slot.saturating_add(1) && self.cursor.store([slot, end], token)? {
+        if value.is_some() {
+            let c = Cursor::decode(value);
+            let back = Cursor { next: slot, ..c };
+            if c.next == slot.saturating_add(1) && self.cursor.store(back.encode(), token)? {
                 self.taken = self.taken.saturating_sub(1);
             }
         }
@@ -283,7 +292,7 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
         } else {
             0
         };
-        let next_at = match self.offer(value.unwrap_or([0, 0]), min)? {
+        let next_at = match self.offer(Cursor::decode(value), min)? {
             Offer::Slot(slot, _) => {
                 now.saturating_add(self.reach.grid.slot_time(slot).saturating_sub(wall))
             }

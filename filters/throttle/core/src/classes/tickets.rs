@@ -1,5 +1,5 @@
 //! The shared value of a rule's classes ([`Tickets`], one blob per rule at
-//! `throttle/v2/rule/<rule>/classes`) and every change to it, each one
+//! `t3/<rule id>/C`) and every change to it, each one
 //! compare-and-swap of the whole value: a ticket handed out, slots granted,
 //! a ticket abandoned, a grant passed on.
 //!

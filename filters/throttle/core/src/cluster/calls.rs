@@ -12,7 +12,7 @@ use crate::store::{BlobId, CellId, Store};
 
 use super::caller::{Call, Caller, RuleFacts, RuleStats, RuleUpdate};
 use super::engine::Failure;
-use super::grants::Ahead;
+use super::grants::{Ahead, Cursor};
 use super::{
     fallback_after_grants, lease, publish, repay, reset_grants, rule_reach, rule_spec,
     shift_grants, Mode, Reach,
@@ -114,17 +114,14 @@ impl Calls {
         let facts: Vec<RuleFacts> = self
             .rules
             .iter()
-            .map(|&i| {
-                let [waiting, ahead] = store
-                    .load(CellId::Waiting(i))
-                    .ok()
-                    .and_then(|(v, _)| v)
-                    .unwrap_or([0, 0]);
-                RuleFacts {
-                    arrived_total: totals(i, Stat::Requests),
-                    waiting,
-                    owed: Ahead::decode(ahead).owed,
-                }
+            .map(|&i| RuleFacts {
+                arrived_total: totals(i, Stat::Requests),
+                waiting: store
+                    .load(CellId::Cursor(i))
+                    .map_or(0, |(v, _)| Cursor::decode(v).waiting),
+                owed: store
+                    .load(CellId::Ahead(i))
+                    .map_or(0, |(v, _)| Ahead::decode(v).owed),
             })
             .collect();
         let (mono, now) = (clock.mono(), clock.wall());
@@ -256,7 +253,7 @@ impl Calls {
         let repaid = repay(
             &mut store.cell(CellId::Cursor(index)),
             &mut store.blob(BlobId::Grants(index)),
-            &mut store.cell(CellId::Waiting(index)),
+            &mut store.cell(CellId::Ahead(index)),
             reach,
             now,
         );

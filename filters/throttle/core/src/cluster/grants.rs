@@ -3,9 +3,10 @@
 //! * The **grants blob** ([`SharedBlob`], one per rule) is written only by the
 //!   VM that calls the engine: a short header (mode, local interval, grant
 //!   rate) and a sorted list of owned global slot ranges `[start, end)`.
-//! * The **cursor** ([`SharedCell`], one per rule) `[next_slot, end]` is
-//!   shared by every worker: `next_slot` is the next owned slot not yet
-//!   taken, `end` the end of the owned range it lies in. The fast path is one
+//! * The **cursor** ([`Cursor`], one cell per rule) is shared by every
+//!   worker: `next` is the next owned slot not yet taken, `end` the end of
+//!   the owned range it lies in, and `waiting` the requests waiting for
+//!   grants. The fast path is one
 //!   cursor read and one compare-and-swap, as in process scope; the blob is
 //!   read only when the current range runs out or lies in the past. Workers
 //!   only move it forward; the calling VM moves it back when it publishes a
@@ -240,6 +241,48 @@ impl Attempt {
     }
 }
 
+/// A cluster rule's cursor cell ([`crate::CellId::Cursor`]): where this
+/// process's requests take their next owned slot (`[next, end)`, part of a
+/// range of the grants) and how many requests wait for grants, in one cell,
+/// so that a request reads both with one load: `[next, (end - next) |
+/// waiting << 32]`. A range longer than 2^32 - 1 slots is cut there (the rest
+/// is reached through the grants blob).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    pub next: u64,
+    pub end: u64,
+    pub waiting: u64,
+}
+
+impl Cursor {
+    const LOW: u64 = u32::MAX as u64;
+
+    /// The cursor of a cell's value (a cell never stored: `[0, 0)`, none waiting).
+    pub fn decode(value: Option<[u64; 2]>) -> Cursor {
+        let [next, packed] = value.unwrap_or([0, 0]);
+        Cursor {
+            next,
+            end: next.saturating_add(packed & Self::LOW),
+            waiting: packed >> 32,
+        }
+    }
+
+    /// The same cursor pointing at no range (workers look in the grants).
+    pub fn nowhere(self) -> Cursor {
+        Cursor {
+            next: 0,
+            end: 0,
+            waiting: self.waiting,
+        }
+    }
+
+    /// The cell's value.
+    pub fn encode(self) -> [u64; 2] {
+        let len = self.end.saturating_sub(self.next).min(Self::LOW);
+        [self.next, len | (self.waiting.min(Self::LOW) << 32)]
+    }
+}
+
 /// The decision for one request of a cluster rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
@@ -255,7 +298,7 @@ pub enum Take {
     /// Hold `delay_ns` (until grid slot `slot`'s wall time).
     Hold { slot: u64, delay_ns: u64 },
     /// No owned slot for it yet: it now waits for grants (counted in the
-    /// waiting cell); retry on tick with `Attempt::Retry` until
+    /// cursor cell, [`Cursor::waiting`]); retry on tick with `Attempt::Retry` until
     /// `max_queue_delay`, then reject it and [`add_waiting`] -1.
     Wait,
     /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
@@ -277,37 +320,43 @@ fn retry_after(beyond_ns: u64) -> u64 {
 }
 
 /// Takes a slot for one request at wall time `now` (see the module docs).
-/// `can_hold`: the worker's queue has room. `waiting`: the rule's cell
-/// `[requests waiting for grants, slots owed]`, read only off the fast path:
-/// a new request that would need a new range while others wait queues behind
-/// them, so waiting requests are served first. `take` keeps the count: +1
-/// when it answers `Wait` to a first attempt, -1 when a retry ends in
-/// anything but `Wait`; and +1 owed when it answers `Credit`.
-pub fn take<C: SharedCell, W: SharedCell, B: SharedBlob>(
+/// `can_hold`: the worker's queue has room. The cursor cell ([`Cursor`])
+/// carries the rule's count of requests waiting for grants: a new request
+/// that would need a slot beyond the cursor's current range while others
+/// wait queues behind them, so waiting requests are served first. `take`
+/// keeps the count: +1 when it answers `Wait` to a first attempt, -1 when a
+/// retry ends in anything but `Wait`. `ahead`: the rule's [`Ahead`] cell,
+/// read only off the fast path (+1 owed when it answers `Credit`).
+///
+/// The fast path reads and writes the cursor cell only: its range is owned,
+/// so while it reaches the oldest usable slot (`min_slot`), that slot (or the
+/// cursor's next, if later) is the slot the grants would give. Only when the
+/// range is used up or in the past are the grants read.
+pub fn take<C: SharedCell, A: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
-    waiting: &mut W,
+    ahead: &mut A,
     reach: &Reach,
     now: u64,
     can_hold: bool,
     attempt: Attempt,
 ) -> Take {
-    let decision = take_inner(cursor, blob, waiting, reach, now, can_hold, attempt);
+    let decision = take_inner(cursor, blob, ahead, reach, now, can_hold, attempt);
     let delta = match (attempt, decision) {
         (Attempt::First, Take::Wait) => 1,
         (Attempt::Retry { .. }, Take::Wait) | (Attempt::First, _) => 0,
         (Attempt::Retry { .. }, _) => -1,
     };
-    if delta != 0 && add_waiting(waiting, delta).is_err() {
+    if delta != 0 && add_waiting(cursor, delta).is_err() {
         return Take::Contention;
     }
     decision
 }
 
-fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
+fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
-    waiting: &mut W,
+    ahead: &mut A,
     reach: &Reach,
     now: u64,
     can_hold: bool,
@@ -320,9 +369,17 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
         let Ok((value, token)) = cursor.load() else {
             return Take::Contention;
         };
-        let [next, end] = value.unwrap_or([0, 0]);
-        let (slot, range_end) = if next < end && next >= min_slot {
-            (next, end)
+        let c = Cursor::decode(value);
+        let queued = match attempt {
+            Attempt::First => c.waiting,
+            Attempt::Retry { .. } => 0,
+        };
+        let (slot, range_end) = if c.next < c.end && c.next >= min_slot {
+            (c.next, c.end)
+        } else if queued == 0 && c.next < min_slot && min_slot < c.end {
+            // The range is owned and still reaches the oldest usable slot:
+            // the first slot the grants hold from there.
+            (min_slot, c.end)
         } else {
             // The current range is used up or in the past: look at the grants.
             if grants.is_none() {
@@ -339,16 +396,9 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
             let Some(g) = grants.as_ref() else {
                 return Take::Contention;
             };
-            let queued = match attempt {
-                Attempt::First => match waiting.load() {
-                    Ok((v, _)) => v.map_or(0, |[n, _]| n),
-                    Err(_) => return Take::Contention,
-                },
-                Attempt::Retry { .. } => 0,
-            };
-            match g.first_from(next.max(min_slot)) {
+            match g.first_from(c.next.max(min_slot)) {
                 Some(found) if queued == 0 => found,
-                _ => return no_slot(g, waiting, reach, now, attempt, queued),
+                _ => return no_slot(g, ahead, reach, now, attempt, queued),
             }
         };
         let t = reach.grid.slot_time(slot);
@@ -359,7 +409,7 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
             // within the epoch: the process is within its share (a saturated
             // one holds its requests for slots further ahead). One request at
             // a time may take its slot now, before its time.
-            match go_ahead(waiting, reach, attempt, now, Some(t)) {
+            match go_ahead(ahead, reach, attempt, queued, now, Some(t)) {
                 Some(Take::Contention) => return Take::Contention,
                 Some(_) => {
                     early = true;
@@ -380,7 +430,12 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
                 queue_full: true,
             };
         }
-        match cursor.store([slot + 1, range_end], token) {
+        let moved = Cursor {
+            next: slot + 1,
+            end: range_end,
+            waiting: c.waiting,
+        };
+        match cursor.store(moved.encode(), token) {
             Ok(true) if early => return Take::Early { slot },
             Ok(true) if delay_ns == 0 => return Take::Now { slot },
             Ok(true) => return Take::Hold { slot, delay_ns },
@@ -391,8 +446,8 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
     Take::Contention
 }
 
-/// How far a process is ahead of its grants, kept in the second word of a
-/// rule's waiting cell `[waiting, ahead]`: slots owed (requests that went on
+/// How far a process is ahead of its grants, kept in the rule's ahead cell
+/// ([`crate::CellId::Ahead`], `[owed, until_ms]`): slots owed (requests that went on
 /// credit) and, in wall-clock ms, the time of the latest slot that was
 /// taken before its time or repays a credit. While that time lies ahead, or
 /// anything is owed, no request goes early; so at any instant the process
@@ -403,19 +458,16 @@ pub struct Ahead {
     pub until_ms: u64,
 }
 
-const UNTIL_BITS: u32 = 48;
-const UNTIL_MASK: u64 = (1 << UNTIL_BITS) - 1;
-
 impl Ahead {
-    pub fn decode(word: u64) -> Ahead {
-        Ahead {
-            owed: word >> UNTIL_BITS,
-            until_ms: word & UNTIL_MASK,
-        }
+    /// The state of a cell's value (a cell never stored: nothing ahead).
+    pub fn decode(value: Option<[u64; 2]>) -> Ahead {
+        let [owed, until_ms] = value.unwrap_or([0, 0]);
+        Ahead { owed, until_ms }
     }
 
-    pub fn encode(self) -> u64 {
-        (self.owed.min(0xffff) << UNTIL_BITS) | self.until_ms.min(UNTIL_MASK)
+    /// The cell's value.
+    pub fn encode(self) -> [u64; 2] {
+        [self.owed, self.until_ms]
     }
 
     /// Nothing taken ahead is still ahead at wall time `now`.
@@ -428,29 +480,33 @@ impl Ahead {
 /// slot it will take is due at `slot_time`) needs nothing owed and nothing
 /// ahead; credit (no slot at all) needs fewer than `reach.credit` owed and
 /// nothing ahead. A new request never goes ahead while others wait for
-/// grants. None: it may not; `Contention`: the cell failed.
-fn go_ahead<W: SharedCell>(
-    waiting: &mut W,
+/// grants (`queued`: the requests waiting, as the cursor counts them for a
+/// first attempt). None: it may not; `Contention`: the cell failed.
+fn go_ahead<A: SharedCell>(
+    cell: &mut A,
     reach: &Reach,
     attempt: Attempt,
+    queued: u64,
     now: u64,
     early: Option<u64>,
 ) -> Option<Take> {
+    if attempt == Attempt::First && queued > 0 {
+        return None;
+    }
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let Ok((v, token)) = waiting.load() else {
+        let Ok((v, token)) = cell.load() else {
             return Some(Take::Contention);
         };
-        let [n, word] = v.unwrap_or([0, 0]);
-        let mut ahead = Ahead::decode(word);
+        let mut ahead = Ahead::decode(v);
         let limit = if early.is_some() { 1 } else { reach.credit };
-        if !ahead.clear_at(now) || ahead.owed >= limit || (attempt == Attempt::First && n > 0) {
+        if !ahead.clear_at(now) || ahead.owed >= limit {
             return None;
         }
         match early {
             Some(t) => ahead.until_ms = t.div_ceil(NS_PER_MS),
             None => ahead.owed += 1,
         }
-        match waiting.store([n, ahead.encode()], token) {
+        match cell.store(ahead.encode(), token) {
             Ok(true) => return Some(Take::Credit),
             Ok(false) => continue,
             Err(_) => return Some(Take::Contention),
@@ -464,9 +520,9 @@ fn go_ahead<W: SharedCell>(
 /// grants unless its turn at the whole fleet's rate (one slot every `T`
 /// behind those already waiting) lies beyond what it may wait: the fleet's
 /// rate, not this process's last share, which after a lull says nothing.
-fn no_slot<W: SharedCell>(
+fn no_slot<A: SharedCell>(
     g: &Grants,
-    waiting: &mut W,
+    ahead: &mut A,
     reach: &Reach,
     now: u64,
     attempt: Attempt,
@@ -477,7 +533,7 @@ fn no_slot<W: SharedCell>(
         (Mode::Local { interval_ns }, _) => Take::Local { interval_ns },
         (Mode::Deny, _) => Take::Deny,
         (Mode::Grid, _) if queued == 0 => {
-            go_ahead(waiting, reach, attempt, now, None).unwrap_or(Take::Wait)
+            go_ahead(ahead, reach, attempt, queued, now, None).unwrap_or(Take::Wait)
         }
         (Mode::Grid, Attempt::Retry { .. }) => Take::Wait,
         (Mode::Grid, Attempt::First) => {
@@ -526,7 +582,8 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (bytes, token) = blob.load()?;
         let (value, cursor_token) = cursor.load()?;
-        let next = value.map_or(0, |[n, _]| n);
+        let c = Cursor::decode(value);
+        let next = c.next;
         let mut g = bytes
             .as_deref()
             .and_then(Grants::decode)
@@ -559,7 +616,12 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
         }
         match g.ranges.first() {
             Some(&(a, b)) if a < next => {
-                if cursor.store([a, b], cursor_token)? {
+                let back = Cursor {
+                    next: a,
+                    end: b,
+                    waiting: c.waiting,
+                };
+                if cursor.store(back.encode(), cursor_token)? {
                     return Ok(usable);
                 }
             }
@@ -576,24 +638,21 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
 /// that epoch); what cannot be repaid yet stays owed, and no new credit is
 /// taken meanwhile. Called by the calling VM after it publishes. Returns how
 /// many were repaid.
-pub fn repay<C: SharedCell, W: SharedCell, B: SharedBlob>(
+pub fn repay<C: SharedCell, A: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
-    waiting: &mut W,
+    ahead: &mut A,
     reach: &Reach,
     now: u64,
 ) -> Result<u64, StoreError> {
-    let owed = waiting
-        .load()?
-        .0
-        .map_or(0, |[_, word]| Ahead::decode(word).owed);
+    let owed = Ahead::decode(ahead.load()?.0).owed;
     let mut repaid = 0;
     while repaid < owed {
         let Some(slot) = take_near(cursor, blob, reach, now)? else {
             break;
         };
         // Still ahead until the slot that repays it is due.
-        repaid_by(waiting, reach.grid.slot_time(slot))?;
+        repaid_by(ahead, reach.grid.slot_time(slot))?;
         repaid += 1;
     }
     Ok(repaid)
@@ -612,9 +671,9 @@ fn take_near<C: SharedCell, B: SharedBlob>(
     let mut grants: Option<Grants> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (value, token) = cursor.load()?;
-        let [next, end] = value.unwrap_or([0, 0]);
-        let (slot, range_end) = if next < end && next >= min_slot {
-            (next, end)
+        let c = Cursor::decode(value);
+        let (slot, range_end) = if c.next < c.end && c.next >= min_slot {
+            (c.next, c.end)
         } else {
             if grants.is_none() {
                 let (bytes, _) = blob.load()?;
@@ -627,7 +686,7 @@ fn take_near<C: SharedCell, B: SharedBlob>(
             }
             match grants
                 .as_ref()
-                .and_then(|g| g.first_from(next.max(min_slot)))
+                .and_then(|g| g.first_from(c.next.max(min_slot)))
             {
                 Some(found) => found,
                 None => return Ok(None),
@@ -636,7 +695,12 @@ fn take_near<C: SharedCell, B: SharedBlob>(
         if reach.grid.slot_time(slot) > horizon {
             return Ok(None);
         }
-        if cursor.store([slot + 1, range_end], token)? {
+        let moved = Cursor {
+            next: slot + 1,
+            end: range_end,
+            waiting: c.waiting,
+        };
+        if cursor.store(moved.encode(), token)? {
             return Ok(Some(slot));
         }
     }
@@ -644,14 +708,13 @@ fn take_near<C: SharedCell, B: SharedBlob>(
 }
 
 /// One slot owed is repaid by a slot due at wall time `t`.
-fn repaid_by<W: SharedCell>(waiting: &mut W, t: u64) -> Result<(), StoreError> {
+fn repaid_by<A: SharedCell>(cell: &mut A, t: u64) -> Result<(), StoreError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (v, token) = waiting.load()?;
-        let [n, word] = v.unwrap_or([0, 0]);
-        let mut ahead = Ahead::decode(word);
+        let (v, token) = cell.load()?;
+        let mut ahead = Ahead::decode(v);
         ahead.owed = ahead.owed.saturating_sub(1);
         ahead.until_ms = ahead.until_ms.max(t.div_ceil(NS_PER_MS));
-        if waiting.store([n, ahead.encode()], token)? {
+        if cell.store(ahead.encode(), token)? {
             return Ok(());
         }
     }
@@ -671,7 +734,8 @@ pub fn shift_grants<C: SharedCell, B: SharedBlob>(
     let mut moved = false;
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (value, cursor_token) = cursor.load()?;
-        let next = value.map_or(0, |[n, _]| n);
+        let c = Cursor::decode(value);
+        let next = c.next;
         let (bytes, token) = blob.load()?;
         let mut g = bytes
             .as_deref()
@@ -692,7 +756,7 @@ pub fn shift_grants<C: SharedCell, B: SharedBlob>(
             continue;
         }
         moved = true;
-        if cursor.store([0, 0], cursor_token)? {
+        if cursor.store(c.nowhere().encode(), cursor_token)? {
             return Ok(());
         }
     }
@@ -717,8 +781,8 @@ pub fn reset_grants<C: SharedCell, B: SharedBlob>(
             cleared = blob.store(&g.encode(), token)?;
             continue;
         }
-        let (_, token) = cursor.load()?;
-        if cursor.store([0, 0], token)? {
+        let (value, token) = cursor.load()?;
+        if cursor.store(Cursor::decode(value).nowhere().encode(), token)? {
             return Ok(());
         }
     }
@@ -766,21 +830,21 @@ pub fn fallback_after_grants<C: SharedCell, B: SharedBlob>(
     Err(StoreError(0))
 }
 
-/// Requests of a rule waiting for grants, in one process-wide cell
-/// `[count, owed]` (`owed`: slots taken on credit, not yet repaid):
-/// `+1` when a request starts waiting, `-1` when it leaves (slot taken,
-/// rejected at its deadline, or gone). Returns the count after the change.
-pub fn add_waiting<C: SharedCell>(cell: &mut C, delta: i64) -> Result<u64, StoreError> {
+/// Requests of a rule waiting for grants, counted in its cursor cell
+/// ([`Cursor::waiting`]): `+1` when a request starts waiting, `-1` when it
+/// leaves (slot taken, rejected at its deadline, or gone). Returns the count
+/// after the change.
+pub fn add_waiting<C: SharedCell>(cursor: &mut C, delta: i64) -> Result<u64, StoreError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (v, token) = cell.load()?;
-        let [n, owed] = v.unwrap_or([0, 0]);
-        let new = if delta >= 0 {
-            n.saturating_add(delta.unsigned_abs())
+        let (v, token) = cursor.load()?;
+        let mut c = Cursor::decode(v);
+        c.waiting = if delta >= 0 {
+            c.waiting.saturating_add(delta.unsigned_abs())
         } else {
-            n.saturating_sub(delta.unsigned_abs())
+            c.waiting.saturating_sub(delta.unsigned_abs())
         };
-        if cell.store([new, owed], token)? {
-            return Ok(new);
+        if cursor.store(c.encode(), token)? {
+            return Ok(c.waiting);
         }
     }
     Err(StoreError(0))
@@ -814,16 +878,27 @@ mod tests {
 
     const FIRST: Attempt = Attempt::First;
 
-    /// The waiting cell's second word: `owed` slots, ahead until `until_ms`.
-    fn ahead(owed: u64, until_ms: u64) -> u64 {
+    /// The ahead cell: `owed` slots, ahead until `until_ms`.
+    fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
         Ahead { owed, until_ms }.encode()
     }
 
-    /// A waiting cell of a process that owes all the credit it may take:
+    /// The cursor's range `[next, end)`.
+    fn cur(c: &MemCell) -> (u64, u64) {
+        let x = Cursor::decode(c.v);
+        (x.next, x.end)
+    }
+
+    /// The cursor's count of requests waiting for grants.
+    fn waiting_in(c: &MemCell) -> u64 {
+        Cursor::decode(c.v).waiting
+    }
+
+    /// The ahead cell of a process that owes all the credit it may take:
     /// requests take only the slots they own (the tests of credit below).
     fn owing() -> MemCell {
         MemCell {
-            v: Some([0, u64::MAX]),
+            v: Some([u64::MAX, u64::MAX]),
             version: 0,
         }
     }
@@ -873,7 +948,7 @@ mod tests {
             take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Now { slot: 1000 }
         );
-        assert_eq!(c.v, Some([1001, 1003]), "the fast path moved the cursor");
+        assert_eq!(cur(&c), (1001, 1003), "the fast path moved the cursor");
         assert_eq!(
             take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Hold {
@@ -896,7 +971,7 @@ mod tests {
                 queue_full: false
             }
         );
-        assert_eq!(c.v, Some([1003, 1003]), "a rejection takes nothing");
+        assert_eq!(cur(&c), (1003, 1003), "a rejection takes nothing");
         // 10 ms later it is within reach.
         assert_eq!(
             take(&mut c, &mut b, &mut owing(), &r, now + 10 * MS, true, FIRST),
@@ -905,7 +980,7 @@ mod tests {
                 delay_ns: 10 * MS
             }
         );
-        assert_eq!(c.v, Some([1011, 1012]));
+        assert_eq!(cur(&c), (1011, 1012));
     }
 
     #[test]
@@ -957,75 +1032,76 @@ mod tests {
                 queue_full: true
             }
         );
-        assert_eq!(c.v, Some([1001, 1003]));
+        assert_eq!(cur(&c), (1001, 1003));
     }
 
     #[test]
     fn without_grants_a_request_goes_on_credit_then_waits_unless_the_fleets_rate_cannot_serve_it() {
         let mut blob = MemBlob::default();
         let mut c = MemCell::default();
-        let mut waiting = MemCell::default();
+        let mut ahead_cell = MemCell::default();
         let r = reach(); // 500/s (T = 2 ms), burst 0 (credit 1), hold up to 10 ms
                          // Nothing owned: the first goes at once on credit; the process owes 1.
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            take(&mut c, &mut blob, &mut ahead_cell, &r, at(1000), true, FIRST),
             Take::Credit
         );
-        assert_eq!(waiting.v, Some([0, ahead(1, 0)]));
+        assert_eq!((waiting_in(&c), ahead_cell.v), (0, Some(ahead(1, 0))));
         // The credit is spent: the next ones wait (counted) while the fleet's
         // rate could serve them within max_queue_delay: 5 slots in 10 ms.
         for n in 1..=4 {
             assert_eq!(
-                take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+                take(&mut c, &mut blob, &mut ahead_cell, &r, at(1000), true, FIRST),
                 Take::Wait
             );
-            assert_eq!(waiting.v, Some([n, ahead(1, 0)]));
+            assert_eq!((waiting_in(&c), ahead_cell.v), (n, Some(ahead(1, 0))));
         }
         // A fifth behind four would get the fleet's 5th slot: 10 ms, just in
         // reach; a sixth would not: rejected now, with what it lacks.
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            take(&mut c, &mut blob, &mut ahead_cell, &r, at(1000), true, FIRST),
             Take::Wait
         );
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            take(&mut c, &mut blob, &mut ahead_cell, &r, at(1000), true, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
             }
         );
-        assert_eq!(waiting.v, Some([5, ahead(1, 0)]));
+        assert_eq!((waiting_in(&c), ahead_cell.v), (5, Some(ahead(1, 0))));
         // A retry is never rejected early: the worker rejects it at its deadline.
         let retry = Attempt::Retry { waited_ns: MS };
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
+            take(&mut c, &mut blob, &mut ahead_cell, &r, at(1000), true, retry),
             Take::Wait
         );
         // Grants arrive (slots 1002..1010): the first repays the credit, the
         // rest go to the waiting requests first (retries), oldest first.
         publish(&mut blob, &mut c, &r, 0, Mode::Grid, 0, &[(1002, 1010)]).unwrap();
-        assert_eq!(repay(&mut c, &mut blob, &mut waiting, &r, at(1000)), Ok(1));
+        assert_eq!(repay(&mut c, &mut blob, &mut ahead_cell, &r, at(1000)), Ok(1));
         assert_eq!(
-            waiting.v,
-            Some([5, ahead(0, at(1002) / MS)]),
+            (waiting_in(&c), ahead_cell.v),
+            (5, Some(ahead(0, at(1002) / MS))),
             "repaid by the earliest slot, ahead until its time"
         );
-        assert_eq!(c.v, Some([1003, 1010]));
+        assert_eq!(cur(&c), (1003, 1010));
         // Until slot 1002's time (4 ms), nothing goes ahead: the retries of
         // the waiting take the next slots, oldest first, leaving the count...
         let retry = Attempt::Retry { waited_ns: 2 * MS };
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
+            take(&mut c, &mut blob, &mut ahead_cell, &r, at(1000), true, retry),
             Take::Hold {
                 slot: 1003,
                 delay_ns: 6 * MS
             }
         );
-        assert_eq!(waiting.v.map(|[n, _]| n), Some(4));
+        assert_eq!(waiting_in(&c), 4);
         // ...and a new request, while others wait, takes the cursor's next
-        // slot (the fast path reads no waiting count) and never goes ahead.
+        // slot (a slot in the cursor's range goes to whoever comes) and never
+        // goes ahead.
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
+            take(&mut c, &mut blob, &mut ahead_cell, &r, at(1000), true, FIRST),
             Take::Hold {
                 slot: 1004,
                 delay_ns: 8 * MS
@@ -1034,23 +1110,30 @@ mod tests {
         // Once 1002's time has passed, the oldest retry may go ahead again:
         // on its slot (1005, 6 ms away at 1002's time), before its time.
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1002), true, retry),
+            take(&mut c, &mut blob, &mut ahead_cell, &r, at(1002), true, retry),
             Take::Early { slot: 1005 }
         );
-        assert_eq!(waiting.v, Some([3, ahead(0, at(1005) / MS)]));
+        assert_eq!((waiting_in(&c), ahead_cell.v), (3, Some(ahead(0, at(1005) / MS))));
     }
 
     #[test]
     fn a_shift_moves_the_untaken_slots_and_sends_workers_to_the_blob() {
         // Owned 1000..1010 and 1020..1030; workers took 1000..1004.
         let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
-        c.v = Some([1004, 1010]);
+        c.v = Some(
+            Cursor {
+                next: 1004,
+                end: 1010,
+                waiting: 0,
+            }
+            .encode(),
+        );
         shift_grants(&mut b, &mut c, 500).unwrap();
         assert_eq!(
             Grants::decode(b.v.as_ref().unwrap()).unwrap().ranges,
             vec![(1504, 1510), (1520, 1530)]
         );
-        assert_eq!(c.v, Some([0, 0]));
+        assert_eq!(cur(&c), (0, 0));
         // A worker now takes the first moved slot.
         let r = Reach::new(Grid::new(2 * MS), 0, 10 * MS);
         assert_eq!(
@@ -1063,19 +1146,19 @@ mod tests {
     fn credit_is_repaid_from_slots_due_within_the_coming_epoch_only() {
         // Owed 1; owned: 1100 (200 ms away: beyond the epoch) only.
         let (mut c, mut b) = setup(&[(1100, 1101)]);
-        let mut waiting = MemCell {
-            v: Some([0, ahead(1, 0)]),
+        let mut ahead_cell = MemCell {
+            v: Some(ahead(1, 0)),
             version: 1,
         };
         let r = reach();
-        assert_eq!(repay(&mut c, &mut b, &mut waiting, &r, at(1000)), Ok(0));
-        assert_eq!(waiting.v, Some([0, ahead(1, 0)]), "still owed");
+        assert_eq!(repay(&mut c, &mut b, &mut ahead_cell, &r, at(1000)), Ok(0));
+        assert_eq!((waiting_in(&c), ahead_cell.v), (0, Some(ahead(1, 0))), "still owed");
         // 150 ms later it is due within the epoch: taken, and the debt goes
         // (still ahead until that slot's time).
-        assert_eq!(repay(&mut c, &mut b, &mut waiting, &r, at(1075)), Ok(1));
+        assert_eq!(repay(&mut c, &mut b, &mut ahead_cell, &r, at(1075)), Ok(1));
         assert_eq!(
-            (waiting.v, c.v),
-            (Some([0, ahead(0, at(1100) / MS)]), Some([1101, 1101]))
+            (ahead_cell.v, cur(&c)),
+            (Some(ahead(0, at(1100) / MS)), (1101, 1101))
         );
         // Nothing owed: nothing taken.
         let (mut c, mut b) = setup(&[(1000, 1010)]);
@@ -1089,22 +1172,22 @@ mod tests {
     fn one_request_at_a_time_goes_ahead_of_its_slot_within_the_epoch() {
         // Owned: 1000 (now), 1004 and 1005 (8 and 10 ms away).
         let (mut c, mut b) = setup(&[(1000, 1001), (1004, 1006)]);
-        let mut waiting = MemCell::default();
+        let mut ahead_cell = MemCell::default();
         let r = reach();
         let now = at(1000);
         assert_eq!(
-            take(&mut c, &mut b, &mut waiting, &r, now, true, FIRST),
+            take(&mut c, &mut b, &mut ahead_cell, &r, now, true, FIRST),
             Take::Now { slot: 1000 }
         );
         // The next owned slot is 4 intervals away: taken now, before its time...
         assert_eq!(
-            take(&mut c, &mut b, &mut waiting, &r, now, true, FIRST),
+            take(&mut c, &mut b, &mut ahead_cell, &r, now, true, FIRST),
             Take::Early { slot: 1004 }
         );
-        assert_eq!(waiting.v, Some([0, ahead(0, at(1004) / MS)]));
+        assert_eq!((waiting_in(&c), ahead_cell.v), (0, Some(ahead(0, at(1004) / MS))));
         // ...one at a time: until 1004's time the next one holds for its slot.
         assert_eq!(
-            take(&mut c, &mut b, &mut waiting, &r, now, true, FIRST),
+            take(&mut c, &mut b, &mut ahead_cell, &r, now, true, FIRST),
             Take::Hold {
                 slot: 1005,
                 delay_ns: 10 * MS
@@ -1112,15 +1195,15 @@ mod tests {
         );
         // Within one interval, a slot is held for, not taken early.
         let (mut c, mut b) = setup(&[(1001, 1002)]);
-        let mut waiting = MemCell::default();
+        let mut ahead_cell = MemCell::default();
         assert_eq!(
-            take(&mut c, &mut b, &mut waiting, &r, now, true, FIRST),
+            take(&mut c, &mut b, &mut ahead_cell, &r, now, true, FIRST),
             Take::Hold {
                 slot: 1001,
                 delay_ns: 2 * MS
             }
         );
-        assert_eq!(waiting.v, None, "nothing ahead");
+        assert_eq!(ahead_cell.v, None, "nothing ahead");
     }
 
     #[test]
@@ -1190,7 +1273,7 @@ mod tests {
         for _ in 0..15 {
             taken.push(take_one(&mut c, &mut b));
         }
-        assert_eq!(c.v, Some([1025, 1030]));
+        assert_eq!(cur(&c), (1025, 1030));
         // Leftovers granted at 1012..1014 (below the cursor) and 1040..1042.
         let usable = publish(
             &mut b,
@@ -1204,8 +1287,8 @@ mod tests {
         .unwrap();
         assert_eq!(usable, 2 + 5 + 2);
         assert_eq!(
-            c.v,
-            Some([1012, 1014]),
+            cur(&c),
+            (1012, 1014),
             "the cursor came back to the new range"
         );
         for _ in 0..9 {
@@ -1237,8 +1320,12 @@ mod tests {
                 if self.loads == 1 {
                     // A worker takes slot 1025 right after this load.
                     let (v, t) = self.inner.load()?;
-                    let [n, e] = v.unwrap_or([0, 0]);
-                    assert!(self.inner.store([n + 1, e], t)?);
+                    let x = Cursor::decode(v);
+                    let taken = Cursor {
+                        next: x.next + 1,
+                        ..x
+                    };
+                    assert!(self.inner.store(taken.encode(), t)?);
                 }
                 seen
             }
@@ -1249,7 +1336,14 @@ mod tests {
         let (c, mut b) = setup(&[(1020, 1030)]);
         let mut c = Racing { inner: c, loads: 0 };
         let r = Reach::new(Grid::new(2 * MS), 0, 100 * MS);
-        c.inner.v = Some([1025, 1030]);
+        c.inner.v = Some(
+            Cursor {
+                next: 1025,
+                end: 1030,
+                waiting: 0,
+            }
+            .encode(),
+        );
         publish(
             &mut b,
             &mut c,
@@ -1261,7 +1355,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.loads, 2, "a second attempt");
-        assert_eq!(c.inner.v, Some([1012, 1014]));
+        assert_eq!(cur(&c.inner), (1012, 1014));
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
         assert_eq!(
             g.ranges,

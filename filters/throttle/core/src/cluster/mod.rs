@@ -76,7 +76,7 @@ pub use calls::{Calls, Effects};
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{
     add_waiting, fallback_after_grants, on_grid, publish, repay, reset_grants, shift_grants, take,
-    Attempt, Grants, Mode, Reach, Take,
+    Ahead, Attempt, Cursor, Grants, Mode, Reach, Take,
 };
 pub use grid::Grid;
 

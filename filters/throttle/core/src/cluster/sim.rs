@@ -261,11 +261,7 @@ impl Store for SimStore<'_> {
     fn store(&self, id: CellId, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
         let before = match id {
             CellId::Cursor(_) => self.mem.load(id)?.0.map_or(0, |[next, _]| next),
-            CellId::Waiting(_) => self
-                .mem
-                .load(id)?
-                .0
-                .map_or(0, |[_, ahead]| Ahead::decode(ahead).owed),
+            CellId::Ahead(_) => Ahead::decode(self.mem.load(id)?.0).owed,
             _ => 0,
         };
         let stored = self.mem.store(id, value, token)?;
@@ -273,7 +269,7 @@ impl Store for SimStore<'_> {
             let taken = match id {
                 CellId::Cursor(_) if value[0] > before => Some(Taken::Slot(value[0] - 1)),
                 CellId::Fallback(_) => Some(Taken::Fallback),
-                CellId::Waiting(_) if Ahead::decode(value[1]).owed > before => Some(Taken::Credit),
+                CellId::Ahead(_) if Ahead::decode(Some(value)).owed > before => Some(Taken::Credit),
                 _ => None,
             };
             self.taken.borrow_mut().extend(taken);

@@ -133,7 +133,7 @@ impl Stream {
             }
             Outcome::Wait(Wait::Grants { deadline }) => {
                 // A dry run never waits: its place in the waiting count goes.
-                let _ = cluster::add_waiting(&mut cx.env.store.cell(CellId::Waiting(cx.index)), -1);
+                let _ = cluster::add_waiting(&mut cx.env.store.cell(CellId::Cursor(cx.index)), -1);
                 (Stat::WouldQueue, wait_note(deadline, cx.now), Next::Stage)
             }
             Outcome::Wait(Wait::Class { class, ticket, .. }) => {

@@ -144,14 +144,7 @@ pub fn initial_values(index: usize, rule: &Rule) -> Vec<Initial> {
         ));
     }
     if rule.cluster.is_some() {
-        out.extend(
-            [
-                CellId::Cursor(index),
-                CellId::Waiting(index),
-                CellId::Fallback(index),
-            ]
-            .map(Initial::Cell),
-        );
+        out.extend([CellId::Cursor(index), CellId::Fallback(index)].map(Initial::Cell));
         out.push(Initial::Blob(
             BlobId::Grants(index),
             Grants::default().encode(),
@@ -210,14 +203,19 @@ impl Stream {
             rule: Some(index),
             counts: Counts::of(&[(Stat::Requests, 1)]),
         };
-        let cx = Ctx {
+        self.class = rule.class_of(req);
+        // A cluster rule's grid is wall-clock time: on its fast path (a slot
+        // now) no stage needs the monotonic clock, which is read after its
+        // stage only if the request is held or answered (one clock read per
+        // request; the glue's clock reads each clock at most once).
+        let grid_first = rule.cluster.is_some() && (self.class.is_none() || rule.dry_run);
+        let mut cx = Ctx {
             env,
             index,
             rule,
-            now: clock.mono(),
+            now: if grid_first { 0 } else { clock.mono() },
             can_hold: enforce::can_hold(env.config, rule, worker),
         };
-        self.class = rule.class_of(req);
         let outcome = match self.class {
             Some(c) if !rule.dry_run => {
                 let (outcome, seen) = class::enter(&cx, c, req, clock, &mut d.counts);
@@ -231,6 +229,9 @@ impl Stream {
                 outcome
             }
         };
+        if grid_first && (outcome != Outcome::Go || rule.concurrency.is_some()) {
+            cx.now = clock.mono();
+        }
         if self.enforce(&cx, outcome, worker, req, &mut d) == Next::Done {
             return d;
         }

@@ -21,7 +21,7 @@ pub enum Outcome {
 /// What a request without a turn waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
-    /// Cluster scope: grants from the engine (counted in the rule's waiting cell).
+    /// Cluster scope: grants from the engine (counted in the rule's cursor cell).
     Grants { deadline: u64 },
     /// A concurrency slot: this gate ticket's turn.
     Gate { ticket: u64, deadline: u64 },

@@ -828,7 +828,7 @@ fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
     cluster::repay(
         &mut store.cell(CellId::Cursor(0)),
         &mut store.blob(BlobId::Grants(0)),
-        &mut store.cell(CellId::Waiting(0)),
+        &mut store.cell(CellId::Ahead(0)),
         &reach,
         p.clock.wall,
     )
@@ -836,14 +836,11 @@ fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
 }
 
 fn waiting(p: &Proc) -> u64 {
-    p.cells
-        .borrow()
-        .get(CellId::Waiting(0))
-        .map_or(0, |[n, _]| n)
+    cluster::Cursor::decode(p.cells.borrow().get(CellId::Cursor(0))).waiting
 }
 
-/// The waiting cell's second word: `owed` slots, ahead until `until_ms`.
-fn ahead(owed: u64, until_ms: u64) -> u64 {
+/// The ahead cell: `owed` slots, ahead until `until_ms`.
+fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
     cluster::grants::Ahead { owed, until_ms }.encode()
 }
 
@@ -852,7 +849,7 @@ fn spend_credit(p: &Proc) {
     p.cells
         .borrow_mut()
         .cells
-        .insert(CellId::Waiting(0), ([0, ahead(1, 0)], 1));
+        .insert(CellId::Ahead(0), (ahead(1, 0), 1));
 }
 
 #[test]
@@ -860,8 +857,8 @@ fn a_cluster_request_without_grants_goes_at_once_on_credit_once() {
     let mut p = cluster(false);
     assert_eq!(p.get(10), Verdict::Continue);
     assert_eq!(
-        p.cells.borrow().get(CellId::Waiting(0)),
-        Some([0, ahead(1, 0)]),
+        p.cells.borrow().get(CellId::Ahead(0)),
+        Some(ahead(1, 0)),
         "the process owes one slot"
     );
     // The credit is spent: the next one waits for grants.
@@ -884,11 +881,11 @@ fn a_cluster_request_without_grants_goes_at_once_on_credit_once() {
     let k = grid.slot_at_or_after(p.clock.wall) - 1;
     publish(&p, Mode::Grid, &[(k, k + 2)]);
     assert_eq!(
-        p.cells
-            .borrow()
-            .get(CellId::Waiting(0))
-            .map(|[n, a]| (n, cluster::grants::Ahead::decode(a).owed)),
-        Some((1, 0)),
+        (
+            waiting(&p),
+            cluster::grants::Ahead::decode(p.cells.borrow().get(CellId::Ahead(0))).owed
+        ),
+        (1, 0),
         "repaid"
     );
     p.tick();
@@ -973,4 +970,43 @@ fn a_cluster_dry_run_never_waits_and_gives_its_waiting_place_back() {
         vec![("x-throttle-dry-run", "queued; wait_ms=1000".to_string())]
     );
     assert_eq!(p.stats(), s(&[("would_queue", 1)]));
+}
+
+/// A request whose response side is quiet ([`Stream::response_is_quiet`]: the
+/// glue then skips the response's callbacks) would get nothing from them:
+/// no header, count, wake or tick, whatever comes. Held requests, gated
+/// rules and rate-limit headers are not quiet.
+#[test]
+fn a_quiet_response_side_answers_nothing() {
+    let cases = [
+        (r#"{"rules": [{"name": "a", "rate": "10/s"}]}"#, true),
+        (
+            r#"{"rules": [{"name": "a", "rate": "10/s", "key": {"header": "x-user"}}]}"#,
+            true,
+        ),
+        (
+            r#"{"rules": [{"name": "a", "rate": "10/s"}], "rate_limit_headers": true}"#,
+            false,
+        ),
+        (r#"{"rules": [{"name": "a", "concurrency": 5}]}"#, false),
+    ];
+    for (json, quiet) in cases {
+        let mut p = Proc::new(json);
+        assert_eq!(p.get(1), Verdict::Continue, "{json}");
+        assert_eq!(p.streams[&1].response_is_quiet(&p.config), quiet, "{json}");
+        let before = p.totals.clone();
+        let headers = p.respond(1, false);
+        p.response_end(1);
+        p.done(1);
+        if quiet {
+            assert!(headers.is_empty(), "{json}: {headers:?}");
+            assert_eq!(p.totals, before, "{json}");
+            assert!(!p.woke);
+        }
+    }
+    // A second request within 100 ms at 10/s is held: not quiet.
+    let mut p = Proc::new(r#"{"rules": [{"name": "a", "rate": "10/s"}]}"#);
+    p.get(1);
+    assert_eq!(p.get(2), Verdict::Hold);
+    assert!(!p.streams[&2].response_is_quiet(&p.config));
 }
