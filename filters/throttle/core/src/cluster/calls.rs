@@ -12,11 +12,11 @@ use crate::store::{BlobId, CellId, Store};
 
 use super::caller::{Call, Caller, RuleFacts, RuleStats, RuleUpdate};
 use super::engine::Failure;
-use super::grants::{Ahead, Cursor};
 use super::{
     fallback_after_grants, lease, publish, repay, reset_grants, rule_reach, rule_spec,
     shift_grants, Mode, Reach,
 };
+use super::{Ahead, Cursor};
 
 /// The process-wide value of a rule's counter (`rule`: the configuration's
 /// index), as the host keeps it: the flushed counts of every VM.

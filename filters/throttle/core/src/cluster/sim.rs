@@ -29,10 +29,10 @@ use crate::stream::{initial_values, Env, Stream, Verdict};
 use crate::testing::{MemCells, MemStore};
 use crate::worker::{TickAction, TickPlan, Worker};
 
+use super::ahead::Ahead;
 use super::caller::{Call, Caller};
 use super::calls::{Calls, Effects};
 use super::engine::Failure;
-use super::grants::Ahead;
 use super::grid::WINDOW_NS;
 
 /// The rate limit service as engine/README.md describes it, in memory: one

@@ -841,7 +841,7 @@ fn waiting(p: &Proc) -> u64 {
 
 /// The ahead cell: `owed` slots, ahead until `until_ms`.
 fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
-    cluster::grants::Ahead { owed, until_ms }.encode()
+    cluster::Ahead { owed, until_ms }.encode()
 }
 
 /// The process owes the one request of credit it may take (burst 0).
@@ -883,7 +883,7 @@ fn a_cluster_request_without_grants_goes_at_once_on_credit_once() {
     assert_eq!(
         (
             waiting(&p),
-            cluster::grants::Ahead::decode(p.cells.borrow().get(CellId::Ahead(0))).owed
+            cluster::Ahead::decode(p.cells.borrow().get(CellId::Ahead(0))).owed
         ),
         (1, 0),
         "repaid"
