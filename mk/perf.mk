@@ -28,7 +28,7 @@ perf-cpu-quick: setup perf-setup build perf-noop ## The same, short (< 2 min, CI
 	$(PY) -m perf.cpu.run --profile quick
 	$(PY) -m pytest perf/tests/test_cpu.py -q
 
-perf-cluster: setup setup-engine perf-setup build ## Three proxies, one rate: process vs cluster scope vs Envoy's native global rate limit (~3 min)
+perf-cluster: setup setup-engine perf-setup build ## Three proxies, one rate: process vs cluster scope vs Envoy's native global rate limit, steady and under faults, low rates, idle, bursts (~7 min)
 	$(PY) -m perf.bench.run --set cluster
 	PERF_RUN_DIR=perf/reports/cluster/latest $(PYTEST) -m perf -q
 
