@@ -5,16 +5,16 @@ report's table shows the throttle in cluster scope, Envoy's native global rate l
 and, where it means something, the throttle in process scope (rate / proxies each):
 
 - `restart`: Redis killed and started again, empty (no persistence), `restart_at`
-  into an even load of `load` x the rate: the busiest 1 s window at the upstream,
-  the excess over the rate in `[t - 1 s, t + 3 s)` (t: the kill), 429s;
+  into an even load of `load` x the rate: the rate delivered after the warm-up,
+  the busiest 1 s window at the upstream, the excess over the rate in `[t - 1 s, t + 3 s)` (t: the kill), 429s;
 - `low_rates`: each rate of `rates` as its own rule (path `/r<rate>/`, all at once),
-  `load` x the rate offered, split `split`: the rate passed, each proxy's share of
-  it against its share of the demand, 429s per proxy;
+  `load` x the rate offered, split `split`: the rate passed, the busiest 1 s,
+  each proxy's share of it against its share of the demand, 429s per proxy;
 - `sporadic`: one request per proxy every `periods` (each period its own rule at
   `rate`, path `/s<k>/`, all at once), a kept-alive connection each: p50 / p99 ms;
 - `burst`: each proxy warmed at `warm_qps` for `warm`, idle for `idle`, then
   `requests` at once over all proxies: 429s, how long the last admitted one waited,
-  the busiest 100 ms at the upstream.
+  the busiest 100 ms and 1 s at the upstream.
 
 Latency within the rate under steady load comes from the `kind: cluster` rows at
 under the rate of the same run (`steady_figures`). Every figure is a string as the
@@ -211,8 +211,10 @@ def restart(c: dict[str, Any], variant: str) -> tuple[Figures, dict[str, Any]]:
     around = windows.count_between(stamps, killed - 1.0, killed + 3.0)
     excess = around - 4 * rate
     codes = _codes(clients)
+    delivered = windows.rate(stamps, *span)
     row = f"Redis restarted empty, {rate:g}/s, max_queue_delay {mqd:g} s"
-    out = [(row, f"busiest 1 s at the upstream (rate {rate:g})", num(busiest)),
+    out = [(row, f"delivered /s ({span[1] - span[0]:g} s after the warm-up)", f"{delivered:.1f}"),
+           (row, f"busiest 1 s at the upstream (rate {rate:g})", num(busiest)),
            (row, f"excess over the rate in [t-1 s, t+3 s) (of {4 * rate:g})", f"{excess:+.0f}"),
            (row, "429s", num(codes.get(429, 0))),
            (row, "Redis down (ms)", f"{1000 * (back - killed):.0f}")]
@@ -248,20 +250,22 @@ def low_rates(c: dict[str, Any], variant: str) -> tuple[Figures, dict[str, Any]]
     raw: dict[str, Any] = {"span_s": seconds, "rules": {}, "stats": stats}
     tags = [lab.tag(i) for i in range(n)]
     for r in rules:
-        counts = [sum(1 for t, tag, path in zip(lab.upstream.arrivals, lab.upstream.tags, lab.upstream.paths,
-                                                strict=False)
-                      if span[0] <= t < span[1] and tag == tg and path.startswith(r.prefix)) for tg in tags]
+        mine = [(t, tag) for t, tag, path in zip(lab.upstream.arrivals, lab.upstream.tags, lab.upstream.paths,
+                                                 strict=False) if path.startswith(r.prefix)]
+        counts = [sum(1 for t, tag in mine if span[0] <= t < span[1] and tag == tg) for tg in tags]
+        busiest, _ = windows.busiest_window(sorted(t for t, _ in mine), 1.0, *span)
         rejected = [sum(res.codes.get(429, 0) for rr, i, res in results if rr is r and i == k) for k in range(n)]
         other = sum(res.requests - res.codes.get(200, 0) - res.codes.get(429, 0) for rr, _, res in results if rr is r)
         passed = sum(counts) / seconds
         row = f"low rate {r.rate:g}/s, offered {c['load']:g}x split {'/'.join(f'{w:g}' for w in c['split'])}"
         out += [(row, "passed /s (% of the rate)", f"{passed:.2f} ({100 * passed / r.rate:.0f}%)"),
+                (row, "busiest 1 s at the upstream", num(busiest)),
                 (row, f"shares (of demand {'/'.join(f'{d:.0f}' for d in demand)}%)", shares_text(counts)),
                 (row, "429s per proxy", per_proxy(rejected))]
         if other:
             out.append((row, "failures (neither 200 nor 429)", num(other)))
-        raw["rules"][r.name] = {"rate": r.rate, "counts": counts, "passed_per_s": passed, "rejected": rejected,
-                                "failures": other}
+        raw["rules"][r.name] = {"rate": r.rate, "counts": counts, "passed_per_s": passed, "busiest_1s": busiest,
+                                "rejected": rejected, "failures": other}
     return out, raw
 
 
@@ -331,15 +335,18 @@ def burst(c: dict[str, Any], variant: str) -> tuple[Figures, dict[str, Any]]:
     rejected = [sum(1 for i, status, _ in shots if i == k and status == 429) for k in range(n)]
     other = len(shots) - len(ok) - sum(rejected)
     busiest, _ = windows.busiest_window(stamps, 0.1)
+    busiest_1s, _ = windows.busiest_window(stamps, 1.0)
     row = (f"burst after idle: {each * n} at once over {n} proxies, {rate:g}/s, max_queue_delay {mqd:g} s"
            + (f", burst {c['burst']}" if c["burst"] else "")
            + f" (each warmed at {c['warm_qps']:g}/s for {c['warm']:g} s, then idle {c['idle']:g} s)")
     out = [(row, "429s (per proxy)", f"{sum(rejected)} ({per_proxy(rejected)})"),
            (row, "last admitted one waited (ms)", num(max(ok) if ok else None, ".0f")),
-           (row, "busiest 100 ms at the upstream", num(busiest))]
+           (row, "busiest 100 ms at the upstream", num(busiest)),
+           (row, f"busiest 1 s at the upstream (rate {rate:g})", num(busiest_1s))]
     if other:
         out.append((row, "failures (neither 200 nor 429)", num(other)))
     raw = {"ok_ms": sorted(ok), "rejected": rejected, "failures": other, "busiest_100ms": busiest,
+           "busiest_1s": busiest_1s,
            "last_arrival_ms": 1000 * (stamps[-1] - t_start) if stamps else None,
            "warm_codes": _codes(warm), "stats": stats}
     return out, raw
