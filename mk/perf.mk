@@ -36,7 +36,7 @@ perf-icount: setup setup-engine perf-setup build perf-noop ## Instructions per r
 perf-icount-quick: setup setup-engine perf-setup build perf-noop ## The same, short (~2 min, CI): checks the tool works, asserts nothing about cost
 	$(PY) -m perf.icount.run --profile quick
 
-perf-cluster: setup setup-engine perf-setup build ## Three proxies, one rate: process vs cluster scope vs Envoy's native global rate limit (~3 min)
+perf-cluster: setup setup-engine perf-setup build ## Three proxies, one rate: process vs cluster scope vs Envoy's native global rate limit, steady and under faults, low rates, idle, bursts (~7 min)
 	$(PY) -m perf.bench.run --set cluster
 	PERF_RUN_DIR=perf/reports/cluster/latest $(PYTEST) -m perf -q
 

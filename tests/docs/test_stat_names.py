@@ -91,3 +91,19 @@ def test_dashboards_query_only_known_stats():
         for name in re.findall(r"\bthrottle_(\w+?)(?:_bucket|_sum|_count)?\{", text):
             assert name in known, f"{path.relative_to(ROOT)}: throttle_{name}"
         json.loads(text)
+
+
+def test_alert_rules_use_only_known_stats():
+    """k8s/monitoring/alerts.yml: every throttle series its expressions name is a stat of the table
+    (after the relabelling above), and the cluster-scope stats it watches are all there."""
+    rules = [r for g in yaml.safe_load((ROOT / "k8s/monitoring/alerts.yml").read_text())["groups"] for r in g["rules"]]
+    known = set(core_stats())
+    used = set()
+    for r in rules:
+        names = re.findall(r"\bthrottle_(\w+)", r["expr"])
+        assert names, r["alert"]
+        for name in names:
+            assert name in known, f"{r['alert']}: throttle_{name}"
+        used |= set(names)
+    assert {"engine_calls", "engine_failures", "failures_config", "failures_lost", "failures_clock", "fallback_ms",
+            "clock_offset_ms", "grid_mismatch"} <= used, sorted(used)
