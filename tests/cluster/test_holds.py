@@ -472,7 +472,8 @@ def test_sporadic_requests_within_the_rate_do_not_wait_for_the_engine(wasm):
     holds none of them (the filter's own `queued`: they go at once, on credit
     if no slot is in hand; on main each waited 70-145 ms for a grant), and
     their latency's p99 is within 5 ms of the process rule's in the same run
-    (the issue's figure). Costs ~20 s."""
+    (the issue's figure; + the worst stall seen, see the assertion). Costs
+    ~20 s."""
     rule = cluster_rule("sporadic", "300/s", prefix="/c/")
     local = process_rule(rule, "local", "/p/")
     with ClusterLab(plugin([rule, local]), wasm=wasm) as lab:
@@ -514,8 +515,10 @@ def test_sporadic_requests_within_the_rate_do_not_wait_for_the_engine(wasm):
         assert {x[0] for x in got["c"] + got["p"]} == {200}, "every request answered 200: " + report
         assert held == [0, 0, 0], (
             "after 1.5-3 s of idle, a request within the rate goes at once (not held for a grant): " + report)
-        assert p99(got["c"]) <= p99(got["p"]) + 5, (
-            "the cluster rule's p99 within 5 ms of process scope's in the same run (the issue's figure): " + report)
+        assert p99(got["c"]) <= p99(got["p"]) + 5 + 1000 * stall, (
+            "the cluster rule's p99 within 5 ms of process scope's in the same run (the issue's figure), + the "
+            "worst stall of this process while it measured (21 samples each: the p99 is the slowest one, and a "
+            "stall of the shared cores lands on one request, not on both rules): " + report)
         assert not lab.panics(), lab.panics()
 
 
