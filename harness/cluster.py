@@ -274,9 +274,7 @@ class ClusterLab:
                 self.configs.append(self._config(i, self.plugins[i]))
                 self.proxies.append(Envoy(self.configs[i], concurrency=self.concurrency, log_level=self.log_level))
             for p in self.proxies:
-                p.launch()
-            for p in self.proxies:
-                p.wait_ready()
+                p.start()
         except BaseException:
             self.close()
             raise
