@@ -164,11 +164,12 @@ def test_redis_restarted_empty_over_admits_at_most_the_stated_bound(wasm):
                 worst_1s, _ = windows.busiest_window(stamps, 1.0, t - 1, t + 4)
                 per_s = windows.window_counts(stamps, t - 2, t + 4, 1.0)
                 bound = math.floor(rate * (FALLBACK_AFTER_S + EPOCH_S)) + 2
-                allowance = math.ceil(rate * JITTER_S)
+                # Releases due while the machine held everyone up go out together after it.
+                allowance = math.ceil(rate * (JITTER_S + stall))
                 excess = around - 4 * rate
                 line = (f"{what} ({1000 * (back - t):.0f} ms down), {name} ({rate}/s, max_queue_delay {mqd:g} s): "
                         f"1 s windows from t-2 {per_s}, busiest 1 s {worst_1s} (grid {rate + 2}), in [t-1, t+3) "
-                        f"{around} ({excess:+d} over 4 x rate; bound +{bound} + {allowance} for jitter); "
+                        f"{around} ({excess:+d} over 4 x rate; bound +{bound} + {allowance} for jitter and stalls); "
                         f"steady before {steady:.1f}/s; worst stall {1000 * stall:.0f} ms")
                 lines.append(line)
                 if worst_1s > rate + 2 + bound + allowance or excess > bound + allowance:
@@ -192,8 +193,9 @@ def test_redis_restarted_empty_over_admits_at_most_the_stated_bound(wasm):
                 f"not tested: {steady:.1f}/s for {rate}/s; the box may be too busy ({load()}):\n  " + report)
         assert not problems, (
             "over-admission around a Redis restart within the stated bound rate x (fallback_after + one epoch) + "
-            "burst + 2 over the grid, not growing with max_queue_delay (+ rate x 70 ms for release jitter on the "
-            "shared cores): \n  " + "\n  ".join(problems) + "\n  all: " + report)
+            "burst + 2 over the grid, not growing with max_queue_delay (+ rate x (70 ms + the worst stall of this "
+            "process around it) for release jitter on the shared cores and releases due during a stall of the "
+            "machine that go out together after it): \n  " + "\n  ".join(problems) + "\n  all: " + report)
         assert any(x > 0 for v in lost.values() for x in v), (
             "Redis restarted empty: the lost counters were seen (failures_lost; a proxy with no claim on the "
             "epochs ahead cannot notice, engine/README.md): " + report)
