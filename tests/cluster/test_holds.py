@@ -125,8 +125,11 @@ def test_redis_restarted_empty_over_admits_at_most_the_stated_bound(wasm):
     [t - 1 s, t + 3 s) at the upstream stay within the stated bound
     rate x (fallback_after + one epoch) + burst over the grid's (+105: the
     simulation's `an_engine_blip_over_admits_at_most_the_stated_bound`); on
-    main 1364 and 1320 in those 4 s, 497 and 448 in the busiest second. The loss is counted (failures_lost) and
-    the fallback logged at warn. Costs ~25 s."""
+    main 1364 and 1320 in those 4 s, 497 and 448 in the busiest second. The
+    loss is counted (failures_lost) and the fallback logged at warn. A fault
+    after a second the lab did not deliver at 90% of the rate (the machine
+    held it up: seen once here, 0 then 72 in the seconds before, 782 after)
+    is reported, not judged; at least one must be judged. Costs ~25 s."""
     rules = [cluster_rule(n, f"{r}/s", prefix=f"/{n}/", mqd=f"{m:g}s") for n, r, m in BLIP_RULES]
     names = ("fallback_ms", "failures_lost", "engine_failures", "rejected", "failures_clock", "clock_offset_ms",
              "slots_granted", "slots_unused")
@@ -155,6 +158,7 @@ def test_redis_restarted_empty_over_admits_at_most_the_stated_bound(wasm):
             clients = [r.result() for r in loads]
         after = {n: stats_of(lab, n, names) for n, _, _ in BLIP_RULES}
         lines, problems = [], []
+        n_judged = 0
         for what, t, back in blips:
             stall = stalls.worst(t - 1, t + 4)
             for name, rate, mqd in BLIP_RULES:
@@ -171,9 +175,13 @@ def test_redis_restarted_empty_over_admits_at_most_the_stated_bound(wasm):
                         f"1 s windows from t-2 {per_s}, busiest 1 s {worst_1s} (grid {rate + 2}), in [t-1, t+3) "
                         f"{around} ({excess:+d} over 4 x rate; bound +{bound} + {allowance} for jitter and stalls); "
                         f"steady before {steady:.1f}/s; worst stall {1000 * stall:.0f} ms")
-                lines.append(line)
-                if worst_1s > rate + 2 + bound + allowance or excess > bound + allowance:
+                # The second before the fault must have been delivered at the rate: if it was not,
+                # the machine (not the filter) held the lab up and this fault is not judged.
+                judged = windows.count_between(stamps, t - 1, t) >= 0.9 * rate
+                lines.append(line + ("" if judged else "; NOT JUDGED: under 90% of the rate in the second before"))
+                if judged and (worst_1s > rate + 2 + bound + allowance or excess > bound + allowance):
                     problems.append(line)
+                n_judged += judged
         fell_back = {n: delta(after[n], mid[n], "fallback_ms") for n, _, _ in BLIP_RULES}
         lost = {n: delta(after[n], before[n], "failures_lost") for n, _, _ in BLIP_RULES}
         rejected = {n: delta(after[n], before[n], "rejected") for n, _, _ in BLIP_RULES}
@@ -191,6 +199,9 @@ def test_redis_restarted_empty_over_admits_at_most_the_stated_bound(wasm):
             assert steady >= 0.97 * rate, (
                 f"{name}: the lab saturates the rule before the blip (1.5 x its rate offered), else the bound is "
                 f"not tested: {steady:.1f}/s for {rate}/s; the box may be too busy ({load()}):\n  " + report)
+        assert n_judged >= 1, (
+            "at least one fault judged (the lab delivered the rate in the second before it); the machine held the "
+            "lab up before every one (" + load() + "):\n  " + report)
         assert not problems, (
             "over-admission around a Redis restart within the stated bound rate x (fallback_after + one epoch) + "
             "burst + 2 over the grid, not growing with max_queue_delay (+ rate x (70 ms + the worst stall of this "
