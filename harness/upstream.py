@@ -14,8 +14,9 @@ the answer (or reset, or the client closing the connection during /slow:
 of each counted request's arrival (end of its headers); with `tag_header`,
 `tags` holds that header's value for each (None when absent), in the same
 order: which proxy sent it, when several share one upstream; `paths` holds each
-one's path (without the query), in the same order. Run it in a thread
-of the test process (`Upstream().start()`) or as `python -m harness.upstream PORT`.
+one's path (without the query), in the same order: which rule it matched, when
+several rules share one lab. Run it in a thread of the test process
+(`Upstream().start()`) or as `python -m harness.upstream PORT`.
 """
 
 from __future__ import annotations
