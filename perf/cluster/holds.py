@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness import configs, fortio, windows
@@ -95,8 +96,9 @@ class Lab(ClusterLab):
         super().__enter__()
         return self
 
-    def _config(self, i: int) -> dict[str, Any]:
-        cfg = super()._config(i)
+    def _config(self, i: int, plugin: dict[str, Any] | None, *, wasm: Path | None = None,
+                vm_env: dict[str, str] | None = None) -> dict[str, Any]:
+        cfg = super()._config(i, plugin, wasm=wasm, vm_env=vm_env)
         if self.native_rate is not None:
             for vh in configs.hcm(cfg)["route_config"]["virtual_hosts"]:
                 (route,) = vh["routes"]
