@@ -407,10 +407,10 @@ def test_a_misconfigured_engine_is_loud_and_strands_nothing(wasm):
     rule = cluster_rule("conf", f"{MISCONF_RATE}/s", prefix="/", mqd="1s")
     with ClusterLab(plugin([rule], domain="wrong_domain"), proxies=1, wasm=wasm) as lab:
         lab.add_proxy(plugin([rule]), edit=closed_port)
-        # (what, the counters of its reason, what the warn line names). A closed port is
-        # counted as Envoy's own 503 for now (see the xfail test below).
+        # (what, the counters of its reason, what the warn line names). A closed port
+        # comes back as Envoy's own 503 (its local reply), read as no answer.
         cases = [("wrong domain", ("failures_config",), "wrong_domain"),
-                 ("wrong port", ("failures_transport", "failures_status"), "engine calls failing")]
+                 ("wrong port", ("failures_transport",), "no answer from the engine")]
         duration, (m0, m1) = 6.0, (1.0, 5.5)
         lab.upstream.clear()
         t0 = time.monotonic()
@@ -443,15 +443,11 @@ def test_a_misconfigured_engine_is_loud_and_strands_nothing(wasm):
         assert not lab.panics(), lab.panics()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "glue: a connect failure to the engine's cluster comes back from Envoy as its own local 503 ('upstream "
-    "connect error ...'), which the filter counts as failures_status and logs as 'HTTP 503 from the rate limit "
-    "service', not as a transport failure ('no answer from the engine's cluster ...: is the rate limit service "
-    "running ...?'). Remove this mark when that is fixed."))
 def test_a_closed_engine_port_is_named_as_a_connect_failure(wasm):
     """Finding 4, the reason of a wrong port: one proxy whose engine cluster
     points at a closed port, a few requests: counted as failures_transport and
-    logged with that reason. Costs ~5 s."""
+    logged with that reason (Envoy answers the failed connection with its own
+    503, which the filter reads as no answer). Costs ~5 s."""
     rule = cluster_rule("conf", f"{MISCONF_RATE}/s", prefix="/", mqd="1s")
     with ClusterLab(plugin([rule]), proxies=1, wasm=wasm) as lab:
         lab.stop_proxy(0)

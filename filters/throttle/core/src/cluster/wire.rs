@@ -61,6 +61,17 @@ fn nonsense(why: impl Into<String>) -> Failure {
     Failure::Nonsense(why.into())
 }
 
+/// Envoy's own answer when it could not reach the engine's cluster (a
+/// connect failure, a reset before headers, no healthy host): a 503 with
+/// one of its local-reply texts, not the service's answer.
+fn is_envoy_local_reply(http_status: u16, body: &[u8]) -> bool {
+    const TEXTS: [&[u8]; 2] = [
+        b"upstream connect error or disconnect/reset before headers",
+        b"no healthy upstream",
+    ];
+    http_status == 503 && TEXTS.iter().any(|t| body.starts_with(t))
+}
+
 /// Reads an answer to a call of `sent` claims. Every status must be OK
 /// with our hourly limit, and `limit_remaining` (0 when absent: proto3 JSON
 /// omits zeros) must leave room for this claim's own add.
@@ -70,6 +81,9 @@ pub fn parse_answer(
     sent: &[Claim],
 ) -> Result<Vec<Counted>, Failure> {
     if http_status != 200 {
+        if is_envoy_local_reply(http_status, body) {
+            return Err(Failure::Transport);
+        }
         return Err(Failure::Status(http_status));
     }
     let v: Value = serde_json::from_slice(body).map_err(|e| nonsense(format!("not JSON: {e}")))?;
@@ -314,6 +328,18 @@ mod tests {
             Ok(4_000_000_000)
         );
         assert_eq!(parse_answer(500, b"", one), Err(Failure::Status(500)));
+        // Envoy's own 503s, when it could not reach the service: no answer.
+        for body in [
+            &b"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: Connection refused"[..],
+            b"no healthy upstream",
+        ] {
+            assert_eq!(parse_answer(503, body, one), Err(Failure::Transport));
+        }
+        assert_eq!(parse_answer(503, b"{}", one), Err(Failure::Status(503)));
+        assert_eq!(
+            parse_answer(500, b"no healthy upstream", one),
+            Err(Failure::Status(500))
+        );
         assert_eq!(
             parse_answer(400, b"Bad Request", one),
             Err(Failure::Status(400))
