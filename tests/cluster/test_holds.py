@@ -351,12 +351,6 @@ def test_one_skewed_clock_joining_starves_nobody_and_is_seen(wasm, clock_wasm):
         assert not lab.panics(), lab.panics()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core: a proxy whose clock is ahead and that just started adding shows in the others' future (probes "
-    "ahead) before it shows in their past (probes behind, up to 1.6 s back), and `others` is the larger of the "
-    "two counts, not their union: so the one proxy ahead is the whole 'majority' and the proxies in step move "
-    "their grids to its clock (seen: clock_offset_ms [700, 700, 0], whether it joins a running fleet or starts "
-    "with it); the skew design wants only the off proxy to move. Remove this mark when that is fixed."))
 def test_one_skewed_clock_starting_with_the_fleet_moves_only_itself(wasm, clock_wasm):
     """Finding 3, the fleet starting together: two proxies on the shipped
     build and one on the test-clock build at +700 ms start their loads (50/s

@@ -130,16 +130,24 @@ impl Skew {
     /// One sweep's answer (None: in step with the majority, or alone).
     fn sweep(&self) -> Option<i64> {
         // A proxy skips an epoch's add now and then (a late call): one seen
-        // at a further offset has passed the nearer ones too. So the counts
-        // ahead are read as the most seen at that offset or further, and
-        // those behind as the most seen at that offset or nearer.
-        let mut ahead: Vec<u64> = self.ahead.iter().map(|c| c.unwrap_or(0)).collect();
-        for i in (0..ahead.len().saturating_sub(1)).rev() {
-            let further = ahead.get(i + 1).copied().unwrap_or(0);
-            if let Some(c) = ahead.get_mut(i) {
-                *c = (*c).max(further);
-            }
-        }
+        // at the next two offsets further has passed this one too. So a
+        // count ahead is read as at least the smaller of the next two, and
+        // those behind as the most seen at that offset or nearer. Not
+        // further: a proxy ahead that has only just started adding shows at
+        // the offsets near its own first (it has not added to the nearer
+        // ones), and before it shows in our past; read as having passed
+        // every nearer offset, it would be the whole majority of the others
+        // in our future, and the proxies in step would move to its clock.
+        let seen: Vec<u64> = self.ahead.iter().map(|c| c.unwrap_or(0)).collect();
+        let ahead: Vec<u64> = (0..seen.len())
+            .map(|i| {
+                let next_two = match (seen.get(i + 1), seen.get(i + 2)) {
+                    (Some(&a), Some(&b)) => a.min(b),
+                    _ => 0,
+                };
+                seen.get(i).copied().unwrap_or(0).max(next_two)
+            })
+            .collect();
         let mut behind: Vec<u64> = self.behind.iter().map(|c| c.unwrap_or(0)).collect();
         for i in 1..behind.len() {
             let nearer = behind.get(i - 1).copied().unwrap_or(0);
@@ -241,6 +249,32 @@ mod tests {
             sweep(&mut s, |_| 0, |_| 4);
             assert_eq!(s.estimate(), None);
         }
+    }
+
+    #[test]
+    fn a_proxy_ahead_that_just_started_does_not_move_the_ones_in_step() {
+        let mut s = Skew::new(100 * MS);
+        // One other in step (present at every offset behind), and one 8
+        // epochs ahead that started adding 3 epochs ago: in our counters +6
+        // to +8 only, not yet in our past. Not a majority of the two.
+        let newcomer = |j: i64| u64::from((6..=8).contains(&j));
+        for _ in 0..3 {
+            sweep(&mut s, newcomer, |_| 1);
+            assert_eq!(s.estimate(), None);
+        }
+        // Once it has been ahead for a while it shows at every offset up to
+        // +8, and in our past too: still one of two, nothing moves.
+        for _ in 0..3 {
+            sweep(&mut s, |j| u64::from(j <= 8), |_| 2);
+            assert_eq!(s.estimate(), None);
+        }
+        // A skipped add at one offset is read through: the two others both
+        // 8 epochs ahead, one missing at +3: we move forward.
+        let gap = |j: i64| if j == 3 { 1 } else { u64::from(j <= 8) * 2 };
+        sweep(&mut s, gap, |_| 2);
+        s.estimate();
+        sweep(&mut s, gap, |_| 2);
+        assert_eq!(s.estimate(), Some(-9));
     }
 
     #[test]
