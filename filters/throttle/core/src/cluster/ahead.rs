@@ -400,4 +400,30 @@ mod tests {
         );
         assert_eq!(ahead_cell.v, None, "nothing ahead");
     }
+
+    #[test]
+    fn a_slot_beyond_the_coming_epoch_lets_one_request_go_on_credit() {
+        // Owned: 1100 and 1101 only (200 ms away at 1000's time; the epoch
+        // is 100 ms); hold up to 300 ms.
+        let (mut c, mut b) = setup(&[(1100, 1102)]);
+        let r = Reach::new(reach().grid, 0, 300 * MS);
+        let mut ahead_cell = MemCell::default();
+        assert_eq!(
+            take(&mut c, &mut b, &mut ahead_cell, &r, at(1000), true, FIRST),
+            Take::Credit
+        );
+        assert_eq!(ahead_cell.v, Some(ahead(1, 0)), "owed, the slot kept");
+        // The credit is spent: the next one holds for the far slot.
+        assert_eq!(
+            take(&mut c, &mut b, &mut ahead_cell, &r, at(1000), true, FIRST),
+            Take::Hold {
+                slot: 1100,
+                delay_ns: 200 * MS
+            }
+        );
+        // The repayment takes the other slot once it is due within the epoch.
+        assert_eq!(repay(&mut c, &mut b, &mut ahead_cell, &r, at(1000)), Ok(0));
+        assert_eq!(repay(&mut c, &mut b, &mut ahead_cell, &r, at(1060)), Ok(1));
+        assert_eq!(cur(&c), (1102, 1102));
+    }
 }

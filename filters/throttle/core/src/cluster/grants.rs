@@ -418,6 +418,16 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
                 }
                 None => {}
             }
+        } else if delay_ns > reach.grid.epoch_ns {
+            // The next owned slot lies beyond the coming epoch (the shares
+            // of the epochs nearer went to others, or were not claimed after
+            // a lull): a request may go now on credit, as with no slot at
+            // all, and the slot stays for the credit's repayment.
+            match go_ahead(ahead, reach, attempt, queued, now, None) {
+                Some(Take::Contention) => return Take::Contention,
+                Some(_) => return Take::Credit,
+                None => {}
+            }
         }
         if delay_ns > max_delay {
             return Take::Reject {
