@@ -18,6 +18,7 @@
     )
 )]
 
+pub mod adaptive;
 pub mod clock;
 pub mod cluster;
 pub mod config;
