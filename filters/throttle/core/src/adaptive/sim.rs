@@ -41,12 +41,7 @@ impl Phase {
     }
 }
 
-/// Whether the learner's rate paces, or is only reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Enforce,
-    Observe,
-}
+pub use super::Mode;
 
 /// What paces the requests.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -14,6 +14,8 @@ mod validate;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_adaptive;
 
 use std::fmt;
 
@@ -25,6 +27,8 @@ pub use crate::units::RateWindow;
 use crate::NS_PER_MS;
 
 pub use validate::parse;
+#[cfg(test)]
+use validate::parse_with;
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +107,8 @@ pub struct Rule {
     pub dry_run: bool,
     /// `scope: "cluster"`: one rate across all proxies (None: per process).
     pub cluster: Option<ClusterScope>,
+    /// `adaptive`: the rate is learned within these bounds.
+    pub adaptive: Option<crate::adaptive::Settings>,
 }
 
 impl Rule {

@@ -317,6 +317,12 @@ pub const ON_ENGINE_FAILURE: Field = field(
     Default::Choice("local_share"),
     "What a cluster rule does while the engine fails (see `engine.fallback_after`): `\"local_share\"` paces each proxy at `rate` / max(`expected_replicas`, proxies recently counted); `\"deny\"` rejects with `reject_status` and `retry-after`; `\"local_full\"` paces each proxy at the full `rate`. Requires `scope: \"cluster\"`.",
 );
+pub const ADAPTIVE: Field = field(
+    "adaptive",
+    Kind::Object(ADAPTIVE_FIELDS),
+    Default::Absent,
+    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); not with `scope: \"cluster\"`. Not wired into the filter yet: a configuration with `adaptive` is refused until it is (issue 21).",
+);
 pub const RULE_FIELDS: &[Field] = &[
     NAME,
     RATE,
@@ -332,7 +338,26 @@ pub const RULE_FIELDS: &[Field] = &[
     SCOPE,
     EXPECTED_REPLICAS,
     ON_ENGINE_FAILURE,
+    ADAPTIVE,
 ];
+
+pub const ADAPTIVE_MIN_RATE: Field = required(
+    "min_rate",
+    Kind::Rate,
+    "Lowest rate it paces at, whatever the upstream answers. At most `rate`.",
+);
+pub const ADAPTIVE_MAX_RATE: Field = required(
+    "max_rate",
+    Kind::Rate,
+    "Highest rate it paces at, however well the upstream answers. At least `rate`.",
+);
+pub const ADAPTIVE_MODE: Field = field(
+    "mode",
+    Kind::Choice(&["enforce", "observe"]),
+    Default::Choice("enforce"),
+    "`\"enforce\"`: pace at the learned rate. `\"observe\"`: learn it and report it (what it would pace at) while pacing at `rate`, to watch before trusting it.",
+);
+pub const ADAPTIVE_FIELDS: &[Field] = &[ADAPTIVE_MIN_RATE, ADAPTIVE_MAX_RATE, ADAPTIVE_MODE];
 
 pub const PATH_PREFIX: Field = field(
     "path_prefix",

@@ -13,15 +13,26 @@ use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
 use crate::units::{describe, parse_duration, parse_rate};
 
+mod adaptive;
+
 /// Parses and validates a configuration. Returns every problem found.
 pub fn parse(bytes: &[u8]) -> Result<Config, Vec<ConfigError>> {
+    parse_with(bytes, crate::adaptive::WIRED)
+}
+
+/// [`parse`], accepting a rule's `adaptive` block only if the filter acts
+/// on it (`adaptive_wired`; tests check the block's own rules with `true`).
+pub(crate) fn parse_with(bytes: &[u8], adaptive_wired: bool) -> Result<Config, Vec<ConfigError>> {
     let (value, duplicates) = strict_json::parse(bytes).map_err(|e| {
         vec![ConfigError {
             field: "(config)".into(),
             reason: format!("invalid JSON: {e}"),
         }]
     })?;
-    let mut v = Validator::default();
+    let mut v = Validator {
+        adaptive_wired,
+        ..Validator::default()
+    };
     for path in duplicates {
         v.error(
             &path,
@@ -37,6 +48,8 @@ pub fn parse(bytes: &[u8]) -> Result<Config, Vec<ConfigError>> {
 #[derive(Default)]
 struct Validator {
     errors: Vec<ConfigError>,
+    /// Whether a rule's `adaptive` block is accepted (see [`parse_with`]).
+    adaptive_wired: bool,
 }
 
 fn join(path: &str, name: &str) -> String {
@@ -305,6 +318,12 @@ impl Validator {
             self.integer(path, obj, &spec::RULE_REJECT_STATUS, defaults.reject_status);
         let dry_run = self.boolean(path, obj, &spec::RULE_DRY_RUN, defaults.dry_run);
         let cluster = self.scope(path, obj, rate.map(|(interval, _)| interval));
+        let adaptive = match obj.get(spec::ADAPTIVE.name) {
+            None => Some(None),
+            Some(v) => self
+                .adaptive(&join(path, "adaptive"), v, obj, rate.map(|(i, _)| i))
+                .map(Some),
+        };
 
         // Relations between fields.
         let has = |f: &Field| obj.contains_key(f.name);
@@ -356,6 +375,7 @@ impl Validator {
             reject_status: u16::try_from(reject_status?).ok()?,
             dry_run: dry_run?,
             cluster: cluster?,
+            adaptive: adaptive?,
         })
     }
 
