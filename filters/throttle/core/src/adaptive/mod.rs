@@ -1,5 +1,10 @@
-//! Adaptive pacing: learn the rate the upstream can take from its answers.
-//! (Design notes: README.md in this folder.)
+//! Adaptive pacing: learn the rate the upstream can take from its answers
+//! and pace at it. Pure: [`Tally`] is what one round of the learner saw,
+//! [`Controller`] turns rounds into the interval to pace at (within the
+//! bounds) and the reasons it moved; `sim` (feature `testing`) is a
+//! simulated backend with the real schedule as the pacer. The design, the
+//! simulated figures and how it is wired into the filter (phase 2 of
+//! issue 21): `README.md` in this folder.
 
 pub mod controller;
 pub mod tally;
