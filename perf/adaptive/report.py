@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from PIL import Image
 
 COLUMNS = ("arm", "phase", "capacity /s", "target /s", "admitted /s", "goodput /s (share)", "2xx p50 / p99 ms",
            "throttle 429", "upstream 429", "503", "504", "no answer", "max upstream concurrency",
@@ -74,11 +75,16 @@ def chart(scenario: str, runs: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    # Line charts need few colours: a palette image is a third of the size.
+    with Image.open(path) as img:
+        small = img.convert("RGB").quantize(colors=64)
+    small.save(path, optimize=True)
 
 
 def render(out: Path) -> dict[str, Path]:
-    runs = load_runs(out)
     info = json.loads((out / "info.json").read_text()) if (out / "info.json").exists() else {}
+    order = {name: i for i, name in enumerate([*info.get("scenarios", []), *info.get("arms", [])])}
+    runs = sorted(load_runs(out), key=lambda r: (order.get(r["scenario"], 99), order.get(r["arm"], 99)))
     by_scenario: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_scenario.setdefault(r["scenario"], []).append(r)
