@@ -32,7 +32,9 @@ step "envoy --mode validate: every envoy/*.yaml with the Bazel-built .wasm"
 import shutil
 import sys
 from pathlib import Path
-from harness.procs import ROOT, Envoy, render
+from harness.configs import render
+from harness.envoy import Envoy
+from harness.procs import ROOT
 failed = 0
 for config in sorted(p.name for p in (ROOT / "envoy").glob("*.yaml")):
     envoy = Envoy(render(config, listen_port=10000, admin_port=9901, upstream_port=8080, wasm=Path(sys.argv[1])))

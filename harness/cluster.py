@@ -13,18 +13,15 @@ the proxies' statistics into the figures the demo prints and the tests assert
 
 The proxies can also run Envoy's native global rate limit filter
 (`envoy.filters.http.ratelimit`, gRPC to the same service) instead of the
-throttle: `native_ratelimit_config`, used by the benchmark (perf/cluster_bench.py).
+throttle: `native_ratelimit_config`, used by the benchmark (perf/cluster/bench.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
-import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -32,9 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import windows
+from harness import configs, fortio, windows
+from harness.configs import render
 from harness.engine import Engine
-from harness.procs import WASM, Envoy, free_port, go_bin, render, stop, summarize, wait_until
+from harness.envoy import Envoy
+from harness.net import free_port, wait_until
+from harness.procs import WASM
 from harness.stalls import StallMonitor
 from harness.upstream import Upstream
 
@@ -45,14 +45,6 @@ RULE = "orders"
 #: The domain and descriptor key of the native filter's limit in engine/config/throttle.yaml.
 NATIVE_DOMAIN = "envoy_throttle"
 NATIVE_KEY = "native_rl"
-
-
-def per_second(rate: str | float) -> float:
-    """`"300/s"`, `"18000/m"`, `"1080000/h"` or a number per second."""
-    if isinstance(rate, (int, float)):
-        return float(rate)
-    n, _, unit = rate.partition("/")
-    return float(n) / {"": 1, "s": 1, "m": 60, "h": 3600}[unit.strip()]
 
 
 def plugin_config(rate: str, *, scope: str = "cluster", max_queue_delay: str = "1s", burst: int = 0,
@@ -72,16 +64,11 @@ def plugin_config(rate: str, *, scope: str = "cluster", max_queue_delay: str = "
     return plugin
 
 
-def _hcm(cfg: dict[str, Any]) -> dict[str, Any]:
-    hcm: dict[str, Any] = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    return hcm
-
-
 def log_5xx(cfg: dict[str, Any], path: Path) -> None:
     """Adds an access log of answers with status 500 or more to `path`: status,
     Envoy's response flags and details, duration (to tell an upstream failure
     from a local reply when a lab run sees failures)."""
-    _hcm(cfg)["access_log"] = [{
+    configs.hcm(cfg)["access_log"] = [{
         "name": "envoy.access_loggers.file",
         "filter": {"status_code_filter": {"comparison": {
             "op": "GE", "value": {"default_value": 500, "runtime_key": "lab.log_5xx_from"}}}},
@@ -95,7 +82,7 @@ def log_5xx(cfg: dict[str, Any], path: Path) -> None:
 
 
 def _tag_requests(cfg: dict[str, Any], tag: str) -> None:
-    _hcm(cfg)["route_config"]["request_headers_to_add"] = [
+    configs.hcm(cfg)["route_config"]["request_headers_to_add"] = [
         {"header": {"key": LAB_HEADER, "value": tag}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
 
 
@@ -125,7 +112,7 @@ def native_ratelimit_config(*, upstream_port: int, grpc_port: int, rate: float, 
     if float(value) != rate:
         raise ValueError(f"the native limit needs a whole rate per second, got {rate}")
     cfg = render("baseline.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=upstream_port)
-    hcm = _hcm(cfg)
+    hcm = configs.hcm(cfg)
     hcm["http_filters"] = [{
         "name": "envoy.filters.http.ratelimit",
         "typed_config": {
@@ -183,58 +170,22 @@ def fortio_plan(qps: float, max_queue_delay_s: float, duration_s: float, minimum
     return connections, connections * per_connection
 
 
-class FortioLoad:
-    """One `fortio load` offering `qps` evenly (`-qps -uniform -n`, keep-alive)
-    for about `duration_s`, bounded by a timeout; the process is ours (stopped
-    by PID). See `fortio_plan` for the connections and calls."""
+def uniform_load(url: str, *, qps: float, duration_s: float, max_queue_delay_s: float) -> fortio.Load:
+    """A Fortio load offering `qps` evenly (`-qps -uniform -n`, keep-alive) for about
+    `duration_s` (see `fortio_plan` for the connections and calls). `-t -1s`: with a
+    duration (0 means its default, 5 s) Fortio stretches each connection's interval by
+    k/(k-1) (k calls each); a negative one means none."""
+    connections, calls = fortio_plan(qps, max_queue_delay_s, duration_s)
+    return fortio.Load(url, connections=connections, qps=qps, requests=calls, duration_s=-1, uniform=True,
+                       request_timeout_s=max(5.0, max_queue_delay_s + 20), allow_initial_errors=True)
 
-    def __init__(self, url: str, *, qps: float, duration_s: float, max_queue_delay_s: float,
-                 timeout_s: float | None = None) -> None:
-        self.url = url
-        self.connections, self.calls = fortio_plan(qps, max_queue_delay_s, duration_s)
-        self.qps = qps
-        self.duration_s = self.calls / qps  # what the plan offers, at exactly qps
-        self.timeout_s = timeout_s if timeout_s is not None else max_queue_delay_s + 20
-        fd, path = tempfile.mkstemp(prefix="fortio-", suffix=".json")
-        os.close(fd)
-        Path(path).unlink()
-        self.json_path = Path(path)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started = 0.0
 
-    def start(self) -> FortioLoad:
-        # -n: no warm-up requests (with -t Fortio sends one per connection first, uncounted);
-        # -t -1s: with a duration (0 means its default, 5 s) Fortio stretches each
-        # connection's interval by k/(k-1) (k calls each); a negative one means none.
-        cmd = [go_bin("fortio"), "load", "-c", str(self.connections), "-qps", f"{self.qps:.6f}", "-uniform",
-               "-n", str(self.calls), "-t", "-1s", "-json", str(self.json_path), "-loglevel", "error",
-               "-timeout", f"{max(5.0, self.timeout_s):.0f}s", "-allow-initial-errors", self.url]
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        return self
-
-    def result(self) -> dict[str, Any]:
-        """Waits for the run (at most its timeout) and returns `harness.procs.summarize` of it."""
-        assert self.proc is not None, "start() first"
-        deadline = self.started + self.duration_s + self.timeout_s
-        try:
-            _, err = self.proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            stop(self.proc)
-            raise TimeoutError(f"fortio load of {self.url} ran past {self.duration_s + self.timeout_s:.0f} s") from None
-        try:
-            data = json.loads(self.json_path.read_text())
-        except (FileNotFoundError, ValueError):
-            raise RuntimeError(f"fortio load of {self.url} gave no result (rc {self.proc.returncode}): "
-                               f"{err.decode(errors='replace')[-2000:]}") from None
-        finally:
-            self.json_path.unlink(missing_ok=True)
-        # With the histogram's buckets, so several loads' percentiles can be merged.
-        return dict(summarize(data), histogram=data["DurationHistogram"].get("Data") or [])
-
-    def kill(self) -> None:
-        stop(self.proc)
-        self.json_path.unlink(missing_ok=True)
+def client_figures(load: fortio.Load, result: fortio.Result) -> dict[str, Any]:
+    """One client's figures: Fortio's (`Result.summary`), its histogram's buckets (so
+    several loads' percentiles can be merged), the rate it offered and its connections'
+    interval between requests."""
+    return dict(result.summary(), histogram=result.histogram, offered_qps=load.qps,
+                connections=load.connections, interval_ms=1000 * load.connections / load.qps)
 
 
 @dataclass
@@ -254,7 +205,7 @@ class Measurement:
     # Client side, per load: requests sent per second. As planned when every request took less than its
     # connection's interval (clients' max_ms < interval_ms): Fortio then never fell behind its schedule.
     offered: list[float]
-    clients: list[dict[str, Any]]  # summarize() of each load
+    clients: list[dict[str, Any]]  # client_figures() of each load
     calls_per_s: list[float | None]  # filter's engine_calls per proxy per second over the loads
     envoy_calls_per_s: list[float]  # Envoy's own count of requests to the engine cluster, per second
     service_calls_per_s: float | None  # the service's own count (all proxies), per second, if read
@@ -380,15 +331,10 @@ class ClusterLab:
 
     # -- running loads -------------------------------------------------------
     def loads(self, qps: Sequence[float], *, duration_s: float, max_queue_delay_s: float,
-              path: str = "/") -> list[FortioLoad]:
-        """Starts one Fortio load per proxy (0 qps: none for that proxy)."""
-        out = []
-        for i, q in enumerate(qps):
-            if q <= 0:
-                continue
-            out.append(FortioLoad(self.proxies[i].url + path, qps=q, duration_s=duration_s,
-                                  max_queue_delay_s=max_queue_delay_s).start())
-        return out
+              path: str = "/") -> list[fortio.Running]:
+        """Starts one Fortio load per proxy (0 qps: none for that proxy), see `uniform_load`."""
+        return [uniform_load(self.proxies[i].url + path, qps=q, duration_s=duration_s,
+                             max_queue_delay_s=max_queue_delay_s).start() for i, q in enumerate(qps) if q > 0]
 
     def run(self, qps: Sequence[float], *, duration_s: float, warmup_s: float, max_queue_delay_s: float,
             rate: float, burst: int = 0, tail_s: float = 0.3) -> Measurement:
@@ -401,8 +347,7 @@ class ClusterLab:
         with StallMonitor() as stalls:
             runs = self.loads(qps, duration_s=duration_s, max_queue_delay_s=max_queue_delay_s)
             try:
-                clients = [dict(r.result(), offered_qps=r.calls / r.duration_s, connections=r.connections,
-                                interval_ms=1000 * r.connections / r.qps) for r in runs]
+                clients = [client_figures(r.load, r.result()) for r in runs]
             finally:
                 for r in runs:
                     r.kill()

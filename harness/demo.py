@@ -12,7 +12,11 @@ import argparse
 import json
 import sys
 
-from harness.procs import Envoy, FortioServer, fortio_load, free_port, load_config, plugin_config, render, summarize
+from harness import fortio
+from harness.configs import load_config, plugin_json, render
+from harness.envoy import Envoy
+from harness.net import free_port
+from harness.units import per_second
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,9 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads")
     args = ap.parse_args(argv)
 
-    plugin = json.loads(plugin_config(load_config("demo.yaml")))
+    plugin = json.loads(plugin_json(load_config("demo.yaml")))
     plugin["rules"][0]["rate"] = args.rate
-    with FortioServer() as upstream:
+    with fortio.FortioServer() as upstream:
         cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(),
                      upstream_port=upstream.port, plugin=plugin)
         with Envoy(cfg, concurrency=args.concurrency, log_level="warn") as envoy:
@@ -33,22 +37,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"envoy:    {envoy.url} (admin :{envoy.admin_port}), --concurrency {args.concurrency}, "
                   f"throttle {args.rate}, max_queue_delay {plugin['rules'][0]['max_queue_delay']}")
             print(f"load:     fortio load -c {args.connections} -n {args.requests} -qps 0 (keep-alive)\n")
-            s = summarize(fortio_load(envoy.url + "/", connections=args.connections, requests=args.requests))
+            s = fortio.load(envoy.url + "/", connections=args.connections, requests=args.requests)
             stats = envoy.rule_stats("default")
-    rate = _per_second(args.rate)
-    print(f"achieved rate : {s['qps']:.2f} req/s  (setting {rate:g}/s, {100 * (s['qps'] / rate - 1):+.2f}%)")
-    print(f"requests      : {s['requests']} in {s['duration_s']:.3f} s, failures {s['errors']}  codes {s['codes']}")
-    print("latency (ms)  : " + "  ".join(f"{k[:-3]} {s[k]:.1f}" for k in ("avg_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms")))
+    rate = per_second(args.rate)
+    print(f"achieved rate : {s.qps:.2f} req/s  (setting {rate:g}/s, {100 * (s.qps / rate - 1):+.2f}%)")
+    print(f"requests      : {s.requests} in {s.duration_s:.3f} s, failures {s.errors}  codes {s.codes}")
+    print(f"latency (ms)  : avg {s.avg_ms:.1f}  p50 {s.ms(50):.1f}  p90 {s.ms(90):.1f}  p99 {s.ms(99):.1f}  "
+          f"max {s.max_ms:.1f}")
     print("filter        : " + "  ".join(f"{k} {stats.get(k, 0)}" for k in
                                          ("admitted", "queued", "released", "rejected", "cancelled", "gone", "held")))
-    return 0 if s["errors"] == 0 else 1
-
-
-def _per_second(rate: str) -> float:
-    if "/" not in rate:
-        return float(rate)
-    n, unit = rate.split("/")
-    return float(n) / {"s": 1, "m": 60, "h": 3600}[unit.strip()]
+    return 0 if s.errors == 0 else 1
 
 
 if __name__ == "__main__":

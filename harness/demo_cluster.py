@@ -23,6 +23,7 @@ from pathlib import Path
 
 from harness.cluster import ClusterLab, Measurement, plugin_config, split
 from harness.procs import WASM
+from harness.tables import num
 
 
 def report(m: Measurement, *, label: str) -> list[str]:
@@ -47,18 +48,14 @@ def report(m: Measurement, *, label: str) -> list[str]:
             f"200 {c['codes'].get(200, 0)} / 429 {c['codes'].get(429, 0)}" for c in m.clients)
         + f";  failures (neither 200 nor 429) {m.failures}",
         "  latency p50/p99 ms    : " + "  ".join(f"{c['p50_ms']:.0f}/{c['p99_ms']:.0f}" for c in m.clients),
-        "  engine calls /s/proxy : filter " + " ".join(_f(c) for c in m.calls_per_s)
-        + ";  Envoy's cluster " + " ".join(_f(c) for c in m.envoy_calls_per_s)
+        "  engine calls /s/proxy : filter " + " ".join(num(c, missing="-") for c in m.calls_per_s)
+        + ";  Envoy's cluster " + " ".join(num(c, missing="-") for c in m.envoy_calls_per_s)
         + (f";  service (all proxies) {m.service_calls_per_s:.1f}" if m.service_calls_per_s is not None else ""),
         "  engine failures       : " + " ".join(str(s.get("engine_failures", 0)) for s in m.stats)
         + ";  slots granted/taken/unused: " + "  ".join(
             f"{s.get('slots_granted', 0)}/{s.get('slots_taken', 0)}/{s.get('slots_unused', 0)}" for s in m.stats),
     ]
     return lines
-
-
-def _f(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

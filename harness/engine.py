@@ -13,9 +13,9 @@ the complete Envoy cluster that reaches the service's HTTP port (the filter
 calls `POST /json` with `dispatch_http_call`), then runs until SIGTERM (or
 SIGINT) and stops everything it started, by PID. Diagnostics go to stderr.
 
-In tests, use `Engine` as a context manager: `stop_service()`,
-`kill_service()`, `start_service()`, `stop_redis()`, `kill_redis()`,
-`start_redis()`; with `fault_proxy=True` the cluster points at a small
+In tests, use `Engine` as a context manager: `service` and `redis` each
+`stop()`, `kill()` and `start()` (the service exits at start while Redis is
+unreachable); with `fault_proxy=True` the cluster points at a small
 loopback HTTP proxy (`FaultProxy`) in front of the service that can make it
 slow (`slow(ms)`) or answer nonsense (`nonsense(kind)`), and `healthy()`
 undoes both. `claim()` sends one `POST /json` the way the filter does.
@@ -42,7 +42,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from harness.procs import ROOT, free_port, go_bin, stop, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness import procstats
+from harness.net import free_port, http_get
+from harness.procs import ROOT, Child, go_bin
 
 #: The committed service configuration (also the Kubernetes ConfigMap).
 CONFIG_FILE = ROOT / "engine" / "config" / "throttle.yaml"
@@ -59,10 +63,9 @@ def _log(msg: str) -> None:
 
 
 def redis_bin() -> str:
-    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
-    if not found:
-        raise FileNotFoundError("redis-server not found: run `make setup-engine`")
-    return found
+    if found := shutil.which("redis-server", path=f"{os.environ.get('PATH', '')}:/usr/bin"):
+        return found
+    raise FileNotFoundError("redis-server not found: run `make setup-engine`")
 
 
 def ratelimit_bin() -> str:
@@ -102,31 +105,7 @@ def _redis_ping(port: int) -> bool:
         return False
 
 
-class _Child:
-    """One process this harness starts: stop (SIGTERM, then SIGKILL) or kill it by PID."""
-
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        stop(self.proc)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.running():
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-
-class Redis(_Child):
+class Redis(Child):
     """`redis-server` on 127.0.0.1:port, nothing saved to disk."""
 
     def __init__(self, port: int, workdir: Path):
@@ -137,16 +116,10 @@ class Redis(_Child):
     def start(self, timeout: float = 10.0) -> None:
         if self.running():
             return
-        cmd = [redis_bin(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-               "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no",
-               "--dir", str(self.workdir), "--logfile", str(self.log_path)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        wait_until(lambda: self._alive() and _redis_ping(self.port), timeout, f"redis on :{self.port}")
-
-    def _alive(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"redis exited with {self.proc.returncode}: {self.log()[-2000:]}")
-        return True
+        self.start_and_wait([redis_bin(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+                            "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no",
+                            "--dir", str(self.workdir), "--logfile", str(self.log_path)],
+                            lambda: _redis_ping(self.port), f"redis on :{self.port}", timeout)
 
     def command(self, *args: str) -> str:
         """One command through redis-cli (INFO, FLUSHALL...)."""
@@ -163,7 +136,7 @@ class Redis(_Child):
         return out
 
 
-class RateLimitService(_Child):
+class RateLimitService(Child):
     """envoyproxy/ratelimit with the project's configuration, all listeners on loopback."""
 
     def __init__(self, redis_port: int, workdir: Path, log_level: str = "warn", metrics: bool = False):
@@ -201,38 +174,19 @@ class RateLimitService(_Child):
                         "PROMETHEUS_PATH": "/metrics", "STATS_FLUSH_INTERVAL": "1s"})
         return env
 
-    def metrics(self) -> dict[str, float]:
-        """The service's own counters (Prometheus text from its sink), as
-        `name{labels}` -> value; empty when started without `metrics`."""
+    def metrics(self) -> str:
+        """The service's own counters (Prometheus text from its sink); empty when started without `metrics`."""
         if self.metrics_port is None:
-            return {}
-        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=2.0)
-        try:
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode(errors="replace")
-        finally:
-            conn.close()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    out[name] = float(value)
-                except ValueError:
-                    continue
-        return out
+            return ""
+        return http_get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2.0)[2].decode(errors="replace")
 
     def start(self, timeout: float = 20.0) -> None:
         if self.running():
             return
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([ratelimit_bin()], env=self.env(), stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=self.workdir)
-        wait_until(self._answers, timeout, f"ratelimit on :{self.port}")
+        self.start_and_wait([ratelimit_bin()], self._answers, f"ratelimit on :{self.port}", timeout, env=self.env(),
+                            cwd=self.workdir)
 
     def _answers(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"ratelimit exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
         try:
             # A look (hits_addend 0) at a counter: answers only once config and Redis are in place.
             status, body = post_json(self.port, {"domain": DOMAIN, "descriptors": [
@@ -240,6 +194,16 @@ class RateLimitService(_Child):
             return status == 200 and b"OK" in body
         except OSError:
             return False
+
+
+def hits(metrics: str, key: str) -> int:
+    """The hits on one descriptor key of our domain, summed over its values, in the service's
+    Prometheus text (read with prometheus-client, which names a counter's sample
+    `<family>_total`). key1 is the configuration's key, with `_<value>` when the
+    configuration names a value."""
+    return int(sum(x.value for f in text_string_to_metric_families(metrics) for x in f.samples
+                   if f.name == "ratelimit_service_rate_limit_total_hits" and x.labels.get("domain") == DOMAIN
+                   and (x.labels.get("key1") == key or x.labels.get("key1", "").startswith(f"{key}_"))))
 
 
 #: What `FaultProxy.nonsense` can answer instead of the service.
@@ -324,17 +288,6 @@ class FaultProxy:
         return status, answer
 
 
-def _cpu_seconds(proc: subprocess.Popen[bytes] | None) -> float:
-    """User + system CPU seconds of a process we started (0 if it is gone)."""
-    if proc is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _nonsense_answer(kind: str, body: bytes) -> tuple[int, bytes]:
     try:
         n = len(json.loads(body).get("descriptors", []))
@@ -395,26 +348,7 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- faults ------------------------------------------------------------
-    def stop_service(self) -> None:
-        self.service.stop()
-
-    def kill_service(self) -> None:
-        self.service.kill()
-
-    def start_service(self) -> None:
-        """Starts the service again (it exits at start if Redis is unreachable)."""
-        self.service.start()
-
-    def stop_redis(self) -> None:
-        self.redis.stop()
-
-    def kill_redis(self) -> None:
-        self.redis.kill()
-
-    def start_redis(self) -> None:
-        self.redis.start()
-
+    # -- faults (and `service`, `redis`: stop(), kill(), start()) -------
     def slow(self, ms: float) -> None:
         self._need_proxy().slow(ms)
 
@@ -467,17 +401,12 @@ class Engine:
         the service's 1 s flush."""
         if self.service.metrics_port is None:
             return None
-        total = 0.0
-        for name, value in self.service.metrics().items():
-            # key1 is the configuration's key, with `_<value>` when the configuration names a value.
-            if (name.startswith("ratelimit_service_rate_limit_total_hits{") and f'domain="{DOMAIN}"' in name
-                    and (f'key1="{key}"' in name or f'key1="{key}_' in name)):
-                total += value
-        return int(total)
+        return hits(self.service.metrics(), key)
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds (user + system) used so far by Redis and by the service."""
-        return {"redis": _cpu_seconds(self.redis.proc), "ratelimit": _cpu_seconds(self.service.proc)}
+        """CPU seconds (user + system) used so far by Redis and by the service (0 if not running)."""
+        return {name: procstats.cpu_seconds(c.proc.pid) if c.proc is not None and c.running() else 0.0
+                for name, c in (("redis", self.redis), ("ratelimit", self.service))}
 
     def redis_stats(self) -> dict[str, int]:
         """Redis's own counters: total commands, and calls of INCRBY, EXPIRE and GET."""

@@ -26,7 +26,7 @@ import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
-from harness.procs import _can_connect, free_port, wait_until
+from harness.net import can_connect, free_port, wait_until
 
 
 class Upstream:
@@ -58,7 +58,7 @@ class Upstream:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
         ready.wait(10)
-        wait_until(lambda: _can_connect(self.port), 10, f"upstream on :{self.port}")
+        wait_until(lambda: can_connect(self.port), 10, f"upstream on :{self.port}")
         return self
 
     def stop(self) -> None:

@@ -2,8 +2,9 @@
 span, counts per consecutive window, the busiest window of a given width
 anywhere in a run, and when a rate came back after a disturbance.
 
-Used by the cluster-scope demo, tests and benchmark (harness/cluster.py) on the
-upstream's own arrival times. Windows are half-open, `[start, start + width)`.
+Used by the cluster-scope demo, tests and benchmark (harness/cluster.py) and the
+benchmarks' pacing figures, on the upstream's own arrival times. Windows are half-open,
+`[start, start + width)`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,35 @@ def window_counts(stamps: Sequence[float], start: float, end: float, width: floa
         raise ValueError(f"window width must be > 0, got {width}")
     n = math.floor((end - start) / width + 1e-9)
     return [count_between(stamps, start + k * width, start + (k + 1) * width) for k in range(max(n, 0))]
+
+
+def window_rates(stamps: Sequence[float], window: float, start: float | None = None) -> list[float]:
+    """Requests per second in consecutive `window`-second windows from `start` (default:
+    the first timestamp); the last, partial window is dropped; `stamps` in any order.
+
+    With timestamps truncated to whole milliseconds (nginx `$msec`) and windows that start
+    on a whole millisecond and last a whole number of milliseconds, every count is exact:
+    floor(t) lies in [b, b + w) exactly when t does, for integer b and w (tested). A stamp
+    on a boundary belongs to the later window, within 1e-9 of a window's width."""
+    if len(stamps) < 2:
+        return []
+    s = sorted(stamps)
+    t0 = s[0] if start is None else start
+    n = int((s[-1] - t0) / window + 1e-9)
+    counts = [0] * n
+    for t in s:
+        k = int((t - t0) / window + 1e-9)
+        if 0 <= k < n:
+            counts[k] += 1
+    return [c / window for c in counts]
+
+
+def span_rate(stamps: Sequence[float]) -> float | None:
+    """(n - 1) / (last - first): the rate a series of arrivals shows by itself."""
+    if len(stamps) < 2:
+        return None
+    span = max(stamps) - min(stamps)
+    return (len(stamps) - 1) / span if span > 0 else None
 
 
 def busiest_window(stamps: Sequence[float], width: float, start: float | None = None,

@@ -1,4 +1,4 @@
-# Cluster scope's engine (issue 12): Redis + envoyproxy/ratelimit on loopback,
+# Cluster scope's engine: Redis + envoyproxy/ratelimit on loopback,
 # the facts the design relies on, and the many-proxy simulation.
 # See engine/README.md.
 .PHONY: setup-engine engine engine-test cluster-sim cluster-sim-quick demo-cluster
@@ -15,11 +15,11 @@ engine: setup setup-engine ## Run Redis + the rate limit service on loopback; pr
 engine-test: setup setup-engine ## Facts about the rate limit service, against the real one
 	$(PY) -m pytest tests/engine -v
 
-cluster-sim: setup setup-engine ## Many simulated proxies vs the real engine (and the in-memory one): perf/cluster-sim/results/latest.md (~3 min)
-	$(PY) -m perf.cluster_sim
+cluster-sim: setup setup-engine ## Many simulated proxies vs the real engine (and the in-memory one): perf/reports/cluster/<run-id>/summary.md (~3 min)
+	$(PY) -m perf.cluster.sim
 
 cluster-sim-quick: setup setup-engine ## The same, two short runs (~40 s)
-	$(PY) -m perf.cluster_sim --quick --out perf/cluster-sim/results/quick
+	$(PY) -m perf.cluster.sim --quick
 
 demo-cluster: setup setup-engine build ## Cluster scope: 3 Envoys share one rate through the engine; uneven Fortio loads at two rates
 	$(PY) -m harness.demo_cluster

@@ -1,9 +1,8 @@
 # Benchmarks (perf/): the throttle against plain Envoy, Envoy's native
 # local_ratelimit and nginx limit_req, in one run. See perf/README.md.
+# Every run writes perf/reports/<family>/<run-id>/ and links perf/reports/<family>/latest to it.
 .PHONY: perf perf-quick perf-setup perf-noop perf-cpu perf-cpu-quick perf-cluster
 
-PERF_QUICK_DIR := perf/results/ci-quick
-PERF_CPU_QUICK_DIR := perf/results/cpu-quick
 # perf-cpu: extra arguments, e.g. PERF_CPU_ARGS='--wasm before=git:8f14453 --wasm after=/path/to/throttle.wasm --skip smoothness'
 PERF_CPU_ARGS ?=
 
@@ -14,25 +13,23 @@ perf-noop: ## Build the no-op Wasm filter (the Wasm ABI's floor, run beside the 
 	CARGO_TARGET_DIR=target/noop-filter cargo build --release --target wasm32-wasip1 --manifest-path perf/noop-filter/Cargo.toml
 
 perf: setup perf-setup build perf-noop ## Benchmarks, standard set (< ~15 min): CSV, Markdown summary, HTML report
-	$(PY) -m perf.run --set standard
-	PERF_RUN_DIR=perf/results/latest $(PYTEST) -m perf -q
+	$(PY) -m perf.bench.run --set standard
+	PERF_RUN_DIR=perf/reports/bench/latest $(PYTEST) -m perf -q
 
 perf-quick: setup setup-engine perf-setup build perf-noop ## Benchmarks, quick subset (~2 min, CI): numbers reported, not asserted
-	rm -rf $(PERF_QUICK_DIR)
-	$(PY) -m perf.run --set quick --out $(PERF_QUICK_DIR)
-	PERF_RUN_DIR=$(PERF_QUICK_DIR) $(PYTEST) -m perf -q
+	$(PY) -m perf.bench.run --set quick
+	PERF_RUN_DIR=perf/reports/bench/latest $(PYTEST) -m perf -q
 
 perf-cpu: setup perf-setup build perf-noop ## Envoy CPU µs/request side by side in one Envoy, before (main) vs after, runtimes, hand-off, smoothness (~15 min)
-	$(PY) -m perf.cpu --profile full $(PERF_CPU_ARGS)
+	$(PY) -m perf.cpu.run --profile full $(PERF_CPU_ARGS)
 	$(PY) -m pytest perf/tests/test_cpu.py -q
 
 perf-cpu-quick: setup perf-setup build perf-noop ## The same, short (< 2 min, CI): checks the tool works, asserts no timing
-	rm -rf $(PERF_CPU_QUICK_DIR)
-	$(PY) -m perf.cpu --profile quick --out $(PERF_CPU_QUICK_DIR)
+	$(PY) -m perf.cpu.run --profile quick
 	$(PY) -m pytest perf/tests/test_cpu.py -q
 
 perf-cluster: setup setup-engine perf-setup build ## Three proxies, one rate: process vs cluster scope vs Envoy's native global rate limit (~3 min)
-	$(PY) -m perf.run --set cluster --out perf/results/cluster-latest
-	PERF_RUN_DIR=perf/results/cluster-latest $(PYTEST) -m perf -q
+	$(PY) -m perf.bench.run --set cluster
+	PERF_RUN_DIR=perf/reports/cluster/latest $(PYTEST) -m perf -q
 
 CI_EXTRA += perf-quick perf-cpu-quick

@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 
-from harness.procs import ROOT, WASM, Envoy, FortioServer, envoy_bin, free_port, render
+from harness.configs import render
+from harness.envoy import Envoy
+from harness.fortio import FortioServer
+from harness.net import free_port
+from harness.procs import ROOT, WASM, envoy_bin
 from harness.upstream import Upstream
 from tests.support.tiers import tier_problems
 

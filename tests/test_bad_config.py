@@ -2,7 +2,9 @@
 
 import pytest
 
-from harness.procs import Envoy, free_port, render
+from harness.configs import render
+from harness.envoy import Envoy
+from harness.net import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from harness.procs import http_get, wait_until
-from tests.support.clients import open_and_abandon
+from harness.net import http_get, wait_until
+from harness.rawhttp import open_held, request_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 def test_clients_disconnecting_while_held(envoy_with):
     # 20/s, hold up to 10 s: 40 requests queue for up to 2 s.
     envoy = envoy_with({"rules": [{"name": "default", "rate": "20/s", "max_queue_delay": "10s"}]})
-    socks = open_and_abandon(envoy.port, 40)
+    socks = open_held(envoy.port, 40, request_bytes())
     wait_until(lambda: envoy.rule_stats().get("held", 0) >= 30, 5, "requests held")
     for s in socks:
         s.close()

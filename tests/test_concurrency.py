@@ -9,7 +9,8 @@ from functools import partial
 
 import pytest
 
-from harness.procs import fortio_load, http_get, summarize, wait_until
+from harness import fortio
+from harness.net import http_get, wait_until
 from tests.support.clients import burst
 
 pytestmark = pytest.mark.integration
@@ -22,7 +23,7 @@ def gate_plugin(max_queue_delay="20s"):
 
 
 def drive(envoy, path, requests, connections=40):
-    return summarize(fortio_load(envoy.url + path, connections=connections, requests=requests))
+    return fortio.load(envoy.url + path, connections=connections, requests=requests)
 
 
 def test_in_flight_never_exceeds_n_and_all_are_served(envoy_with, app):
@@ -30,8 +31,8 @@ def test_in_flight_never_exceeds_n_and_all_are_served(envoy_with, app):
     s = drive(envoy, "/slow?ms=20", 400)
     stats = envoy.rule_stats("gate")
     print(f"concurrency {N}: upstream max in flight {app.max_in_flight}, served {app.served}; "
-          f"client {s['qps']:.1f}/s (ideal {N / 0.020:.0f}/s) errors {s['errors']}; {stats}")
-    assert s["errors"] == 0
+          f"client {s.qps:.1f}/s (ideal {N / 0.020:.0f}/s) errors {s.errors}; {stats}")
+    assert s.errors == 0
     assert app.max_in_flight == N
     assert app.served == 400
     assert stats["in_flight"] == 0 and stats["held"] == 0
@@ -43,8 +44,8 @@ def test_no_slot_leaks_through_errors_resets_and_cancels(envoy_with, app):
     # Upstream errors and resets (Envoy answers 503 for a reset upstream).
     errs = drive(envoy, "/status?code=500", 100)
     resets = drive(envoy, "/reset?ms=5", 100)
-    assert errs["codes"] == {500: 100}, errs["codes"]
-    assert set(resets["codes"]) == {503}, resets["codes"]
+    assert errs.codes == {500: 100}, errs.codes
+    assert set(resets.codes) == {503}, resets.codes
     # Client cancels: 30 clients send a slow request and leave, N while in
     # flight, the rest while waiting for a slot. The upstream holds each for
     # 3 s, far longer than the test takes to close them, so no waiter gets its
@@ -72,7 +73,7 @@ def test_no_slot_leaks_through_errors_resets_and_cancels(envoy_with, app):
     # Every slot came back: the gate still lets exactly N through.
     app.clear()
     s = drive(envoy, "/slow?ms=20", 200)
-    assert s["errors"] == 0 and app.max_in_flight == N, (s["codes"], app.stats())
+    assert s.errors == 0 and app.max_in_flight == N, (s.codes, app.stats())
 
 
 def test_waiters_are_served_in_arrival_order(envoy_with, app):
@@ -125,10 +126,10 @@ def test_rate_and_concurrency_together(envoy_with, app):
     envoy = envoy_with({"rules": [{"name": "both", "rate": "100/s", "concurrency": 2, "max_queue_delay": "5s"}]},
                        upstream_port=app.port)
     s = drive(envoy, "/slow?ms=40", 150, connections=20)
-    print(f"rate 100/s + concurrency 2 with 40 ms responses: {s['qps']:.1f}/s, max in flight {app.max_in_flight}")
-    assert s["errors"] == 0 and app.max_in_flight <= 2
+    print(f"rate 100/s + concurrency 2 with 40 ms responses: {s.qps:.1f}/s, max in flight {app.max_in_flight}")
+    assert s.errors == 0 and app.max_in_flight <= 2
     # The concurrency cap binds first: 2 / 40 ms = 50/s at most.
-    assert s["qps"] < 55
+    assert s.qps < 55
 
 
 def test_upstream_stats_endpoint_is_not_counted(app):

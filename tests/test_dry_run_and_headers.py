@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from harness.procs import ROOT, http_get
-from tests.support.clients import burst, grpc_headers, h2c_requests
+from harness.net import http_get
+from harness.procs import ROOT
+from tests.support.clients import burst, grpc_headers, h2c
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +157,7 @@ def test_rejections_carry_each_header_once_over_http1_http2_and_grpc(envoy_with)
         assert names.count(n) == 1, (n, resp.getheaders())
     # HTTP/2 and gRPC.
     plain = [(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "t")]
-    answers = h2c_requests(envoy.port, [plain, grpc_headers(envoy.port)])
+    answers = h2c(envoy.port, [(plain, b""), (grpc_headers(envoy.port), b"")])
     for a in answers:
         for n in ("retry-after", "ratelimit", "ratelimit-policy"):
             assert len(a.all(n)) == 1, (n, a)

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.procs import ROOT, Envoy, load_config, render
+from harness.configs import load_config, render
+from harness.envoy import Envoy
+from harness.procs import ROOT
 
 pytestmark = pytest.mark.integration
 

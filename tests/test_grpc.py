@@ -9,15 +9,16 @@ import urllib.parse
 
 import pytest
 
-from harness.procs import Envoy, free_port
-from tests.support.clients import GRPC_EMPTY_MESSAGE, grpc_headers, h2c_requests
+from harness.envoy import Envoy
+from harness.net import free_port
+from tests.support.clients import GRPC_EMPTY_MESSAGE, grpc_headers, h2c
 
 pytestmark = pytest.mark.integration
 
 
 def test_rejected_grpc_calls_are_resource_exhausted_with_a_clean_message(envoy_with):
     envoy = envoy_with({"rules": [{"name": "g", "rate": "1/h", "max_queue_delay": "0s"}]})
-    answers = h2c_requests(envoy.port, [grpc_headers(envoy.port)] * 3, body=GRPC_EMPTY_MESSAGE)
+    answers = h2c(envoy.port, [(grpc_headers(envoy.port), GRPC_EMPTY_MESSAGE)] * 3)
     rejected = [a for a in answers if a.all("grpc-status") == ["8"]]
     print([(a.status, a.headers, a.trailers) for a in answers])
     assert len(rejected) == 2, answers
@@ -77,7 +78,7 @@ def istio_like_client_proxy(target_port: int) -> dict:
 def test_istios_default_retry_policy_does_not_multiply_rejected_calls(envoy_with):
     throttle = envoy_with({"rules": [{"name": "g", "rate": "1/h", "max_queue_delay": "0s"}]})
     with Envoy(istio_like_client_proxy(throttle.port)) as client:
-        answers = h2c_requests(client.port, [grpc_headers(client.port)] * 10, body=GRPC_EMPTY_MESSAGE)
+        answers = h2c(client.port, [(grpc_headers(client.port), GRPC_EMPTY_MESSAGE)] * 10)
         stats = throttle.rule_stats("g")
         retries = client.stats("cluster.throttled.upstream_rq_retry")
     statuses = [a.all("grpc-status") for a in answers]

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from harness.procs import fortio_load, http_get, summarize
+from harness import fortio
+from harness.net import http_get
 from harness.procstats import rss_kib
 from tests.support.clients import burst, pipelined
 
@@ -23,8 +24,8 @@ def test_two_keys_at_different_loads_each_get_their_own_rate(envoy_with):
     results = {}
 
     def run(user, conns, qps):
-        results[user] = summarize(fortio_load(envoy.url + "/", connections=conns, duration="6s", qps=qps,
-                                              extra=["-H", f"x-user-id: {user}"]))
+        results[user] = fortio.load(envoy.url + "/", connections=conns, duration_s=6, qps=qps,
+                                              headers=[f"x-user-id: {user}"])
 
     threads = [threading.Thread(target=run, args=("heavy", 10, 0)),   # offers as much as it gets
                threading.Thread(target=run, args=("light", 2, 30))]   # offers 30/s, under its 50/s
@@ -33,16 +34,16 @@ def test_two_keys_at_different_loads_each_get_their_own_rate(envoy_with):
     for t in threads:
         t.join(60)
     heavy, light = results["heavy"], results["light"]
-    print(f"heavy: {heavy['qps']:.2f}/s errors {heavy['errors']} p50 {heavy['p50_ms']:.1f} ms; "
-          f"light: {light['qps']:.2f}/s errors {light['errors']} p90 {light['p90_ms']:.1f} ms; {envoy.rule_stats('users')}")
-    assert heavy["errors"] == 0 and light["errors"] == 0
-    assert abs(heavy["qps"] / 50 - 1) < 0.04, heavy["qps"]      # paced to its own 50/s
-    assert abs(light["qps"] / 30 - 1) < 0.04, light["qps"]      # unaffected by the heavy key
+    print(f"heavy: {heavy.qps:.2f}/s errors {heavy.errors} p50 {heavy.ms(50):.1f} ms; "
+          f"light: {light.qps:.2f}/s errors {light.errors} p90 {light.ms(90):.1f} ms; {envoy.rule_stats('users')}")
+    assert heavy.errors == 0 and light.errors == 0
+    assert abs(heavy.qps / 50 - 1) < 0.04, heavy.qps      # paced to its own 50/s
+    assert abs(light.qps / 30 - 1) < 0.04, light.qps      # unaffected by the heavy key
     # Heavy waits in its own queue (about 10 connections x 20 ms); light waits
     # at most about one 20 ms interval of its own schedule (its two connections
     # sometimes send less than 20 ms apart), never in heavy's queue.
-    assert heavy["p50_ms"] > 150
-    assert light["p90_ms"] < 60
+    assert heavy.ms(50) > 150
+    assert light.ms(90) < 60
 
 
 def test_requests_without_the_key_share_the_unkeyed_schedule(envoy_with):
@@ -78,7 +79,7 @@ def test_a_flood_of_distinct_keys_keeps_memory_bounded(envoy_with):
     good = {}
 
     def well_behaved():
-        good["s"] = summarize(fortio_load(envoy.url + "/good", connections=1, qps=50, duration="8s"))
+        good["s"] = fortio.load(envoy.url + "/good", connections=1, qps=50, duration_s=8)
 
     t = threading.Thread(target=well_behaved)
     t.start()
@@ -102,8 +103,8 @@ def test_a_flood_of_distinct_keys_keeps_memory_bounded(envoy_with):
     g = good["s"]
     stats = envoy.rule_stats("flood")
     print(f"flood: {n} distinct keys in {flood_s:.1f} s, statuses {total}; Envoy RSS {before} -> {after} KiB "
-          f"(+{(after - before) / 1024:.2f} MiB); good rule: {g['qps']:.1f}/s p50 {g['p50_ms']:.2f} ms "
-          f"p99 {g['p99_ms']:.2f} ms errors {g['errors']}; flood stats {stats}")
+          f"(+{(after - before) / 1024:.2f} MiB); good rule: {g.qps:.1f}/s p50 {g.ms(50):.2f} ms "
+          f"p99 {g.ms(99):.2f} ms errors {g.errors}; flood stats {stats}")
     assert sum(total.values()) == n and total.get(200) == n
     # Distinct keys each start fresh. A key whose two candidate slots are both
     # busy (other keys within the last 1 ms interval) shares a schedule and may
@@ -111,7 +112,7 @@ def test_a_flood_of_distinct_keys_keeps_memory_bounded(envoy_with):
     assert stats["admitted"] + stats["released"] == n + 5000 and stats["rejected"] == 0
     assert stats["queued"] <= 20, stats
     assert after - before < 8 * 1024, f"RSS grew {after - before} KiB"
-    assert g["errors"] == 0 and envoy.rule_stats("good")["queued"] == 0
+    assert g.errors == 0 and envoy.rule_stats("good")["queued"] == 0
 
 
 ONE_PER_HOUR_BY_ADDRESS = {"rules": [{"name": "ip", "rate": "1/h", "max_queue_delay": "0s",

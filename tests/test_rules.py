@@ -3,7 +3,7 @@ matches none passes untouched."""
 
 import pytest
 
-from harness.procs import http_get
+from harness.net import http_get
 from tests.support.clients import burst
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,12 @@ import json
 import sys
 from pathlib import Path
 
-from harness.procs import WASM, Envoy, FortioServer, fortio_load, free_port, render
+from harness import units
+from harness.configs import render
+from harness.envoy import Envoy
+from harness.fortio import FortioServer, Load
+from harness.net import free_port
+from harness.procs import WASM
 
 from .scenarios import LOADS
 
@@ -40,8 +45,8 @@ def main(argv: list[str]) -> int:
                 for load in LOADS:
                     qps, conns = SCALE[load.name]
                     keepalive = not any(h.lower() == "connection: close" for h in load.headers)
-                    result = fortio_load(envoy.url + "/echo", connections=conns, qps=qps, duration=a.duration,
-                                         keepalive=keepalive, timeout_s=120)
+                    result = Load(envoy.url + "/echo", connections=conns, qps=qps, keepalive=keepalive,
+                                  duration_s=units.seconds(a.duration)).run().raw
                     out = a.out / config / f"{load.name}.json"
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

@@ -1,6 +1,6 @@
 """Fortio JSON results -> the study's tables (avg, p50, p75, p90, p99 and the
-difference to the baseline in %), with harness.procs.summarize and
-harness.study.table, so cluster runs print like local runs.
+difference to the baseline in %), with harness.fortio.Result and
+perf.study.table, so cluster runs print like local runs.
 
 Results are files `<dir>/<config>/<load>.json` (what run.py writes).
 
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from harness.procs import summarize
-from harness.study import table
+from harness.fortio import Result
+from perf.study import table
 
 from .scenarios import BASELINE, CONFIGS, LOADS
 
@@ -44,7 +44,7 @@ def collect(root: Path) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for f in sorted(root.glob("*/*.json")):
         config, load = f.parent.name, f.stem
-        out.setdefault(load, {})[config] = summarize(load_result(f))
+        out.setdefault(load, {})[config] = Result.from_json(load_result(f)).summary()
     return out
 
 

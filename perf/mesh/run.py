@@ -2,13 +2,13 @@
 machine without one; its parsing and tables are tested offline in
 tests/k8s/test_k8s_perf_mesh.py).
 
-    python -m perf.mesh.run --out perf/mesh/results/<label> [--install] [--configs ...] [--loads ...]
+    python -m perf.mesh.run [--out DIR] [--install] [--configs ...] [--loads ...]
 
 For each overlay in k8s/overlays (scenarios.CONFIGS): recreates namespace
 bookinfo from it (`kubectl apply -k`), waits for the rollouts (and the waypoint),
 then drives the in-cluster Fortio through its REST API (kubectl port-forward) for
 each load (scenarios.LOADS), saves Fortio's JSON as <out>/<config>/<load>.json,
-and at the end prints the tables (results.py).
+and at the end prints the tables (results.py). Results go to perf/reports/mesh/<run-id>/ by default.
 
 Cluster requirements: >= 2 nodes labelled perf.throttle.dev/role=server (Bookinfo,
 2 replicas on different nodes) and >= 1 labelled perf.throttle.dev/role=client
@@ -27,7 +27,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from harness.procs import free_port, stop, wait_until
+from harness.net import free_port, wait_until
+from harness.procs import stop
+from harness.results import run_dir
 
 from .results import collect, tables
 from .scenarios import CONFIGS, LOADS
@@ -99,7 +101,7 @@ def fortio_run(port: int, body: dict, timeout: float) -> dict:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="results directory (default perf/reports/mesh/<run-id>)")
     ap.add_argument("--install", action="store_true", help="install Istio (ambient profile) and Gateway API CRDs")
     ap.add_argument("--istioctl", default="istioctl")
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
@@ -108,6 +110,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--warmup", default="10s")
     a = ap.parse_args(argv)
     preflight()
+    _, results = run_dir("mesh", "cluster", a.out)
     if a.install:
         install(a.istioctl)
     loads = [x for x in LOADS if x.name in a.loads]
@@ -121,12 +124,12 @@ def main(argv: list[str]) -> int:
                 fortio_run(pf.port, warm, timeout=120)  # warm-up, not recorded
                 body["metadata"]["t"] = a.duration
                 result = fortio_run(pf.port, body, timeout=600)
-                out = a.out / config / f"{load.name}.json"
+                out = results / config / f"{load.name}.json"
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(result, indent=1))
                 print(f"{config} {load.name}: {result.get('ActualQPS', 0):.1f} req/s, codes {result.get('RetCodes')}")
                 time.sleep(5)
-    print(tables(collect(a.out)))
+    print(tables(collect(results)))
     return 0
 
 

@@ -19,10 +19,9 @@ Every timeout on a throttled path exceeds the throttle's max_queue_delay
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
-from harness.procs import WASM, load_config, throttle_filter
+from harness.configs import load_config, throttle_http_filter
 
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 TCP_PROXY = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
@@ -37,17 +36,6 @@ def _base(admin_sock: Path) -> dict:
     return {"admin": {"address": {"pipe": {"path": str(admin_sock)}}},
             "stats_config": copy.deepcopy(demo["stats_config"]),  # throttle_rule tag, as in envoy/demo.yaml
             "static_resources": {"listeners": [], "clusters": []}}
-
-
-def throttle_http_filter(plugin: dict, wasm: Path = WASM) -> dict:
-    """The wasm filter block of envoy/demo.yaml with this run's plugin config and .wasm path."""
-    hf = copy.deepcopy(throttle_filter(load_config("demo.yaml")))
-    if hf is None:
-        raise KeyError("envoy/demo.yaml has no throttle filter")
-    cfg = hf["typed_config"]["config"]
-    cfg["vm_config"]["code"]["local"]["filename"] = str(wasm)
-    cfg["configuration"]["value"] = json.dumps(plugin)
-    return hf
 
 
 def _tls_certificate(ident: dict) -> dict:

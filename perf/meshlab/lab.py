@@ -10,17 +10,17 @@ process itself) and stopped by that PID.
 from __future__ import annotations
 
 import atexit
-import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
-from harness.procs import stop, wait_until
+from harness.envoy import Envoy
+from harness.procs import stop
 
 SUBNET = "10.254.7"  # /24, only inside the lab's namespaces
 # One node per workload, as with one pod per node and anti-affinity; the waypoint has its own node.
@@ -63,9 +63,10 @@ class Node:
         self.lab, self.name, self.addr = lab, name, addr
         self.ns = f"{lab.prefix}{name}"
 
-    def popen(self, cmd: list[str], log: Path) -> subprocess.Popen:
-        with open(log, "wb") as f:
-            proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *cmd], stdout=f, stderr=subprocess.STDOUT)
+    def popen(self, cmd: list[str], log: IO[bytes], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Starts `cmd` inside this node (`ip netns exec` execs: the PID is the process's own),
+        stopped with the lab at the latest."""
+        proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *cmd], stdout=log, stderr=subprocess.STDOUT, env=env)
         self.lab.procs.append(proc)
         return proc
 
@@ -166,113 +167,20 @@ class Lab:
         return [line.split()[0] for line in out.splitlines() if line.startswith(self.prefix)]
 
 
-# --- processes: per-process CPU and memory from /proc -------------------------------------
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-# --- Envoy admin over a Unix socket (reachable from the host whatever the namespace) -----
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
-
-
-def admin_get(sock: Path, path: str, timeout: float = 5.0) -> tuple[int, str]:
-    conn = _UnixHTTPConnection(str(sock), timeout)
-    try:
-        conn.request("GET", path)
-        r = conn.getresponse()
-        return r.status, r.read().decode(errors="replace")
-    finally:
-        conn.close()
-
-
-class NodeEnvoy:
-    """A real Envoy inside a node, admin on a Unix socket in the lab directory."""
+class NodeEnvoy(Envoy):
+    """A real Envoy inside a node (started with the node's `ip netns exec`), its files and
+    its admin Unix socket (the config's `admin.address.pipe`, reachable from the host
+    whatever the namespace) in the lab directory."""
 
     def __init__(self, node: Node, name: str, config: dict, concurrency: int = 2):
-        import yaml
+        super().__init__(config, concurrency=concurrency, log_level="warning", workdir=node.lab.dir / name)
+        self.node, self.name = node, name
 
-        from harness.procs import envoy_bin, free_port
+    def spawn(self, argv: list[str], log: IO[bytes]) -> subprocess.Popen:
+        return self.node.popen(argv, log)
 
-        self.node, self.name, self.config = node, name, config
-        d = node.lab.dir / name
-        d.mkdir(parents=True, exist_ok=True)
-        self.admin = Path(config["admin"]["address"]["pipe"]["path"])
-        self.config_path = d / "envoy.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.log_path = d / "envoy.log"
-        self.cmd = [envoy_bin(), "-c", str(self.config_path), "--concurrency", str(concurrency),
-                    "--log-level", "warning", "--base-id", str(free_port()), "--disable-hot-restart"]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 30.0) -> NodeEnvoy:
-        return self.launch().wait_ready(timeout)
-
-    def launch(self) -> NodeEnvoy:
-        """Starts the process without waiting (several proxies start side by side, then wait_ready)."""
-        self.proc = self.node.popen(self.cmd, self.log_path)
-        return self
-
-    def wait_ready(self, timeout: float = 30.0) -> NodeEnvoy:
-        try:
-            wait_until(self._ready, timeout, f"envoy {self.name} ready")
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError(f"envoy {self.name} did not start:\n{self.log()[-3000:]}") from None
-        return self
-
-    def _ready(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"envoy {self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-        try:
-            return admin_get(self.admin, "/ready", timeout=0.5)[0] == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        stop(self.proc, timeout=5)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def stats(self, regex: str) -> dict[str, int]:
-        """Counters and gauges matching `regex` (Envoy's /stats?filter=)."""
-        _, body = admin_get(self.admin, f"/stats?filter={regex}")
-        out = {}
-        for line in body.splitlines():
-            name, _, value = line.partition(": ")
-            if value.strip().lstrip("-").isdigit():
-                out[name] = int(value)
-        return out
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+    def stop(self, timeout: float = 5.0) -> None:
+        super().stop(timeout)
 
 
 class BookinfoApp:
@@ -297,10 +205,7 @@ class BookinfoApp:
             env = {**os.environ, **cmd.env}
             log = self.lab.dir / f"{name}.log"
             with open(log, "wb") as f:
-                proc = subprocess.Popen(["ip", "netns", "exec", node.ns, *cmd.argv], stdout=f,
-                                        stderr=subprocess.STDOUT, env=env)
-            self.lab.procs.append(proc)
-            self.procs[name] = proc
+                self.procs[name] = node.popen(cmd.argv, f, env=env)
         deadline = time.monotonic() + timeout
         for name, proc in self.procs.items():
             while self.get(name, "/health", timeout=1.0) is None:

@@ -1,24 +1,20 @@
-"""Markdown + HTML report of a mesh-lab run: the study's tables (harness/study.py) and the study's
+"""Markdown + HTML report of a mesh-lab run: the study's tables (perf/study.py) and the study's
 published figures beside the lab's (study_data.py), ratios to no mesh, spread, resources, per-hop
 checks, and matplotlib charts (PNG files, embedded in the HTML)."""
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-import re
 import statistics
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from harness.study import table
+from harness.tables import html_page, markdown, png
 from perf.meshlab import study_data, topologies
+from perf.study import table
 
 APP_LABEL = ("Bookinfo-shaped application written here (perf/bookinfo): productpage (Python, gunicorn gthread) "
              "-> details (Ruby WEBrick) and reviews (Java, JDK HttpServer) -> ratings (Node.js); port 9080, "
@@ -57,43 +53,37 @@ def _median_rows(rows: list[dict]) -> list[dict]:
 
 def _spread(med: list[dict]) -> str:
     head = ["configuration", "runs", "avg min-max (ms)", "p50 min-max", "p90 min-max", "p99 min-max", "qps min-max"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for m in med:
-        lines.append("| " + " | ".join([m["label"], str(m["runs"]), *(
-            f"{m[k + '_min']:.3f}-{m[k + '_max']:.3f}" for k in ("avg", "p50", "p90", "p99")),
-            f"{m['achieved_qps_min']:.1f}-{m['achieved_qps_max']:.1f}"]) + " |")
-    return "\n".join(lines)
+    return markdown(head, [[m["label"], m["runs"], *(f"{m[k + '_min']:.3f}-{m[k + '_max']:.3f}"
+                                                      for k in ("avg", "p50", "p90", "p99")),
+                            f"{m['achieved_qps_min']:.1f}-{m['achieved_qps_max']:.1f}"] for m in med])
 
 
 def _resources(rows: list[dict]) -> str:
     head = ["configuration", "offered qps", "achieved qps", "errors (status: count)", "proxies",
             "proxy CPU (s)", "proxy CPU per 1k req (ms)", "proxy RSS (MB)",
             "proxy RSS, node proxies as ztunnel (MB, est.)", "throttle admitted/queued/rejected"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for r in rows:
         n = max(1, r["requests"])
         codes = ", ".join(f"{k}: {v}" for k, v in sorted(r["codes"].items(), key=lambda kv: str(kv[0])))
         t = r.get("throttle_stats") or {}
         thr = f"{t.get('admitted', 0)}/{t.get('queued', 0)}/{t.get('rejected', 0)}" if t else ""
         has = bool(r["proxies"])
-        lines.append("| " + " | ".join([
-            r["label"], str(r["offered_qps"]), f"{r['achieved_qps']:.1f}", f"{r['errors']} ({codes})",
+        body.append([
+            r["label"], r["offered_qps"], f"{r['achieved_qps']:.1f}", f"{r['errors']} ({codes})",
             " + ".join(r["proxies"]) or "none", f"{r['proxy_cpu_s']:.2f}",
             f"{1000 * 1000 * r['proxy_cpu_s'] / n:.1f}" if has else "",
             f"{r['proxy_rss_mb']:.1f}" if has else "",
             f"{r.get('proxy_rss_mb_ztunnel_est', 0.0):.1f}" if has and r["topology"] in ("ambient", "waypoint") else "",
-            thr]) + " |")
-    return "\n".join(lines)
+            thr])
+    return markdown(head, body)
 
 
 def _hops(rows: list[dict]) -> str:
-    head = ["configuration", "run", "requests", "hops checked", "result"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        hops = " ".join(f"{s}->{d}" for s, d in topologies.edges(r["target"]))
-        res = "every hop seen" if r.get("hops_ok") else "MISSING: " + "; ".join(r.get("hop_problems", [])).replace("|", "/")
-        lines.append(f"| {r['label']} | {r['run']} | {r['requests']} | {hops} | {res} |")
-    return "\n".join(lines)
+    return markdown(["configuration", "run", "requests", "hops checked", "result"], [
+        [r["label"], r["run"], r["requests"], " ".join(f"{s}->{d}" for s, d in topologies.edges(r["target"])),
+         "every hop seen" if r.get("hops_ok") else "MISSING: " + "; ".join(r.get("hop_problems", [])).replace("|", "/")]
+        for r in rows])
 
 
 def _by_topology(med: list[dict], key: str, throttle: str = "") -> dict | None:
@@ -115,27 +105,17 @@ def _beside_study(case: dict, med: list[dict]) -> list[str]:
     nm, amb, sc = _by_topology(med, "nomesh"), _by_topology(med, "ambient"), _by_topology(med, "sidecar")
     nruns = len(st["no mesh"])
     scale = case.get("scale") or "the study's own load"
-    head = ["", *(f"{k} (ms)" for k in METRICS)]
     lines = [f"Beside the study ([{st['table']}]({study_data.URL}); "
              f"{'median of its ' + str(nruns) + ' runs' if nruns > 1 else 'its one run'}). Lab: median of "
              f"{nm['runs'] if nm else 0} runs; load: {scale}. The study ran ztunnel on 32-core nodes, one service per "
-             "node pair; the lab runs Envoy node proxies and everything else on one 2-core machine:", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def line(label: str, r: dict | None) -> None:
-        if r:
-            lines.append("| " + " | ".join([label, *(f"{r[k]:.3f}" for k in METRICS)]) + " |")
-
-    line("study: no mesh", s_nm)
-    line("study: ambient (ztunnel)", s_amb)
-    line("lab: no mesh", nm)
-    line("lab: ambient L4" + AMB, amb)
-    line("lab: sidecar", sc)
-    lines.append("| " + " | ".join(["**ratio** study ambient / no mesh", *(f"{s_amb[k] / s_nm[k]:.2f}"
-                                                                          for k in METRICS)]) + " |")
-    lines.append("| " + " | ".join(["**ratio** lab ambient / no mesh", *(_ratio(amb, nm, k) for k in METRICS)]) + " |")
-    lines.append("| " + " | ".join(["**ratio** lab sidecar / no mesh", *(_ratio(sc, nm, k) for k in METRICS)]) + " |")
-    return [*lines, ""]
+             "node pair; the lab runs Envoy node proxies and everything else on one 2-core machine:", ""]
+    body = [[label, *(f"{r[k]:.3f}" for k in METRICS)] for label, r in (
+        ("study: no mesh", s_nm), ("study: ambient (ztunnel)", s_amb), ("lab: no mesh", nm),
+        ("lab: ambient L4" + AMB, amb), ("lab: sidecar", sc)) if r]
+    body += [["**ratio** study ambient / no mesh", *(f"{s_amb[k] / s_nm[k]:.2f}" for k in METRICS)],
+             ["**ratio** lab ambient / no mesh", *(_ratio(amb, nm, k) for k in METRICS)],
+             ["**ratio** lab sidecar / no mesh", *(_ratio(sc, nm, k) for k in METRICS)]]
+    return [*lines, markdown(["", *(f"{k} (ms)" for k in METRICS)], body), ""]
 
 
 def _throttle_cost(med: list[dict]) -> list[str]:
@@ -153,15 +133,14 @@ def _throttle_cost(med: list[dict]) -> list[str]:
 def _added_latency(cases: list[tuple[dict, list[dict]]]) -> str:
     """Per case and topology: the throttle above the offered load (admits everything) minus the same
     topology without it, in ms (medians)."""
-    head = ["case", "throttle in", *(f"+{k} (ms)" for k in METRICS), "proxy CPU + (s)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for case, med in cases:
         for key, where in (("sidecar", f"{case['target']} sidecar inbound"), ("waypoint", f"{case['target']}'s waypoint")):
             a, b = _by_topology(med, key, "above"), _by_topology(med, key)
             if a and b:
-                lines.append("| " + " | ".join([case["name"], where, *(f"{a[k] - b[k]:+.3f}" for k in METRICS),
-                                                f"{a['proxy_cpu_s'] - b['proxy_cpu_s']:+.2f}"]) + " |")
-    return "\n".join(lines)
+                body.append([case["name"], where, *(f"{a[k] - b[k]:+.3f}" for k in METRICS),
+                             f"{a['proxy_cpu_s'] - b['proxy_cpu_s']:+.2f}"])
+    return markdown(["case", "throttle in", *(f"+{k} (ms)" for k in METRICS), "proxy CPU + (s)"], body)
 
 
 def _chart(case: str, med: list[dict]) -> bytes:
@@ -183,7 +162,7 @@ def _chart(case: str, med: list[dict]) -> bytes:
     ax2.grid(axis="x", alpha=0.3)
     fig.suptitle(f"{case}  (* = Envoy as HBONE node proxy, not ztunnel)", fontsize=10)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def _ratio_chart(cases: list[tuple[dict, list[dict]]]) -> bytes | None:
@@ -223,14 +202,7 @@ def _ratio_chart(cases: list[tuple[dict, list[dict]]]) -> bytes | None:
     fig.suptitle("Ratios to no mesh (* = Envoy as HBONE node proxy, not ztunnel; the lab on one 2-core machine)",
                  fontsize=10)
     fig.tight_layout()
-    return _png(fig)
-
-
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return png(fig)
 
 
 def _slug(s: str) -> str:
@@ -239,7 +211,8 @@ def _slug(s: str) -> str:
 
 def _header(meta: dict) -> list[str]:
     during = meta.get("loadavg_during") or {}
-    load = f"load average (1 min) at start {' '.join(meta['loadavg_at_start'])}"
+    start = meta.get("loadavg_start") or meta["loadavg_at_start"]  # the latter: runs before 2026-11-25
+    load = f"load average (1 min) at start {' '.join(f'{float(x):.2f}' for x in start)}"
     if during:
         load += f", during the runs {during['min_1m']:.2f}-{during['max_1m']:.2f}"
     md = ["# Mesh comparison on one machine: a Bookinfo-shaped application", "",
@@ -280,12 +253,11 @@ def _header(meta: dict) -> list[str]:
             md += [f"productpage (whole fan-out) at full speed (`-qps 0`), {sc['conns']} connections, "
                    f"{sc['saturation'][0]['duration_s']} s per topology and pass, passes interleaved; other work on "
                    "the machine only lowers a pass, so a topology's capacity is its best pass:", "",
-                   "| topology | capacity (qps, best pass) | p50 (ms) | p99 (ms) | errors | every pass: qps (load average) |",
-                   "|---|---|---|---|---|---|"]
-            md += [f"| {s['label']} | {s['qps']:.1f} | {s['p50']:.2f} | {s['p99']:.2f} | {s['errors']} | "
-                   + ", ".join(f"{p['qps']:.1f} ({p['load_1m']})" for p in s.get("passes", [])) + " |"
-                   for s in sc["saturation"]]
-            md += [""]
+                   markdown(["topology", "capacity (qps, best pass)", "p50 (ms)", "p99 (ms)", "errors",
+                             "every pass: qps (load average)"],
+                            [[s["label"], f"{s['qps']:.1f}", f"{s['p50']:.2f}", f"{s['p99']:.2f}", s["errors"],
+                              ", ".join(f"{p['qps']:.1f} ({p['load_1m']})" for p in s.get("passes", []))]
+                             for s in sc["saturation"]]), ""]
         md += [f"Scale factor **x{sc['factor']:g}** ({sc['how']}): the study's 1000 RPS / 100 connections becomes "
                f"{round(1000 * sc['factor'])} RPS / {max(1, round(100 * sc['factor']))} connections, and 4000 / 400 "
                f"becomes {round(4000 * sc['factor'])} / {max(1, round(400 * sc['factor']))}. Rate and connections "
@@ -295,7 +267,7 @@ def _header(meta: dict) -> list[str]:
 
 def write(out: Path, meta: dict, rows: list[dict]) -> None:
     md = _header(meta)
-    charts: list[tuple[str, bytes]] = []
+    charts: dict[str, bytes] = {}
     per_case: list[tuple[dict, list[dict]]] = []
     for case in dict.fromkeys(r["case"] for r in rows):
         cr = [r for r in rows if r["case"] == case]
@@ -327,7 +299,7 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
         png = _chart(case, med)
         name = f"chart-{_slug(case)}.png"
         (out / name).write_bytes(png)
-        charts.append((case, png))
+        charts[name] = png
         md += [f"![{case}]({name})", ""]
     if any(m["throttle"] == "above" for _, med in per_case for m in med):
         md += ["## The throttle's added latency per topology", "",
@@ -337,65 +309,10 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
     if rpng:
         md += ["## Ratios to no mesh", "", "![Ratios to no mesh](chart-ratios.png)", ""]
         (out / "chart-ratios.png").write_bytes(rpng)
-        charts.append(("Ratios to no mesh", rpng))
+        charts["chart-ratios.png"] = rpng
     text = "\n".join(md)
     (out / "report.md").write_text(text)
-    (out / "report.html").write_text(_html(text, charts))
-
-
-def _inline(text: str) -> str:
-    """Escaped text with Markdown's **bold**, *italics*, `code` and [links](url) as HTML."""
-    t = html.escape(text)
-    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
-    t = re.sub(r"(?<![*\w])\*([^*\s][^*]*?)\*(?![*\w])", r"<i>\1</i>", t)
-    t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
-    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', t)
-
-
-def _html(md: str, charts: list[tuple[str, bytes]]) -> str:
-    """A small Markdown subset (headings, bullets, tables, images) to self-contained HTML."""
-    imgs = {c: base64.b64encode(p).decode() for c, p in charts}
-    body, in_table, in_list = [], False, False
-    for line in md.splitlines():
-        if line.startswith("|"):
-            cells = [_inline(c.strip()) for c in line.strip("|").split("|")]
-            if set(line) <= set("|-"):
-                continue
-            if not in_table:
-                body.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in cells) + "</tr>")
-                in_table = True
-            else:
-                body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            body.append("</table>")
-            in_table = False
-        if line.startswith("- "):
-            if not in_list:
-                body.append("<ul>")
-                in_list = True
-            body.append(f"<li>{_inline(line[2:])}</li>")
-            continue
-        if in_list:
-            body.append("</ul>")
-            in_list = False
-        if line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("!["):
-            case = line[2:line.index("]")]
-            body.append(f'<img alt="{html.escape(case)}" src="data:image/png;base64,{imgs[case]}">')
-        elif line:
-            body.append(f"<p>{_inline(line)}</p>")
-    if in_table:
-        body.append("</table>")
-    style = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}td:first-child,th:first-child{text-align:left}"
-             "th{background:#f3f3f3}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Mesh comparison</title>"
-            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    (out / "report.html").write_text(html_page("Mesh comparison", text, charts))
 
 
 def main(argv: list[str] | None = None) -> int:

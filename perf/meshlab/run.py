@@ -4,28 +4,29 @@ Fortio from the client node, the study's cases.
     python -m perf.meshlab.run            # full: saturation search, 4 cases x 8 topologies x 3 runs
     python -m perf.meshlab.run --short    # CI: productpage through 6 topologies, hop checks
 
-Writes results.csv (fixed columns), results.json, report.md and report.html to --out.
+Writes results.csv (fixed columns), results.json, report.md and report.html to
+perf/reports/meshlab/<run-id>/ (or --out).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
-from harness.procs import WASM, envoy_bin, go_bin, summarize
+from harness import fortio, procstats
+from harness.procs import WASM
+from harness.results import environment, first_line, run_dir
+from harness.tables import write_csv
 from perf.bookinfo.services import PATHS
 from perf.meshlab import hops, report, topologies
 from perf.meshlab.certs import make_certs
-from perf.meshlab.lab import ALL_NODES, BookinfoApp, Lab, LabUnavailable, check_available, cpu_seconds, rss_mb
+from perf.meshlab.lab import ALL_NODES, BookinfoApp, Lab, LabUnavailable, check_available
 
 CSV_COLUMNS = ("case", "run", "label", "tool", "conns", "offered_qps", "achieved_qps", "errors", "avg", "p50",
                "p75", "p90", "p99", "p99.9", "proxy_rss_mb", "proxy_rss_mb_ztunnel_est", "proxy_cpu_s", "hops_ok")
@@ -34,6 +35,9 @@ STUDY_SHAPES = ((1000, 100), (4000, 400))  # productpage: the study's RPS / conn
 SATURATION_CONNS = 16
 SATURATION_HEADROOM = 0.8  # the larger scaled shape is at most this share of the lowest saturation
 SATURATION_PASSES = 3
+# The Bookinfo-shaped app's runtimes, as `<runtime> --version` says.
+RUNTIMES = {"ruby": ["ruby", "-v"], "node": ["node", "--version"], "java": ["java", "-version"],
+            "python": [sys.executable, "--version"]}
 
 
 @dataclass(frozen=True)
@@ -71,29 +75,24 @@ SHORT_CASES = (Case("productpage, 20 RPS / 2 connections (CI)", "productpage", 2
                     scale="x0.02 of the study's 1000 RPS / 100 connections"),)
 
 
-def fortio_load(lab: Lab, url: str, qps: int, conns: int, keepalive: bool, duration_s: float, out: Path) -> dict:
-    cmd = [go_bin("fortio"), "load", "-c", str(conns), "-qps", str(qps), "-t", f"{duration_s}s",
-           "-r", FORTIO_RESOLUTION, "-json", str(out), "-loglevel", "error", "-timeout", "30s",
-           "-allow-initial-errors"]
-    if not keepalive:
-        cmd.append("-keepalive=false")
-    r = lab["client"].run([*cmd, url], timeout=duration_s + 90)
-    if r.returncode != 0:
-        raise RuntimeError(f"fortio load failed ({r.returncode}): {r.stderr[-2000:]}")
-    return json.loads(out.read_text())
+def fortio_load(lab: Lab, url: str, qps: int, conns: int, keepalive: bool, duration_s: float) -> fortio.Result:
+    """Fortio on the client node, with histogram buckets of FORTIO_RESOLUTION."""
+    return fortio.Load(url, connections=conns, qps=qps, duration_s=duration_s, keepalive=keepalive,
+                       resolution_s=float(FORTIO_RESOLUTION), allow_initial_errors=True).run(
+        timeout_s=duration_s + 90, prefix=["ip", "netns", "exec", lab["client"].ns])
 
 
 def throttle_stats(dep: topologies.Deployed) -> dict[str, int]:
     out: dict[str, int] = {}
     for p in dep.proxies:
-        for name, v in p.stats(r"^wasmcustom\.throttle\.rule\.default\.").items():
+        for name, v in p.stats_matching(r"^wasmcustom\.throttle\.rule\.default\.").items():
             key = name.rsplit(".", 1)[1]
             out[key] = out.get(key, 0) + v
     return out
 
 
 def snapshot(app: BookinfoApp, dep: topologies.Deployed) -> dict:
-    return {"apps": app.counters(), "proxies": {p.name: p.stats(hops.STATS_REGEX) for p in dep.proxies}}
+    return {"apps": app.counters(), "proxies": {p.name: p.stats_matching(hops.STATS_REGEX) for p in dep.proxies}}
 
 
 def measure(lab: Lab, app: BookinfoApp, certs: dict, topo: topologies.Topology, case: Case, duration_s: float,
@@ -103,30 +102,27 @@ def measure(lab: Lab, app: BookinfoApp, certs: dict, topo: topologies.Topology, 
     try:
         app.reset_pools()  # no pooled connection of the previous topology is reused
         if warmup_s:
-            fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, warmup_s, lab.dir / "warmup.json")
+            fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, warmup_s)
         pids = {p.name: p.pid for p in dep.proxies}
         thr0 = throttle_stats(dep)
         before = snapshot(app, dep)
-        cpu0 = {n: cpu_seconds(p) for n, p in pids.items()}
-        result = fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, duration_s,
-                             lab.dir / "load.json")
-        cpu = {n: cpu_seconds(p) - cpu0[n] for n, p in pids.items()}
-        rss = {n: rss_mb(p) for n, p in pids.items()}
+        cpu0 = {n: procstats.cpu_seconds(p) for n, p in pids.items()}
+        s = fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, duration_s)
+        cpu = {n: procstats.cpu_seconds(p) - cpu0[n] for n, p in pids.items()}
+        rss = {n: procstats.rss_kib(p) / 1024 for n, p in pids.items()}
         after = snapshot(app, dep)
         # Counters during the measured run only (warm-up excluded); the gauge `held` as seen at its end.
         throttle = {k: v - (0 if k == "held" else thr0.get(k, 0)) for k, v in throttle_stats(dep).items()}
     finally:
         dep.stop()
-    s = summarize(result)
-    hop_problems = hops.check(topo.key, case.target, before, after, s["requests"])
+    hop_problems = hops.check(topo.key, case.target, before, after, s.requests)
     return {
         "case": case.name, "target": case.target, "scale": case.scale, "run": run, "topology": topo.key,
         "throttle": topo.throttle, "rate": topo.rate(case.qps), "burst": topo.burst(case.conns),
         "label": topo.label(case.qps, case.conns, case.target), "tool": "fortio",
         "conns": case.conns, "offered_qps": case.qps, "keepalive": case.keepalive, "duration_s": duration_s,
-        "achieved_qps": s["qps"], "errors": s["errors"], "codes": s["codes"], "requests": s["requests"],
-        "avg": s["avg_ms"], "p50": s["p50_ms"], "p75": s["p75_ms"], "p90": s["p90_ms"], "p99": s["p99_ms"],
-        "p99.9": s["p99.9_ms"], "max": s["max_ms"], "sockets": s["sockets"],
+        "achieved_qps": s.qps, "errors": s.errors, "codes": s.codes, "requests": s.requests, "avg": s.avg_ms,
+        **{f"p{p:g}": s.percentiles.get(p) for p in fortio.PERCENTILES}, "max": s.max_ms, "sockets": s.sockets,
         "proxies": list(pids), "proxy_rss": rss, "proxy_cpu": cpu,
         "proxy_rss_mb": sum(rss.values()), "proxy_rss_mb_ztunnel_est": report.ztunnel_rss_estimate(rss),
         "proxy_cpu_s": sum(cpu.values()), "throttle_stats": throttle,
@@ -147,16 +143,15 @@ def saturation(lab: Lab, app: BookinfoApp, certs: dict, duration_s: float, warmu
             dep = topologies.deploy(lab, topo, "productpage", certs, 1, SATURATION_CONNS)
             try:
                 app.reset_pools()
-                fortio_load(lab, dep.url, 0, SATURATION_CONNS, True, warmup_s, lab.dir / "warmup.json")
-                s = summarize(fortio_load(lab, dep.url, 0, SATURATION_CONNS, True, duration_s,
-                                          lab.dir / "sat.json"))
+                fortio_load(lab, dep.url, 0, SATURATION_CONNS, True, warmup_s)
+                s = fortio_load(lab, dep.url, 0, SATURATION_CONNS, True, duration_s)
             finally:
                 dep.stop()
             load = Path("/proc/loadavg").read_text().split()[0]
-            samples.setdefault(topo.key, []).append({"pass": p, "qps": s["qps"], "p50": s["p50_ms"],
-                                                     "p99": s["p99_ms"], "errors": s["errors"], "load_1m": load})
-            print(f"saturation pass {p} | {topo.base_label}: {s['qps']:.1f} qps at {SATURATION_CONNS} connections, "
-                  f"p50 {s['p50_ms']:.2f} ms, errors {s['errors']}, load {load}", flush=True)
+            samples.setdefault(topo.key, []).append({"pass": p, "qps": s.qps, "p50": s.ms(50), "p99": s.ms(99),
+                                                     "errors": s.errors, "load_1m": load})
+            print(f"saturation pass {p} | {topo.base_label}: {s.qps:.1f} qps at {SATURATION_CONNS} connections, "
+                  f"p50 {s.ms(50):.2f} ms, errors {s.errors}, load {load}", flush=True)
     out = []
     for topo in topologies.ALL:
         if topo.throttle:
@@ -172,22 +167,7 @@ def warm_up_app(lab: Lab, app: BookinfoApp, seconds: float) -> None:
     """Unrecorded full-speed load on the whole fan-out without a mesh, once at start: the JVM's JIT
     (reviews) and the other runtimes' first-request costs are then paid before any measured run."""
     url = f"http://{lab['productpage'].addr}:{BookinfoApp.PORT}{PATHS['productpage']}"
-    fortio_load(lab, url, 0, 4, True, seconds, lab.dir / "app-warmup.json")
-
-
-def environment() -> dict:
-    def version(cmd: list[str]) -> str:
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        return (r.stdout + r.stderr).strip().splitlines()[0] if (r.stdout + r.stderr).strip() else "?"
-
-    envoy_v = version([envoy_bin(), "--version"])
-    load = Path("/proc/loadavg").read_text().split()[:3]
-    return {"envoy": envoy_v.split("version:")[-1].strip(), "fortio": version([go_bin("fortio"), "version"]),
-            "cpus": len([ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("processor")]),
-            "loadavg_at_start": load, "kernel": version(["uname", "-r"]),
-            "runtimes": {"ruby": version(["ruby", "-v"]), "node": version(["node", "--version"]),
-                         "java": version(["java", "-version"]),
-                         "python": version([str(Path(sys.executable)), "--version"])}}
+    fortio_load(lab, url, 0, 4, True, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="fail unless every hop of every run happened, every unthrottled run served >= 90%% of "
                          "the offered load without errors, and every run throttled below the load was paced")
-    ap.add_argument("--out", type=Path, help="output directory (default perf/meshlab/results/<UTC time>)")
+    ap.add_argument("--out", type=Path, help="output directory (default perf/reports/meshlab/<run-id>)")
     args = ap.parse_args(argv)
 
     try:
@@ -215,15 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     topos = topologies.SHORT if args.short else topologies.ALL
     duration = args.duration or (3.0 if args.short else 8.0)
     warmup = args.warmup if args.warmup is not None else (1.0 if args.short else 2.0)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or Path(__file__).resolve().parent / "results" / stamp
-    out.mkdir(parents=True, exist_ok=True)
+    run_id, out = run_dir("meshlab", "short" if args.short else "full", args.out)
 
     # SIGTERM (e.g. a CI timeout) unwinds like Ctrl-C, so the lab's teardown runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.monotonic()
-    meta = {"started_utc": stamp, "mode": "short" if args.short else "full", "duration_s": duration,
-            "warmup_s": warmup, "app": report.APP_LABEL, "fortio_resolution_s": FORTIO_RESOLUTION, **environment()}
+    meta = {"mode": "short" if args.short else "full", "duration_s": duration,
+            "warmup_s": warmup, "app": report.APP_LABEL, "fortio_resolution_s": FORTIO_RESOLUTION,
+            **environment(run_id, runtimes={name: first_line(cmd) for name, cmd in RUNTIMES.items()})}
     rows: list[dict] = []
     loads: list[list[str]] = []
     with Lab() as lab:
@@ -266,11 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["loadavg_during"] = {"min_1m": min(float(x[0]) for x in loads), "max_1m": max(float(x[0]) for x in loads),
                               "at_end": loads[-1]} if loads else {}
 
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.4f}" if isinstance(r[k], float) else r[k]) for k in CSV_COLUMNS})
+    write_csv(out / "results.csv", CSV_COLUMNS, rows, spec=".4f")
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     report.write(out, meta, rows)
     print(f"perf-mesh: {len(rows)} runs in {meta['elapsed_s']} s; report: {out / 'report.html'}")

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 import pytest
 
 from harness import windows
-from harness.cluster import ClusterLab, FortioLoad, Measurement, plugin_config, split
-from harness.procs import wait_until
+from harness.cluster import ClusterLab, Measurement, plugin_config, split, uniform_load
+from harness.net import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -169,7 +169,7 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
             wait_until(lambda: time.monotonic() - t0 >= 2.5, 4, "2.5 s of load on the grid")
             before = [lab.rule_stats(i).get("fallback_ms", 0) for i in range(3)]
             killed = time.monotonic()
-            lab.engine.kill_service()
+            lab.engine.service.kill()
             starts = [wait_until(functools.partial(_fallback_started, lab, i, before[i]), 3, f"p{i} in fallback")
                       for i in range(3)]
             entry = max(s - killed for s in starts)
@@ -179,13 +179,13 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
                 f"(<= {EPOCH_S:g} s) + a tick ({CALLER_TICK_S:g} s) + 0.1 s of scheduling: "
                 f"{[round(s - killed, 3) for s in starts]}; {load()}")
             wait_until(lambda: time.monotonic() - killed >= 1.5, 3, "fallback pacing to settle")
-            lab.engine.kill_redis()
+            lab.engine.redis.kill()
             span = (time.monotonic(), time.monotonic() + 2.0)
             wait_until(lambda: time.monotonic() >= span[1], 3, "2 s with both down")
             # Both back: Redis first (the service exits at start without it).
-            lab.engine.start_redis()
+            lab.engine.redis.start()
             starting = time.monotonic()
-            lab.engine.start_service()  # returns once the service answers a real POST /json
+            lab.engine.service.start()  # returns once the service answers a real POST /json
             back = time.monotonic()
             # Each rule's fallback ended at its start + the time its gauge added since.
             ends = [starts[i] + (_back_on_grid(lab, i, "engine back", 5) - before[i]) / 1000 for i in range(3)]
@@ -215,13 +215,13 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
                 f"{[round(r, 1) for r in per_proxy]}; {load()}")
         after = windows.rate(stamps, max(ends) + 1.0, t0 + 11.7)
         assert abs(after / RATE - 1) <= 0.02, f"cluster pacing resumed at the rate (2%): {after:.1f}/s; {load()}"
-        failures = sum(c["requests"] - c["codes"].get(200, 0) - c["codes"].get(429, 0) for c in clients)
-        assert failures == 0, (f"no answer other than 200/429 while the engine was down: {[c['codes'] for c in clients]}"
+        failures = sum(c.requests - c.codes.get(200, 0) - c.codes.get(429, 0) for c in clients)
+        assert failures == 0, (f"no answer other than 200/429 while the engine was down: {[c.codes for c in clients]}"
                                f"; 5xx logged: {lab.errors()[:10]}")
         for c in clients:
-            assert c["max_ms"] <= 1000 * (MQD_S + SCHEDULING_S), (
+            assert c.max_ms <= 1000 * (MQD_S + SCHEDULING_S), (
                 f"no hang: nothing waits longer than max_queue_delay + {SCHEDULING_S:g} s of scheduling because "
-                f"of the engine: {c['max_ms']:.0f} ms; {load()}")
+                f"of the engine: {c.max_ms:.0f} ms; {load()}")
 
 
 def _wait_fallback(lab: ClusterLab, proxies: range, before: list[int], what: str) -> list[float]:
@@ -265,14 +265,14 @@ def test_a_slow_engine_falls_back_and_deny_answers_429(wasm):
             for r in runs:
                 r.kill()
         for c in clients:
-            assert c["requests"] == c["codes"].get(200, 0) + c["codes"].get(429, 0), (c["codes"], lab.errors()[:10])
-            assert c["max_ms"] <= 1000 * (MQD_S + SCHEDULING_S), (
+            assert c.requests == c.codes.get(200, 0) + c.codes.get(429, 0), (c.codes, lab.errors()[:10])
+            assert c.max_ms <= 1000 * (MQD_S + SCHEDULING_S), (
                 f"nothing waits longer than max_queue_delay + {SCHEDULING_S:g} s of scheduling because of a slow "
-                f"engine: {c['max_ms']:.0f} ms; {load()}")
+                f"engine: {c.max_ms:.0f} ms; {load()}")
 
 
 def _one_request(lab: ClusterLab, i: int) -> tuple[int, dict[str, str]]:
-    from harness.procs import http_get
+    from harness.net import http_get
     status, headers, _ = http_get(lab.proxies[i].url + "/", timeout=MQD_S + 2)
     return status, headers
 
@@ -284,8 +284,8 @@ def test_nonsense_answers_fall_back_and_return(wasm):
     with ClusterLab(plugin, proxies=1, fault_proxy=True, wasm=wasm) as lab:
         assert lab.engine is not None
         from harness.engine import NONSENSE_KINDS
-        load_run = FortioLoad(lab.proxies[0].url + "/", qps=1.5 * rate, duration_s=4 + 2.5 * len(NONSENSE_KINDS),
-                              max_queue_delay_s=MQD_S).start()
+        load_run = uniform_load(lab.proxies[0].url + "/", qps=1.5 * rate, duration_s=4 + 2.5 * len(NONSENSE_KINDS),
+                                max_queue_delay_s=MQD_S).start()
         seen: dict[str, float] = {}
         try:
             wait_until(lambda: lab.rule_stats(0).get("slots_taken", 0) > 50, 4, "grid slots taken")

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from harness.engine import DOMAIN, LIMIT, descriptor, post_json
-from harness.procs import ROOT, _can_connect, envoy_bin, free_port, wait_until
+from harness.net import can_connect, free_port, wait_until
+from harness.procs import ROOT, envoy_bin
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +60,7 @@ def test_prints_one_cluster_line_and_stops_everything_on_sigterm(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert proc.stdout.read() == "", "exactly one line on stdout"
-        wait_until(lambda: not _can_connect(port), 10, "the service's port to close")
+        wait_until(lambda: not can_connect(port), 10, "the service's port to close")
         assert all(not os.path.exists(f"/proc/{k}") for k in kids)
     finally:
         # SIGTERM first: the harness stops its own children; SIGKILL would orphan them.

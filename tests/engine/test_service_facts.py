@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness.engine import DOMAIN, LIMIT, Engine, descriptor, post_json
-from harness.procs import wait_until
+from harness.net import wait_until
 
 HOUR = 3600
 
@@ -138,10 +138,10 @@ def test_concurrent_claims_hand_out_disjoint_positions(engine):
 def test_redis_down_answers_400_and_the_service_recovers_when_it_is_back():
     with Engine() as e:
         assert e.claim([slots("facts:redis", 1)])[0] == 200
-        e.kill_redis()
+        e.redis.kill()
         status, _ = post_json(e.port, {"domain": DOMAIN, "descriptors": [slots("facts:redis", 1)]}, timeout=5)
         assert status == 400, "a Redis error is answered 400 Bad Request (not 5xx)"
-        e.start_redis()
+        e.redis.start()
         # radix reconnects on its own: the same service process answers again.
         wait_until(lambda: e.claim([slots("facts:redis", 1)])[0] == 200, 10, "the service to reach Redis again")
         assert e.service.running()
@@ -149,12 +149,12 @@ def test_redis_down_answers_400_and_the_service_recovers_when_it_is_back():
 
 def test_the_service_exits_at_start_when_redis_is_unreachable():
     with Engine() as e:
-        e.stop_service()
-        e.stop_redis()
-        with pytest.raises(RuntimeError, match="ratelimit exited"):
-            e.start_service()
-        e.start_redis()
-        e.start_service()
+        e.service.stop()
+        e.redis.stop()
+        with pytest.raises(RuntimeError, match=r"ratelimit on :\d+ exited with"):
+            e.service.start()
+        e.redis.start()
+        e.service.start()
         assert e.claim([slots("facts:restart", 1)])[0] == 200
 
 

@@ -29,8 +29,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness import fortio
+from harness.configs import render
 from harness.engine import Engine
-from harness.procs import Envoy, free_port, go_bin, http_get, render, stop, wait_until
+from harness.envoy import Envoy
+from harness.net import free_port, http_get, wait_until
+from harness.procs import stop
 from tests.support.k8s import ROOT, run
 
 pytestmark = pytest.mark.k8s
@@ -227,23 +231,18 @@ def scraped(request, tools, wasm, upstream, engine):
             # leaves held requests behind (cancelled). Its errors are the point: no check.
             # -allow-initial-errors: without it Fortio stops at the first 429 of its warm-up
             # round, and the load would last a fraction of a second.
-            impatient = subprocess.Popen(
-                [go_bin("fortio"), "load", "-c", "4", "-qps", "40", "-t", "5s", "-timeout", "20ms",
-                 "-loglevel", "critical", "-allow-initial-errors", envoy.url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            impatient = fortio.Load(envoy.url, connections=4, qps=40, duration_s=5, request_timeout_s=0.02,
+                                    allow_initial_errors=True).start()
             # The cluster rule: 150/s offered against 100/s for the whole "cluster" (one proxy here).
-            shared = subprocess.Popen(
-                [go_bin("fortio"), "load", "-c", "20", "-qps", "150", "-t", "6s", "-loglevel", "critical", "-allow-initial-errors",
-                 f"{envoy.url}/c/"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            shared = fortio.Load(f"{envoy.url}/c/", connections=20, qps=150, duration_s=6,
+                                 allow_initial_errors=True).start()
             try:
-                # fortio exits 1 when some responses are not 200 (the 429s here): no check.
-                subprocess.run([go_bin("fortio"), "load", "-c", "100", "-qps", "400", "-t", "6s",
-                                "-loglevel", "critical", "-allow-initial-errors", envoy.url], timeout=60,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                impatient.wait(timeout=60)
-                shared.wait(timeout=60)
+                fortio.load(envoy.url, connections=100, qps=400, duration_s=6, allow_initial_errors=True, timeout_s=60)
+                impatient.result(timeout_s=60)
+                shared.result(timeout_s=60)
             finally:
-                stop(impatient)
-                stop(shared)
+                impatient.kill()
+                shared.kill()
             final = {rule: envoy.rule_stats(rule) for rule in RULES}
 
             def scraped_after_the_load() -> bool:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.k8s import KUSTOMIZATIONS, OVERLAYS, docs, duration_s, kubeconform, plugin_configs, run
+from harness.units import seconds as duration_s
+from tests.support.k8s import KUSTOMIZATIONS, OVERLAYS, docs, kubeconform, plugin_configs, run
 
 pytestmark = pytest.mark.k8s
 

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.configs import render, throttle_filter
 from harness.engine import Engine
-from harness.procs import Envoy, free_port, http_get, render, throttle_filter, wait_until
+from harness.envoy import Envoy
+from harness.net import free_port, http_get, wait_until
 from tests.support.k8s import PLUGIN_KUSTOMIZATIONS, kustomize_build, plugin_configs, run
 
 pytestmark = pytest.mark.k8s

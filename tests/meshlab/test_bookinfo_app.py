@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from harness.procs import free_port, stop
+from harness.net import free_port
+from harness.procs import stop
 from perf.bookinfo import services
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("runtimes_ok")]

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from harness.procs import summarize
+from harness import fortio
 from perf.bookinfo.services import PATHS
 from perf.meshlab import hops, topologies
 from perf.meshlab.lab import NODE_ADDRS, BookinfoApp, Lab
@@ -50,12 +50,12 @@ def test_lab_is_removed_when_the_body_fails():
     assert set(_netns()) == before
 
 
-def _load(lab, dep, tmp_path, qps=20, conns=2, seconds=2.0) -> tuple[dict, dict, dict]:
+def _load(lab, dep, tmp_path, qps=20, conns=2, seconds=2.0) -> tuple[dict, dict, fortio.Result]:
     """Load through a deployed topology; (before, after, Fortio summary)."""
     lab.app.reset_pools()
-    fortio_load(lab, dep.url, qps, conns, True, 0.5, tmp_path / "warm.json")
+    fortio_load(lab, dep.url, qps, conns, True, 0.5)
     before = snapshot(lab.app, dep)
-    s = summarize(fortio_load(lab, dep.url, qps, conns, True, seconds, tmp_path / "load.json"))
+    s = fortio_load(lab, dep.url, qps, conns, True, seconds)
     return before, snapshot(lab.app, dep), s
 
 
@@ -66,8 +66,8 @@ def test_each_topology_carries_every_hop_of_the_fan_out(lab, certs, topo, tmp_pa
         before, after, s = _load(lab, dep, tmp_path)
     finally:
         dep.stop()
-    assert s["errors"] == 0 and s["requests"] >= 20, s
-    assert hops.check(topo.key, "productpage", before, after, s["requests"]) == []
+    assert s.errors == 0 and s.requests >= 20, s
+    assert hops.check(topo.key, "productpage", before, after, s.requests) == []
 
 
 def test_capture_is_an_iptables_redirect_in_the_callers_namespaces(lab, certs):
@@ -91,8 +91,8 @@ def test_the_hop_check_fails_when_a_call_bypasses_the_mesh(lab, certs, tmp_path)
         before, after, s = _load(lab, dep, tmp_path)
     finally:
         dep.stop()
-    assert s["errors"] == 0, s
-    problems = hops.check("ambient", "productpage", before, after, s["requests"])
+    assert s.errors == 0, s
+    problems = hops.check("ambient", "productpage", before, after, s.requests)
     assert problems, "the check passed although productpage's calls bypassed the mesh"
     hops_named = {p.split(":")[0].split(" (")[0] for p in problems}
     assert hops_named == {"hop productpage -> details", "hop productpage -> reviews"}, problems
@@ -142,14 +142,14 @@ def test_throttle_below_offered_load_paces_to_its_rate(lab, certs, key, tmp_path
     dep = topologies.deploy(lab, topo, "details", certs, 100, 10)
     try:
         lab.app.reset_pools()
-        s = summarize(fortio_load(lab, dep.url, 100, 10, True, 3, tmp_path / "load.json"))
+        s = fortio_load(lab, dep.url, 100, 10, True, 3)
         thr = dep.proxy("sidecar-details" if key == "sidecar" else "waypoint")
-        stats = thr.stats(r"^wasmcustom\.throttle\.rule\.default\.")
+        stats = thr.stats_matching(r"^wasmcustom\.throttle\.rule\.default\.")
     finally:
         dep.stop()
     assert dep.url.endswith(PATHS["details"])
-    assert s["errors"] == 0, s["codes"]
+    assert s.errors == 0, s.codes
     # The rate is 50/s and Fortio offers 100/s; 3 s runs see Fortio's start: +-20%.
-    assert 40 <= s["qps"] <= 60, s
+    assert 40 <= s.qps <= 60, s
     assert stats["wasmcustom.throttle.rule.default.queued"] > 0, stats
-    assert s["p50_ms"] > 50, s  # requests waited in the queue
+    assert s.ms(50) > 50, s  # requests waited in the queue

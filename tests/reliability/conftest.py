@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from harness.procs import Envoy, FortioServer, free_port
+from harness.envoy import Envoy
+from harness.fortio import FortioServer
+from harness.net import free_port
 from tests.support.dynamic import DynamicEnvoy, dynamic_config
 
 

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from harness.procs import http_get, wait_until
-from tests.support.rawclients import Crowd, h2c_exchange, read_response, request_bytes
+from harness.net import http_get, wait_until
+from harness.rawhttp import read_response, request_bytes
+from tests.support.clients import Crowd, burst, h2c
 
 pytestmark = pytest.mark.reliability
 
@@ -38,15 +39,6 @@ def one(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
     return asyncio.run(go())
 
 
-def burst(port: int, data: bytes, n: int) -> list:
-    async def go():
-        crowd = Crowd(port, n, data, timeout=20)
-        await crowd.connect()
-        await crowd.send()
-        return await crowd.wait()
-    return asyncio.run(go())
-
-
 def alive(envoy) -> None:
     """Envoy and both VMs still serve, and no panic was logged."""
     for _ in range(4):
@@ -64,7 +56,7 @@ def test_long_header_values(envoy):
     """8 KiB header values: held and released like any request. 100 KiB: Envoy
     answers 431 itself (max_request_headers_kb 60) before the filter runs."""
     big = "k" * 8192
-    answers = burst(envoy.port, request_bytes("/api/x", headers={"x-key": big, "x-user": big}), 10)
+    answers = burst(envoy.port, 10, request=request_bytes("/api/x", headers={"x-key": big, "x-user": big}), timeout=20)
     assert [a.status for a in answers] == [200] * 10
     assert envoy.rule_stats("api")["queued"] >= 5
     assert one(envoy.port, request_bytes("/api/x", headers={"x-key": "k" * 100_000}))[0] == 431
@@ -74,7 +66,7 @@ def test_long_header_values(envoy):
 def test_long_path_matched_by_prefix(envoy):
     """A 16 KiB :path still matches the /api rule (and is held)."""
     path = "/api/" + "p" * 16384
-    answers = burst(envoy.port, request_bytes(path), 10)
+    answers = burst(envoy.port, 10, request=request_bytes(path), timeout=20)
     assert [a.status for a in answers] == [200] * 10
     s = envoy.rule_stats("api")
     assert s["admitted"] + s["queued"] == 10
@@ -98,7 +90,7 @@ def test_non_utf8_path_over_h2(envoy):
     closed, every later request on that worker got 503 (seen on the filter as
     of 23f506a); the filter now reads headers as bytes (host::request_header)."""
     reqs = [(h2_headers(b"/api/caf\xe9\xff"), b"")] * 10 + [(h2_headers(b"/\xc3\x28"), b"")] * 5
-    answers = h2c_exchange(envoy.port, reqs)
+    answers = h2c(envoy.port, reqs)
     assert [a.status for a in answers] == [200] * 15, [(a.status, a.error) for a in answers]
     api, default = envoy.rule_stats("api"), envoy.rule_stats("default")
     assert api["admitted"] + api["queued"] == 10 and default["admitted"] + default["queued"] == 5
@@ -116,7 +108,7 @@ def test_http10_without_host(envoy_to):
         hcm["http_protocol_options"] = {"accept_http_10": True, "default_host_for_http_10": "test"}
 
     envoy = envoy_to(PLUGIN, mutate=accept_http10)
-    answers = burst(envoy.port, b"GET /api/x HTTP/1.0\r\n\r\n", 10)
+    answers = burst(envoy.port, 10, request=b"GET /api/x HTTP/1.0\r\n\r\n", timeout=20)
     assert [a.status for a in answers] == [200] * 10
     s = envoy.rule_stats("api")
     assert s["admitted"] + s["queued"] == 10 and s["queued"] >= 5
@@ -127,13 +119,13 @@ def test_h2c_streams_are_paced_and_reset_streams_cancelled(envoy):
     """40 concurrent h2c streams on one connection: paced at 20/s like 40
     connections. Closing the connection with streams held cancels them."""
     t0 = time.monotonic()
-    answers = h2c_exchange(envoy.port, [(h2_headers(b"/api/x"), b"")] * 40)
+    answers = h2c(envoy.port, [(h2_headers(b"/api/x"), b"")] * 40)
     done = sorted(a.done_at - t0 for a in answers)
     assert [a.status for a in answers] == [200] * 40
     assert 0.9 * 39 / 20 <= done[-1] - done[0] <= 39 / 20 + 1.0
     # Streams held when their connection goes away: cancelled, nothing stranded.
     before = envoy.rule_stats("api")
-    answers = h2c_exchange(envoy.port, [(h2_headers(b"/api/x"), b"")] * 20, timeout=0.3)
+    answers = h2c(envoy.port, [(h2_headers(b"/api/x"), b"")] * 20, timeout=0.3)
 
     def settled() -> dict[str, int] | None:
         """The counters' change once every one of the 20 streams is accounted for and none is held."""
@@ -189,7 +181,7 @@ def test_held_requests_forward_their_body_intact(envoy):
     assert [a.status for a in answers] == [200] * 5 and all(a.body == big for a in answers)
     # HTTP/2 with a body (small enough for h2's initial 64 KiB connection window).
     h2_bodies = [os.urandom(6_000) for _ in range(10)]
-    answers = h2c_exchange(envoy.port, [(h2_headers(b"/api/echo", b"POST"), b) for b in h2_bodies])
+    answers = h2c(envoy.port, [(h2_headers(b"/api/echo", b"POST"), b) for b in h2_bodies])
     assert [a.status for a in answers] == [200] * 10 and [a.body for a in answers] == h2_bodies
     alive(envoy)
 
@@ -226,7 +218,7 @@ def test_key_headers_long_non_utf8_and_missing(envoy_to):
                        ("no key header", request_bytes("/"))]:
         before = envoy.rule_stats("users")
         t0 = time.monotonic()
-        answers = burst(envoy.port, req, 10)
+        answers = burst(envoy.port, 10, request=req, timeout=20)
         took = max(a.done_at for a in answers) - t0
         d = delta(before)
         print(f"{label}: {[a.status for a in answers].count(200)} x 200 in {took:.2f} s, {d}")

@@ -16,7 +16,10 @@ import time
 
 import pytest
 
-from harness.procs import ROOT, Envoy, free_port, http_get, render, wait_until
+from harness.configs import render
+from harness.envoy import Envoy
+from harness.net import free_port, http_get, wait_until
+from harness.procs import ROOT
 
 pytestmark = pytest.mark.reliability
 

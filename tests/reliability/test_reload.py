@@ -19,9 +19,10 @@ import time
 
 import pytest
 
-from harness.procs import http_get, wait_until
+from harness.net import http_get, wait_until
+from harness.rawhttp import request_bytes
+from tests.support.clients import Crowd
 from tests.support.dynamic import with_plugin
-from tests.support.rawclients import Crowd, request_bytes
 
 pytestmark = pytest.mark.reliability
 

@@ -11,10 +11,12 @@ import time
 
 import pytest
 
-from harness.procs import http_get, wait_until
+from harness.net import http_get, wait_until
+from harness.procs import raise_open_files
 from harness.procstats import rss_kib
+from harness.rawhttp import request_bytes
+from tests.support.clients import Crowd
 from tests.support.env import env_int
-from tests.support.rawclients import Crowd, heap_allocated, raise_file_limit, request_bytes
 
 pytestmark = pytest.mark.reliability
 
@@ -36,7 +38,7 @@ class Sampler:
                 t_before = time.monotonic()
                 st = self.envoy.rule_stats()
                 t = (t_before + time.monotonic()) / 2  # when the counters were read, within the poll
-                heap = heap_allocated(self.envoy.admin_port)
+                heap = self.envoy.heap_bytes()
                 self.samples.append((t, st, rss_kib(self.pid), heap))
             except (OSError, KeyError):
                 pass
@@ -73,7 +75,7 @@ def minus(after: dict, before: dict) -> dict:
 
 
 def held_connections(envoy_to, upstream, n: int, rate: int) -> dict:
-    raise_file_limit(2 * n + 1024)
+    raise_open_files(2 * n + 1024)
     delay_s = n / rate + 10
     envoy = envoy_to({"rules": [{"name": "default", "rate": f"{rate}/s", "max_queue_delay": f"{int(delay_s)}s"}],
                       "max_held_per_worker": n})
@@ -81,7 +83,7 @@ def held_connections(envoy_to, upstream, n: int, rate: int) -> dict:
         assert http_get(envoy.url + "/", timeout=10)[0] == 200
     assert envoy.proc is not None
     pid = envoy.proc.pid
-    idle = settle_rss(pid), heap_allocated(envoy.admin_port)
+    idle = settle_rss(pid), envoy.heap_bytes()
     base = wait_until(lambda: (s := envoy.rule_stats()) and s["held"] == 0 and s, 10, "warm-up done")
 
     async def run():
@@ -92,7 +94,7 @@ def held_connections(envoy_to, upstream, n: int, rate: int) -> dict:
         while envoy.stats(prefix="http.ingress.").get("downstream_cx_active", 0) < n:
             assert time.monotonic() - t_connect < 30, envoy.stats(prefix="http.ingress.")
             await asyncio.sleep(0.05)
-        conns = rss_kib(pid), heap_allocated(envoy.admin_port)
+        conns = rss_kib(pid), envoy.heap_bytes()
         with Sampler(envoy) as sampler:
             t0 = time.monotonic()
             await crowd.send()
@@ -116,7 +118,7 @@ def held_connections(envoy_to, upstream, n: int, rate: int) -> dict:
         "bytes_per_idle_conn": round((rss_conns - rss_idle) * 1024 / n),
         "bytes_per_held_request": round((rss_peak - rss_conns) * 1024 / max(peak_held, 1)),
         "heap_idle": heap_idle, "heap_conns": heap_conns, "heap_peak": heap_peak,
-        "heap_after": heap_allocated(envoy.admin_port),
+        "heap_after": envoy.heap_bytes(),
         "heap_bytes_per_idle_conn": round((heap_conns - heap_idle) / n),
         "heap_bytes_per_held_request": round((heap_peak - heap_conns) / max(peak_held, 1)),
         "worst_latency_s": round(max(a.latency_s for a in answers), 2),
@@ -160,7 +162,7 @@ def storm(envoy, n: int, rate: int, delay_s: float, rng: random.Random) -> dict:
         await crowd.send()
         while envoy.rule_stats().get("held", 0) < 0.8 * n and time.monotonic() - t0 < 10:
             await asyncio.sleep(0.05)
-        heap_held = heap_allocated(envoy.admin_port)
+        heap_held = envoy.heap_bytes()
         rss_held = rss_kib(pid)
         victims = [i for i in rng.sample(range(n), n // 3) if not crowd.tasks[i].done()]
         crowd.cancel(victims)
@@ -176,7 +178,7 @@ def storm(envoy, n: int, rate: int, delay_s: float, rng: random.Random) -> dict:
     time.sleep(1.0)
     return {"victims": len(victims), "survivors": codes, "stats": stats,
             "last_survivor_s": round(max(a.done_at for a in survivors) - t0, 2),
-            "heap_held": heap_held, "heap_after": heap_allocated(envoy.admin_port),
+            "heap_held": heap_held, "heap_after": envoy.heap_bytes(),
             "rss_held_kib": rss_held, "rss_after_kib": rss_kib(pid)}
 
 
@@ -185,13 +187,13 @@ def test_cancellation_storm(envoy_to, upstream):
     returns to 0, memory comes back (twice in a row: no growth), and the rest
     are served on schedule."""
     n, rate = env_int("RELIABILITY_STORM", 900), 200
-    raise_file_limit(2 * n + 1024)
+    raise_open_files(2 * n + 1024)
     delay_s = n / rate + 10
     envoy = envoy_to({"rules": [{"name": "default", "rate": f"{rate}/s", "max_queue_delay": f"{int(delay_s)}s"}]})
     for _ in range(5):
         assert http_get(envoy.url + "/", timeout=10)[0] == 200
     time.sleep(1.0)
-    heap_idle, rss_idle = heap_allocated(envoy.admin_port), rss_kib(envoy.proc.pid)
+    heap_idle, rss_idle = envoy.heap_bytes(), rss_kib(envoy.proc.pid)
     rng = random.Random(4)
     rounds = []
     for r in range(2):

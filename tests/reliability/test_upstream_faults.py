@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from harness.procs import http_get, stop, wait_until
-from tests.support.rawclients import Crowd, request_bytes
+from harness.net import http_get, wait_until
+from harness.procs import stop
+from harness.rawhttp import request_bytes
+from tests.support.clients import Crowd
 
 pytestmark = pytest.mark.reliability
 

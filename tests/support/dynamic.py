@@ -12,7 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from harness.procs import Envoy, render, wait_until
+from harness.configs import render
+from harness.envoy import Envoy
+from harness.net import wait_until
 
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
 
@@ -48,17 +50,14 @@ class DynamicEnvoy(Envoy):
 
     def __init__(self, bootstrap: dict, listener: dict, lds_dir: Path, concurrency: int = 2,
                  drain_time_s: int | None = None):
-        self.drain_time_s = drain_time_s
+        extra = [] if drain_time_s is None else ["--drain-time-s", str(drain_time_s)]
+        super().__init__(bootstrap, concurrency=concurrency, extra_args=extra)
+        self.port = listener["address"]["socket_address"]["port_value"]
         self.lds_dir = lds_dir
         self.lds_path = lds_dir / "lds.yaml"
         self.listener = listener
         self.version = 0
         self._write(listener)
-        # Envoy.__init__ reads the port from static listeners: give it one to read.
-        shadow = copy.deepcopy(bootstrap)
-        shadow["static_resources"]["listeners"] = [listener]
-        super().__init__(shadow, concurrency=concurrency)
-        self.config = bootstrap
 
     def _write(self, listener: dict) -> None:
         self.version += 1
@@ -66,18 +65,11 @@ class DynamicEnvoy(Envoy):
         tmp.write_text(yaml.safe_dump({"version_info": str(self.version), "resources": [listener]}))
         os.rename(tmp, self.lds_path)  # atomic: the watch fires on the move
 
-    def command(self, mode: str = "serve") -> list[str]:
-        extra = [] if self.drain_time_s is None else ["--drain-time-s", str(self.drain_time_s)]
-        return super().command(mode) + extra
-
     def _ready(self) -> bool:
         if not super()._ready():
             return False
         return self.counter("listener_manager.lds.update_success") >= 1 and self.counter(
             "listener_manager.total_listeners_active") >= 1
-
-    def counter(self, name: str) -> int:
-        return int(self.stats(prefix=name).get("", 0))
 
     def lds(self) -> dict[str, int]:
         return {k: self.counter(f"listener_manager.lds.{k}") for k in ("update_success", "update_rejected",

@@ -99,12 +99,6 @@ def plugin_configs() -> list[tuple[str, str, dict]]:
     return out
 
 
-def duration_s(text: str) -> float:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
-    assert m, text
-    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
 def istio_clusters(tools: dict[str, str], files: list[Path], proxies: list[str]) -> dict[str, dict[str, dict]]:
     """The clusters istiod would push to each proxy ("sidecar:NS/APP" or "waypoint:NS/GATEWAY"),
     computed by Istio's code (tools/istio/istioclusters) from rendered manifests:

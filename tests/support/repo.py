@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SKIP_DIRS = {".git", ".venv", "target", "build", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache",
              ".pytest_cache"}
 # Generated or recorded output: checked by their own tests, not read as prose.
-SKIP_PREFIXES = ("perf/results", "perf/meshlab/results", "perf/meshlab/reports")
+SKIP_PREFIXES = ("perf/reports",)
 
 
 def files(*suffixes: str, names: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> Iterator[Path]:

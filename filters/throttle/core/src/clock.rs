@@ -1,6 +1,11 @@
 //! The two clocks a decision may need, read lazily: the monotonic clock
 //! (schedules and holds inside one process) and the wall clock (the grid of
-//! cluster scope, which must agree across hosts).
+//! cluster scope, which must agree across hosts), and the units of time.
+
+/// Nanoseconds per millisecond.
+pub const NS_PER_MS: u64 = 1_000_000;
+/// Nanoseconds per second.
+pub const NS_PER_S: u64 = 1_000_000_000;
 
 /// Time as the host tells it, in nanoseconds.
 pub trait Clock {

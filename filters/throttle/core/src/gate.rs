@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::queue::{Held, HeldQueue};
-use crate::schedule::{SharedCell, StoreError, MAX_CAS_ATTEMPTS};
+use crate::store::{SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
 /// Outcome of entering the gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

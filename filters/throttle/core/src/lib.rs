@@ -5,8 +5,24 @@
 //!
 //! Nothing here talks to a host. Time is always passed in as integer
 //! nanoseconds of a monotonic clock (the clock is injected), and shared state
-//! is reached through the [`Store`] and [`SharedCell`] traits, so every
-//! behaviour is unit-tested exactly.
+//! is reached through the [`Store`] and [`SharedCell`] traits ([`store`], the
+//! ground floor), so every behaviour is unit-tested exactly.
+//!
+//! Where a change goes (floors from the ground up; a module imports only
+//! from its own floor or below):
+//!
+//! | to change | edit | tested in |
+//! |---|---|---|
+//! | a shared value, its key | [`store`] ([`CellId`], the key layout) | `store.rs` |
+//! | a configuration field | [`config::spec`] (the table), `config/validate.rs`, [`Rule`] | `config/tests.rs` |
+//! | a statistic | [`stats`] (the table), and the stage or tick that counts it | `stream/tests.rs` |
+//! | a step of the request's decision | one stage file in `stream/`, one line in [`Stream::on_request`] | `stream/tests.rs` |
+//! | what a tick does | [`worker`] | `stream/tests.rs`, `tests/properties.rs` |
+//! | cluster scope, its engine | [`cluster`] (one file per engine beside `wire.rs`) | `cluster/tests.rs`, `tests/cluster_properties.rs` (the simulation) |
+//!
+//! Floors: `clock`, `store`, `stats`, `reply`, `queue`, `path`, `units`
+//! (and `testing`) < `schedule`, `gate`, `matcher`, `keys`, `ratelimit` <
+//! `config` < `cluster` < `stream`, `worker`.
 
 #![cfg_attr(
     test,
@@ -34,21 +50,16 @@ pub mod stats;
 pub mod store;
 pub mod stream;
 pub mod units;
-pub mod wire;
 pub mod worker;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+pub use clock::{NS_PER_MS, NS_PER_S};
 pub use config::{Config, ConfigError, Rule};
 pub use queue::{Held, HeldQueue};
-pub use schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule, SharedCell};
+pub use schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule};
 pub use stats::{Counts, Stat};
-pub use store::{CellId, Store};
+pub use store::{BlobId, CellId, SharedBlob, SharedCell, Store, StoreError};
 pub use stream::{Decision, Env, Stream, Verdict};
 pub use worker::{TickAction, TickPlan, Worker};
-
-/// Nanoseconds per millisecond.
-pub const NS_PER_MS: u64 = 1_000_000;
-/// Nanoseconds per second.
-pub const NS_PER_S: u64 = 1_000_000_000;

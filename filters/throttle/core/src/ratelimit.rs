@@ -26,9 +26,9 @@
 //! `x-ratelimit-remaining` and `x-ratelimit-reset` (no window: `30/m` and `1/2s`
 //! cannot be told apart there, which is why the draft replaced them).
 
+use crate::clock::NS_PER_S;
 use crate::schedule::Schedule;
 use crate::units::RateWindow;
-use crate::NS_PER_S;
 
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,7 +94,7 @@ pub fn headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NS_PER_MS;
+    use crate::clock::NS_PER_MS;
 
     const MS: u64 = NS_PER_MS;
     const S: u64 = NS_PER_S;

@@ -10,7 +10,8 @@
 //! The stored TAT is shared by all workers of the process and updated with
 //! compare-and-swap ([`SharedCell`]), so the rate holds for the whole process.
 
-use crate::NS_PER_S;
+use crate::clock::NS_PER_S;
+use crate::store::{KeyTable, SharedCell, MAX_CAS_ATTEMPTS};
 
 /// Parameters of one schedule, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,37 +80,6 @@ impl Schedule {
         beyond.div_ceil(NS_PER_S).max(1)
     }
 }
-
-/// A 16-byte cell shared by all workers: proxy-wasm shared data in the filter,
-/// a plain value in tests. `load` returns the value and a version token;
-/// `store` succeeds only if the value has not changed since that token was read.
-///
-/// Rate cells hold `[fingerprint, tat]` (fingerprint 0 for unkeyed cells);
-/// gate cells hold `[next, done]`.
-pub trait SharedCell {
-    /// Version token of a loaded value.
-    type Token: Copy;
-    /// Reads the cell (None if never stored). Err: the store failed.
-    fn load(&mut self) -> Result<(Option<[u64; 2]>, Self::Token), StoreError>;
-    /// Compare-and-swap. Ok(false): someone else changed it first (retry).
-    fn store(&mut self, value: [u64; 2], token: Self::Token) -> Result<bool, StoreError>;
-}
-
-/// The cells of a per-key rule's key table, by slot.
-pub trait KeyTable {
-    type Cell: SharedCell;
-    /// The cell of `slot`.
-    fn cell(&mut self, slot: u32) -> Self::Cell;
-}
-
-/// The store could not be read or written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoreError(pub u32);
-
-/// How many compare-and-swap attempts an admission makes before giving up.
-/// Each failed attempt means another worker admitted a request in between, so
-/// running out takes sustained, extreme contention.
-pub const MAX_CAS_ATTEMPTS: u32 = 64;
 
 /// The decision for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,7 +259,8 @@ pub fn admit_with_quota<C: SharedCell, T: KeyTable>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NS_PER_MS;
+    use crate::clock::NS_PER_MS;
+    use crate::store::StoreError;
 
     const MS: u64 = NS_PER_MS;
     const NOW: Admission = Admission::Now { tat: 0 };
@@ -583,9 +554,9 @@ mod tests {
 #[cfg(test)]
 mod keyed_tests {
     use super::*;
+    use crate::clock::NS_PER_MS;
     use crate::store::{CellId, Store};
     use crate::testing::{MemCell as SingleCell, MemCells, MemStore};
-    use crate::NS_PER_MS;
     use std::cell::RefCell;
 
     const MS: u64 = NS_PER_MS;

@@ -160,16 +160,22 @@ impl Stat {
     }
 }
 
-/// Changes to a rule's counters and gauges, returned with every decision so
-/// the glue can apply them (and tests can assert them exactly).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Changes to a rule's statistics, returned with every decision so the glue
+/// can apply them (and tests can assert them exactly): deltas of counters
+/// and gauges, and samples (a histogram's value, or a gauge's new level).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counts {
     deltas: [i32; COUNT],
+    /// In the order recorded (empty on the fast path: no allocation).
+    samples: Vec<(Stat, u64)>,
 }
 
 impl Counts {
     /// No change.
-    pub const NONE: Counts = Counts { deltas: [0; COUNT] };
+    pub const NONE: Counts = Counts {
+        deltas: [0; COUNT],
+        samples: Vec::new(),
+    };
 
     /// These changes.
     pub fn of(changes: &[(Stat, i32)]) -> Self {
@@ -192,11 +198,18 @@ impl Counts {
         self.add(stat, 1);
     }
 
-    /// Adds every change of `other`.
+    /// Records `value`: a sample of a histogram, or the level a gauge is
+    /// set to (the glue hands samples to the host at once, in order).
+    pub fn record(&mut self, stat: Stat, value: u64) {
+        self.samples.push((stat, value));
+    }
+
+    /// Adds every change of `other` (its samples after ours).
     pub fn merge(&mut self, other: &Counts) {
         for (s, d) in other.iter() {
             self.add(s, d);
         }
+        self.samples.extend_from_slice(&other.samples);
     }
 
     /// The change of `stat`.
@@ -206,10 +219,23 @@ impl Counts {
 
     /// Whether nothing changes.
     pub fn is_empty(&self) -> bool {
-        self.deltas.iter().all(|&d| d == 0)
+        self.deltas.iter().all(|&d| d == 0) && self.samples.is_empty()
     }
 
-    /// The non-zero changes, in table order.
+    /// The samples recorded, in order.
+    pub fn samples(&self) -> &[(Stat, u64)] {
+        &self.samples
+    }
+
+    /// The changes without the samples (what may wait to be handed over).
+    pub fn deltas(&self) -> Counts {
+        Counts {
+            deltas: self.deltas,
+            samples: Vec::new(),
+        }
+    }
+
+    /// The non-zero deltas, in table order.
     pub fn iter(&self) -> impl Iterator<Item = (Stat, i32)> + '_ {
         Stat::ALL
             .iter()
@@ -282,5 +308,13 @@ mod tests {
         assert_eq!(c.get(Stat::Held), 0);
         assert!(!c.is_empty());
         assert!(Counts::NONE.is_empty());
+        let mut w = Counts::NONE;
+        w.record(Stat::WaitMs, 104);
+        assert!(!w.is_empty() && w.iter().next().is_none());
+        c.merge(&w);
+        c.record(Stat::FallbackMs, 7);
+        assert_eq!(c.samples(), &[(Stat::WaitMs, 104), (Stat::FallbackMs, 7)]);
+        assert!(c.deltas().samples().is_empty());
+        assert_eq!(c.deltas().iter().count(), 2);
     }
 }

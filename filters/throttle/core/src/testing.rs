@@ -5,9 +5,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use crate::cluster::SharedBlob;
-use crate::schedule::{SharedCell, StoreError};
-use crate::store::{BlobId, CellId, Store};
+use crate::store::{BlobId, CellId, SharedBlob, SharedCell, Store, StoreError};
 
 /// One shared cell in memory; `store` fails when the token is stale.
 #[derive(Debug, Default, Clone)]

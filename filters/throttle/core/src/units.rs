@@ -1,7 +1,7 @@
 //! Parsing of rates (`"500/s"`, `"30/m"`, `"2/h"`, or a number per second) and
 //! durations (`"250ms"`, `"2s"`, `"1m"`).
 
-use crate::NS_PER_S;
+use crate::clock::NS_PER_S;
 
 /// Highest accepted rate, per second. The interval is kept in whole nanoseconds,
 /// rounded up, so at this rate the setting is honoured within 0.1%.

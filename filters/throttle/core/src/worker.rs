@@ -11,58 +11,89 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::clock::Clock;
-use crate::cluster::{self, Attempt, Take};
+use crate::clock::NS_PER_MS;
+use crate::cluster;
 use crate::config::Config;
 use crate::gate::{self, Enter, GateWaiters, Waiter};
 use crate::queue::{Held, HeldQueue};
 use crate::reply::{rejection, Reply};
-use crate::schedule::{admit, Admission, Schedule};
 use crate::stats::{Counts, Stat};
-use crate::store::{BlobId, CellId, Store};
-use crate::NS_PER_MS;
+use crate::store::{CellId, Store};
+use crate::stream::{retry_grants, Outcome};
 
-/// Requests of cluster rules waiting for grants from the engine, oldest first.
+/// Requests of cluster rules waiting for grants from the engine, by rule and
+/// deadline. A rule's deadlines grow with its waiters' age (one
+/// `max_queue_delay` per rule), so each rule's list is oldest first.
 #[derive(Debug, Default)]
 pub struct GrantWaiters {
-    /// (since, context id) -> (rule, deadline).
-    by_age: BTreeMap<(u64, u32), (usize, u64)>,
-    /// context id -> since.
-    since: HashMap<u32, u64>,
+    /// (rule, deadline, context id) -> since.
+    by_rule: BTreeMap<(usize, u64, u32), u64>,
+    /// context id -> (rule, deadline).
+    index: HashMap<u32, (usize, u64)>,
+}
+
+/// A request waiting for grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantWaiter {
+    pub id: u32,
+    pub rule: usize,
+    /// When it started waiting.
+    pub since: u64,
+    /// When its `max_queue_delay` runs out.
+    pub deadline: u64,
 }
 
 impl GrantWaiters {
     pub fn len(&self) -> usize {
-        self.since.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.since.is_empty()
+        self.index.is_empty()
     }
 
     pub fn contains(&self, id: u32) -> bool {
-        self.since.contains_key(&id)
+        self.index.contains_key(&id)
     }
 
     /// Starts waiting at `since` until `deadline`.
     pub fn wait(&mut self, id: u32, rule: usize, since: u64, deadline: u64) {
-        if let Some(old) = self.since.insert(id, since) {
-            self.by_age.remove(&(old, id));
+        if let Some(old) = self.index.insert(id, (rule, deadline)) {
+            self.by_rule.remove(&(old.0, old.1, id));
         }
-        self.by_age.insert((since, id), (rule, deadline));
+        self.by_rule.insert((rule, deadline, id), since);
     }
 
     /// Stops waiting; returns its rule if it was waiting.
     pub fn cancel(&mut self, id: u32) -> Option<usize> {
-        let since = self.since.remove(&id)?;
-        self.by_age.remove(&(since, id)).map(|(rule, _)| rule)
+        let (rule, deadline) = self.index.remove(&id)?;
+        self.by_rule.remove(&(rule, deadline, id));
+        Some(rule)
     }
 
-    /// Every waiter, oldest first: (id, rule, since, deadline).
-    pub fn oldest_first(&self) -> Vec<(u32, usize, u64, u64)> {
-        self.by_age
+    /// The oldest waiter of the first rule at or after `rule`.
+    pub fn first_from(&self, rule: usize) -> Option<GrantWaiter> {
+        self.by_rule
+            .range((rule, 0, 0)..)
+            .next()
+            .map(|(&(rule, deadline, id), &since)| GrantWaiter {
+                id,
+                rule,
+                since,
+                deadline,
+            })
+    }
+
+    /// Every waiter, by rule, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = GrantWaiter> + '_ {
+        self.by_rule
             .iter()
-            .map(|(&(since, id), &(rule, deadline))| (id, rule, since, deadline))
-            .collect()
+            .map(|(&(rule, deadline, id), &since)| GrantWaiter {
+                id,
+                rule,
+                since,
+                deadline,
+            })
     }
 }
 
@@ -106,9 +137,16 @@ pub struct TickPlan {
 
 impl TickPlan {
     fn count(&mut self, rule: usize, stat: Stat, delta: i32) {
+        self.merge(rule, &Counts::of(&[(stat, delta)]));
+    }
+
+    fn merge(&mut self, rule: usize, counts: &Counts) {
+        if counts.is_empty() {
+            return;
+        }
         match self.counts.iter_mut().find(|(r, _)| *r == rule) {
-            Some((_, c)) => c.add(stat, delta),
-            None => self.counts.push((rule, Counts::of(&[(stat, delta)]))),
+            Some((_, c)) => c.merge(counts),
+            None => self.counts.push((rule, counts.clone())),
         }
     }
 }
@@ -188,9 +226,10 @@ impl Worker {
         plan
     }
 
-    /// Requests waiting for grants try again, oldest first; a rule stops at
-    /// its first request that must still wait (later ones would too). A
-    /// request whose `max_queue_delay` ran out is rejected.
+    /// Requests waiting for grants try again, each rule's oldest first; a
+    /// rule stops at its first request that must still wait (later ones
+    /// would too, and their deadlines are later). A request whose
+    /// `max_queue_delay` ran out is rejected.
     fn grant_retries<S: Store>(
         &mut self,
         cfg: &Config,
@@ -200,12 +239,17 @@ impl Worker {
     ) {
         let now = clock.mono();
         let wall = clock.wall();
-        let mut stopped: Vec<usize> = Vec::new();
-        for (id, index, since, deadline) in self.grants.oldest_first() {
-            let Some(rule) = cfg.rules.get(index) else {
-                continue;
-            };
-            let Some(reach) = cluster::rule_reach(rule) else {
+        let mut from = 0;
+        while let Some(GrantWaiter {
+            id,
+            rule: index,
+            since,
+            deadline,
+        }) = self.grants.first_from(from)
+        {
+            let Some(rule) = cfg.rules.get(index).filter(|r| r.cluster.is_some()) else {
+                // Not a cluster rule of this configuration: left alone.
+                from = index + 1;
                 continue;
             };
             if now >= deadline {
@@ -214,43 +258,18 @@ impl Worker {
                 plan.actions.push(self.reject(cfg, id, index));
                 continue;
             }
-            if stopped.contains(&index) {
-                continue;
-            }
             let waited_ns = now.saturating_sub(since);
-            let taken = cluster::take(
-                &mut store.cell(CellId::Cursor(index)),
-                &mut store.blob(BlobId::Grants(index)),
-                &mut store.cell(CellId::Waiting(index)),
-                &reach,
-                wall,
-                true,
-                Attempt::Retry { waited_ns },
-            );
-            let release_at = match taken {
-                Take::Wait => {
-                    stopped.push(index);
+            let mut counts = Counts::NONE;
+            let outcome = retry_grants(store, index, rule, now, wall, waited_ns, &mut counts);
+            plan.merge(index, &counts);
+            let release_at = match outcome {
+                Outcome::Wait(_) => {
+                    from = index + 1;
                     continue;
                 }
-                Take::Now { .. } => {
-                    plan.count(index, Stat::SlotsTaken, 1);
-                    Some(now)
-                }
-                Take::Hold { delay_ns, .. } => {
-                    plan.count(index, Stat::SlotsTaken, 1);
-                    Some(now.saturating_add(delay_ns))
-                }
-                Take::Local { interval_ns } => {
-                    let left = rule.max_delay_ns.saturating_sub(waited_ns);
-                    let burst = reach.slack_ns / reach.grid.interval_ns.max(1) - 1;
-                    let local = Schedule::new(interval_ns, burst, left);
-                    match admit(&mut store.cell(CellId::Fallback(index)), &local, now, true) {
-                        Admission::Now { .. } => Some(now),
-                        Admission::Hold { release_at, .. } => Some(release_at),
-                        _ => None,
-                    }
-                }
-                Take::Reject { .. } | Take::Deny | Take::Contention => None,
+                Outcome::Go => Some(now),
+                Outcome::Hold { until } => Some(until),
+                Outcome::Reject { .. } | Outcome::Contention => None,
             };
             self.grants.cancel(id);
             match release_at {
@@ -263,6 +282,16 @@ impl Worker {
                 None => plan.actions.push(self.reject(cfg, id, index)),
             }
         }
+    }
+
+    /// Only the rate part of a tick: requests whose turn came are resumed
+    /// (rules with a concurrency limit send them on to their gate first).
+    /// An exact timer can call it at each release time (the simulation
+    /// does), leaving the retries and the gate to the regular tick.
+    pub fn plan_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64) -> TickPlan {
+        let mut plan = TickPlan::default();
+        self.rate_releases(cfg, store, now, &mut plan);
+        plan
     }
 
     /// Only the gate part of a tick: waiters whose turn came (a slot was
@@ -359,12 +388,16 @@ impl Worker {
     }
 
     /// The outcome of a [`TickAction::Resume`]: `ok` if the host resumed the
-    /// stream, false if it was gone (its slot, if any, is returned).
+    /// stream (its wait is a `wait_ms` sample), false if it was gone (its
+    /// slot, if any, is returned).
     pub fn resumed<S: Store>(&mut self, cfg: &Config, store: S, id: u32, ok: bool) -> Counts {
         self.grpc.remove(&id);
         let mut c = Counts::of(&[(Stat::Held, -1)]);
         if ok {
             c.inc(Stat::Released);
+            if let Some(&ms) = self.waited.get(&id) {
+                c.record(Stat::WaitMs, ms);
+            }
         } else {
             c.inc(Stat::Gone);
             self.waited.remove(&id);

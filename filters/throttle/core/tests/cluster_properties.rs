@@ -21,8 +21,10 @@
 )]
 
 use proptest::prelude::*;
-use throttle_core::cluster::sim::{first_overlap, max_in_window, Net, SimProxy, World};
-use throttle_core::cluster::{Grid, Reach, RuleSpec};
+use throttle_core::cluster::sim::{
+    self, first_overlap, max_in_window, Net, SimProxy, SimRule, World,
+};
+use throttle_core::cluster::{rule_reach, Grid, Reach, RuleSpec};
 use throttle_core::config::{EngineConfig, OnEngineFailure};
 
 const MS: u64 = 1_000_000;
@@ -97,25 +99,24 @@ struct Outcome {
     world: World,
     start: u64,
     end: u64,
-    rule: (RuleSpec, Reach),
+    reach: Reach,
 }
 
 fn run(c: &Case) -> Outcome {
-    let interval = S.div_ceil(c.rate);
-    let grid = Grid::new(interval);
-    let rule = (
-        RuleSpec {
-            name: "orders".into(),
-            grid,
-            expected_replicas: 3,
-            on_engine_failure: OnEngineFailure::LocalShare,
-        },
-        Reach::new(grid, c.burst, 1000 * MS),
-    );
+    let rule = SimRule {
+        name: "orders".into(),
+        rate_per_s: c.rate,
+        burst: c.burst,
+        max_queue_delay_ms: 1000,
+        expected_replicas: 3,
+        on_engine_failure: OnEngineFailure::LocalShare,
+    };
+    let config = sim::config(&engine(SKEW), &[rule]).unwrap();
+    let reach = rule_reach(&config.rules[0]).unwrap();
     let proxies = c
         .proxies
         .iter()
-        .map(|&(_, skew)| SimProxy::new(&engine(SKEW), std::slice::from_ref(&rule), skew))
+        .map(|&(_, skew)| SimProxy::new(&config, skew).unwrap())
         .collect();
     let mut world = World::new(proxies, 50 * MS);
     world.engine_skew_ns = c.engine_skew;
@@ -155,7 +156,7 @@ fn run(c: &Case) -> Outcome {
         world,
         start,
         end,
-        rule,
+        reach,
     }
 }
 
@@ -182,6 +183,8 @@ proptest! {
         let o = run(&c);
         let granted: Vec<(u64, u64)> = o.world.proxies.iter().flat_map(|p| p.granted.iter().map(|g| g.1)).collect();
         prop_assert_eq!(first_overlap(&granted), None, "a slot granted twice: {:?}", c);
+        // The simulation saw which request took each slot.
+        prop_assert!(o.world.proxies.iter().all(|p| p.unmatched == 0));
         // Every released grid slot was granted to the proxy that used it, and used once.
         let mut used: Vec<u64> = Vec::new();
         for p in &o.world.proxies {
@@ -191,8 +194,8 @@ proptest! {
                     used.push(slot);
                     // Never before its time, never later than the slack.
                     let local_at = r.at.saturating_add_signed(p.skew_ns);
-                    let slot_t = o.rule.0.grid.slot_time(slot);
-                    prop_assert!(local_at >= slot_t && local_at <= slot_t + o.rule.1.slack_ns + MS);
+                    let slot_t = o.reach.grid.slot_time(slot);
+                    prop_assert!(local_at >= slot_t && local_at <= slot_t + o.reach.slack_ns + MS);
                 }
             }
         }
@@ -227,7 +230,7 @@ proptest! {
             let to = o.end - 300 * MS;
             let got = times.iter().filter(|&&t| t >= from && t < to).count() as f64;
             let want = (to - from) as f64 / S as f64 * c.rate as f64;
-            let slack = 2.0 * o.rule.0.grid.slots_per_epoch as f64 + 2.0;
+            let slack = 2.0 * o.reach.grid.slots_per_epoch as f64 + 2.0;
             prop_assert!((got - want).abs() <= slack.max(0.02 * want), "got {} want {} ({:?})", got, want, c);
         }
         // Calls: at most 10 per second per proxy (paced at 100 ms, up to
@@ -378,7 +381,7 @@ fn simulate_calls(c: &Calls) -> Vec<(u64, u64)> {
             seq += 1;
             let ev = Pending {
                 proxy: p,
-                body: call.body,
+                body: call.request.body,
                 answer: None,
                 back_ns: back_ms * MS,
                 sent_true: t,

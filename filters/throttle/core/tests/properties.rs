@@ -22,9 +22,8 @@ use std::collections::{BTreeMap, HashMap};
 use proptest::prelude::*;
 use throttle_core::config;
 use throttle_core::keys::candidate_slots;
-use throttle_core::schedule::{
-    admit, admit_keyed, admit_with_quota, Admission, Schedule, SharedCell, Step, StoreError,
-};
+use throttle_core::schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule, Step};
+use throttle_core::store::{SharedCell, StoreError};
 use throttle_core::testing::{MemCells, MemStore};
 use throttle_core::{HeldQueue, Store};
 

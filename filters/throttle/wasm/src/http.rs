@@ -1,30 +1,18 @@
 //! One request's glue: each callback reads facts from the host, asks the
 //! core ([`Stream`]) what to do, and carries out the answer.
 
-use std::cell::RefCell;
 use std::rc::Rc;
 
-use throttle_core::clock::{Clock, Once};
+use throttle_core::clock::Once;
 use throttle_core::matcher::Facts;
+use throttle_core::stats::Counts;
 use throttle_core::stream::{Env, Stream, Verdict};
 
-use crate::host::{Host, Level};
-use crate::local::Local;
+use crate::host::{Host, HostClock, Level};
 use crate::plugin::Plugin;
 use crate::request::HostRequest;
 use crate::shared::{wake_all, SharedStore};
-
-/// The host's clocks.
-pub struct HostClock<H>(pub H);
-
-impl<H: Host> Clock for HostClock<H> {
-    fn mono(&mut self) -> u64 {
-        self.0.monotonic_ns()
-    }
-    fn wall(&mut self) -> u64 {
-        self.0.wall_ns()
-    }
-}
+use crate::worker::WorkerGlue;
 
 /// What a stream callback tells the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,16 +26,16 @@ pub struct HttpStream<H: Host> {
     host: H,
     /// None when the root context has no valid configuration: pass through.
     plugin: Option<Rc<Plugin>>,
-    local: Rc<RefCell<Local>>,
+    worker: Rc<WorkerGlue>,
     stream: Stream,
 }
 
 impl<H: Host> HttpStream<H> {
-    pub fn new(host: H, id: u32, plugin: Option<Rc<Plugin>>, local: Rc<RefCell<Local>>) -> Self {
+    pub fn new(host: H, id: u32, plugin: Option<Rc<Plugin>>, worker: Rc<WorkerGlue>) -> Self {
         HttpStream {
             host,
             plugin,
-            local,
+            worker,
             stream: Stream::new(id),
         }
     }
@@ -56,20 +44,23 @@ impl<H: Host> HttpStream<H> {
         Env {
             config: &plugin.config,
             hasher: &plugin.hasher,
-            store: SharedStore {
-                host: self.host,
-                plugin,
-            },
+            store: plugin.store(self.host),
         }
     }
 
     fn busy(&self) {
         // Cannot happen: no borrow outlives a callback, and callbacks of one
-        // worker do not nest while it is borrowed. The core then fails closed.
+        // worker do not nest while it is borrowed.
         self.host.log(
             Level::Error,
             "throttle: worker state busy; deciding without it",
         );
+    }
+
+    fn count(&self, plugin: &Plugin, rule: usize, counts: &Counts) {
+        if plugin.metrics.count(self.host, rule, counts) {
+            self.worker.tick_to_flush(self.host);
+        }
     }
 
     pub fn on_request_headers(&mut self) -> Flow {
@@ -79,33 +70,26 @@ impl<H: Host> HttpStream<H> {
         let env = self.env(&plugin);
         let host = self.host;
         let mut req = Facts::new(HostRequest::new(host));
-        let mut clock = Once::new(HostClock(host));
-        let local = Rc::clone(&self.local);
-        let decision = match local.try_borrow_mut() {
-            Ok(mut l) => {
-                let d = self
-                    .stream
-                    .on_request(env, Some(&mut l.worker), &mut req, &mut clock);
-                if let Some(rule) = d.rule {
-                    l.count(host, rule, &d.counts);
-                }
-                if d.verdict == Verdict::Hold {
-                    l.tick_fast(host);
-                }
-                d
+        let decision = match self.worker.core.try_borrow_mut() {
+            Ok(mut w) => {
+                let mut clock = Once::new(HostClock(host));
+                self.stream.on_request(env, &mut w, &mut req, &mut clock)
             }
             Err(_) => {
+                // Nothing can be held or recorded: fail closed, counted.
                 self.busy();
-                let d = self.stream.on_request(env, None, &mut req, &mut clock);
-                if let Some(rule) = d.rule {
-                    plugin.apply(host, rule, &d.counts);
-                }
-                d
+                self.stream.on_busy(env, &mut req)
             }
         };
+        if let Some(rule) = decision.rule {
+            self.count(&plugin, rule, &decision.counts);
+        }
         match decision.verdict {
             Verdict::Continue => Flow::Continue,
-            Verdict::Hold => Flow::Pause,
+            Verdict::Hold => {
+                self.worker.tick_fast(host);
+                Flow::Pause
+            }
             Verdict::Reply(reply) => {
                 host.send_reply(&reply);
                 Flow::Pause
@@ -116,9 +100,10 @@ impl<H: Host> HttpStream<H> {
     /// Body and trailers of a held request wait (Envoy buffers them).
     pub fn on_request_body(&self) -> Flow {
         let held = self
-            .local
+            .worker
+            .core
             .try_borrow()
-            .is_ok_and(|l| self.stream.is_held(Some(&l.worker)));
+            .is_ok_and(|w| self.stream.is_held(&w));
         if held {
             Flow::Pause
         } else {
@@ -132,22 +117,18 @@ impl<H: Host> HttpStream<H> {
         };
         let env = self.env(&plugin);
         let host = self.host;
-        let local = Rc::clone(&self.local);
-        let Ok(mut l) = local.try_borrow_mut() else {
+        let Ok(mut w) = self.worker.core.try_borrow_mut() else {
             self.busy();
             return Flow::Continue;
         };
-        let out = self.stream.on_response_headers(
-            env,
-            Some(&mut l.worker),
-            || host.monotonic_ns(),
-            end_of_stream,
-        );
-        l.count(host, rule, &out.counts);
+        let out =
+            self.stream
+                .on_response_headers(env, &mut w, || host.monotonic_ns(), end_of_stream);
+        drop(w);
+        self.count(&plugin, rule, &out.counts);
         if out.tick {
-            l.tick_fast(host);
+            self.worker.tick_fast(host);
         }
-        drop(l);
         for (name, value) in &out.headers {
             host.set_response_header(name, value);
         }
@@ -163,14 +144,13 @@ impl<H: Host> HttpStream<H> {
             return Flow::Continue;
         };
         let env = self.env(&plugin);
-        let local = Rc::clone(&self.local);
-        let Ok(mut l) = local.try_borrow_mut() else {
+        let Ok(mut w) = self.worker.core.try_borrow_mut() else {
             self.busy();
             return Flow::Continue;
         };
-        let out = self.stream.on_response_end(env, Some(&mut l.worker));
-        l.count(self.host, rule, &out.counts);
-        drop(l);
+        let out = self.stream.on_response_end(env, &mut w);
+        drop(w);
+        self.count(&plugin, rule, &out.counts);
         if out.wake {
             wake_all(self.host);
         }
@@ -184,17 +164,16 @@ impl<H: Host> HttpStream<H> {
         };
         let env = self.env(&plugin);
         let host = self.host;
-        let local = Rc::clone(&self.local);
-        let Ok(mut l) = local.try_borrow_mut() else {
+        let Ok(mut w) = self.worker.core.try_borrow_mut() else {
             self.busy();
             return;
         };
-        let out = self.stream.on_done(env, Some(&mut l.worker));
-        l.count(host, rule, &out.counts);
+        let out = self.stream.on_done(env, &mut w);
+        drop(w);
+        self.count(&plugin, rule, &out.counts);
         if out.tick {
-            l.tick_fast(host);
+            self.worker.tick_fast(host);
         }
-        drop(l);
         if out.wake {
             wake_all(host);
         }

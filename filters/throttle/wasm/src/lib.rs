@@ -10,8 +10,8 @@
 )]
 //! The throttle filter: proxy-wasm glue around `throttle-core`. Modules
 //! import one way: `context` (the SDK's traits, wasm32 only) → `root` →
-//! `caller`, `http` → `local`, `plugin`, `request`, `shared` → `host` (the
-//! ABI, all `unsafe`).
+//! `caller`, `http` → `plugin`, `request`, `worker` → `metrics`, `shared` →
+//! `host` (the ABI, all `unsafe` in `host::abi`).
 //! Everything but `context` and `host::abi` also builds natively, where the
 //! glue is tested against a fake host.
 
@@ -20,13 +20,14 @@ mod caller;
 mod context;
 mod host;
 mod http;
-mod local;
+mod metrics;
 mod plugin;
 mod request;
 mod root;
 mod shared;
 #[cfg(test)]
 mod tests;
+mod worker;
 
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{

@@ -3,26 +3,27 @@
 //! the wake queue through which a returned concurrency slot reaches a waiter
 //! at once.
 
-use std::cell::RefCell;
 use std::rc::Rc;
 
 use throttle_core::config;
+use throttle_core::stats::Counts;
+use throttle_core::store::WAKE_QUEUE_PREFIX;
 use throttle_core::stream::Env;
 use throttle_core::worker::{TickAction, TickPlan};
 
 use crate::caller::Calls;
 use crate::host::{Host, Level};
 use crate::http::HttpStream;
-use crate::local::Local;
 use crate::plugin::Plugin;
 use crate::shared::{add_wake_queue, shared_seed, SharedStore};
+use crate::worker::WorkerGlue;
 
 /// The glue of one root context.
 pub struct Root<H: Host> {
     host: H,
     id: u32,
     plugin: Option<Rc<Plugin>>,
-    local: Rc<RefCell<Local>>,
+    worker: Rc<WorkerGlue>,
     /// This VM's wake queue, once registered.
     queue: Option<u32>,
     /// Cluster scope: this VM's side of the calls to the engine.
@@ -35,7 +36,7 @@ impl<H: Host> Root<H> {
             host,
             id,
             plugin: None,
-            local: Rc::default(),
+            worker: Rc::default(),
             queue: None,
             calls: None,
         }
@@ -66,7 +67,7 @@ impl<H: Host> Root<H> {
             return false;
         };
         let plugin = Plugin::new(self.host, config, seed, config_hash(bytes));
-        for name in plugin.init_cells(self.host) {
+        for name in plugin.store(self.host).create_initial() {
             self.log(
                 Level::Warn,
                 &format!("rule {name}: could not initialise its shared cells"),
@@ -75,7 +76,7 @@ impl<H: Host> Root<H> {
         if self.queue.is_none() && plugin.config.rules.iter().any(|r| r.concurrency.is_some()) {
             let mut tag = [0u8; 8];
             let _ = self.host.random(&mut tag);
-            let name = format!("throttle/v2/wake/{:016x}", u64::from_le_bytes(tag));
+            let name = format!("{WAKE_QUEUE_PREFIX}{:016x}", u64::from_le_bytes(tag));
             self.queue = self.host.register_queue(&name);
             if !self.queue.is_some_and(|q| add_wake_queue(self.host, q)) {
                 self.log(
@@ -95,9 +96,7 @@ impl<H: Host> Root<H> {
         });
         self.calls = Calls::new(&plugin, me, phase % 1000);
         if self.calls.is_some() {
-            if let Ok(mut l) = self.local.try_borrow_mut() {
-                l.tick_for_calls(self.host);
-            }
+            self.worker.tick_for_calls(self.host);
         }
         let summary: Vec<String> = plugin.config.rules.iter().map(|r| r.describe()).collect();
         self.log(
@@ -114,20 +113,21 @@ impl<H: Host> Root<H> {
 
     /// The worker's state (tests hold it to simulate a busy borrow).
     #[cfg(test)]
-    pub fn local(&self) -> Rc<RefCell<Local>> {
-        Rc::clone(&self.local)
+    pub fn worker(&self) -> Rc<WorkerGlue> {
+        Rc::clone(&self.worker)
     }
 
-    /// Hands pending counters to the host now (the tick does it too).
-    pub fn flush(&self) {
-        if let (Some(plugin), Ok(mut l)) = (&self.plugin, self.local.try_borrow_mut()) {
-            l.flush(self.host, plugin);
-        }
+    /// Hands pending statistics to the host now (the tick does it too).
+    /// Returns whether anything was counted since the last flush.
+    pub fn flush(&self) -> bool {
+        self.plugin
+            .as_ref()
+            .is_some_and(|p| p.metrics.flush(self.host))
     }
 
     /// A new HTTP context of this root.
     pub fn create_stream(&self, id: u32) -> HttpStream<H> {
-        HttpStream::new(self.host, id, self.plugin.clone(), Rc::clone(&self.local))
+        HttpStream::new(self.host, id, self.plugin.clone(), Rc::clone(&self.worker))
     }
 
     pub fn on_tick(&mut self) {
@@ -140,18 +140,13 @@ impl<H: Host> Root<H> {
             mono: now,
             wall: self.host.wall_ns(),
         };
-        let plan = match self.local.try_borrow_mut() {
-            Ok(mut l) => l
-                .worker
-                .plan_tick(&plugin.config, self.store(&plugin), &mut clock),
+        let plan = match self.worker.core.try_borrow_mut() {
+            Ok(mut w) => w.plan_tick(&plugin.config, self.store(&plugin), &mut clock),
             Err(_) => TickPlan::default(),
         };
         self.carry_out(&plugin, plan);
-        if let Ok(mut l) = self.local.try_borrow_mut() {
-            let had_traffic = l.dirty();
-            l.flush(self.host, &plugin);
-            l.after_tick(self.host, had_traffic);
-        }
+        let had_traffic = plugin.metrics.flush(self.host);
+        self.worker.after_tick(self.host, had_traffic);
         if let Some(calls) = self.calls.as_mut() {
             calls.on_tick(self.host, &plugin);
         }
@@ -181,18 +176,15 @@ impl<H: Host> Root<H> {
             return;
         };
         let now = self.host.monotonic_ns();
-        let plan = match self.local.try_borrow_mut() {
-            Ok(mut l) => l.worker.plan_gate(&plugin.config, self.store(&plugin), now),
+        let plan = match self.worker.core.try_borrow_mut() {
+            Ok(mut w) => w.plan_gate(&plugin.config, self.store(&plugin), now),
             Err(_) => TickPlan::default(),
         };
         self.carry_out(&plugin, plan);
     }
 
     fn store<'p>(&self, plugin: &'p Plugin) -> SharedStore<'p, H> {
-        SharedStore {
-            host: self.host,
-            plugin,
-        }
+        plugin.store(self.host)
     }
 
     /// Carries out a plan. No borrow of the worker is held while acting: a
@@ -205,51 +197,45 @@ impl<H: Host> Root<H> {
             hasher: &plugin.hasher,
             store: self.store(plugin),
         };
-        let count = |rule: usize, counts| {
-            if let Ok(mut l) = self.local.try_borrow_mut() {
-                l.count(host, rule, &counts);
+        let count = |rule: usize, counts: &Counts| {
+            if plugin.metrics.count(host, rule, counts) {
+                self.worker.tick_to_flush(host);
             }
         };
-        for (rule, counts) in plan.counts {
-            count(rule, counts);
+        for (rule, counts) in &plan.counts {
+            count(*rule, counts);
         }
         for action in plan.actions {
-            match action {
+            let counts = match action {
                 TickAction::Resume {
                     id,
                     rule,
                     waited_ns,
                 } => {
-                    if let Ok(mut l) = self.local.try_borrow_mut() {
-                        l.worker.resuming(id, waited_ns);
+                    if let Ok(mut w) = self.worker.core.try_borrow_mut() {
+                        w.resuming(id, waited_ns);
                     }
                     let ok = host.resume_request(id).is_ok();
                     if !ok {
                         self.log(Level::Debug, &format!("request {id} was gone at its turn"));
                     }
-                    let counts = self
-                        .local
+                    self.worker
+                        .core
                         .try_borrow_mut()
                         .ok()
-                        .map(|mut l| l.worker.resumed(env.config, env.store, id, ok));
-                    if let Some(c) = counts {
-                        count(rule, c);
-                    }
-                    if ok {
-                        plugin.record_wait(host, rule, waited_ns);
-                    }
+                        .map(|mut w| (rule, w.resumed(env.config, env.store, id, ok)))
                 }
                 TickAction::Reply { id, rule, reply } => {
                     let ok = host.set_effective_context(id) && host.send_reply(&reply);
-                    let counts = self
-                        .local
+                    self.worker
+                        .core
                         .try_borrow_mut()
                         .ok()
-                        .map(|mut l| l.worker.replied(id, ok));
-                    if let Some(c) = counts {
-                        count(rule, c);
-                    }
+                        .map(|mut w| (rule, w.replied(id, ok)))
                 }
+            };
+            if let Some((rule, c)) = counts {
+                count(rule, &c);
             }
         }
         host.set_effective_context(self.id);

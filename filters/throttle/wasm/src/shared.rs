@@ -1,17 +1,16 @@
-//! The process-wide cells of the core's [`Store`] in proxy-wasm shared data,
+//! The process-wide cells of the core's [`Store`] in proxy-wasm shared data
+//! (at the keys the core's layout gives each [`CellId`] and [`BlobId`]),
 //! and the other shared values: the key-hashing seed and the list of wake
 //! queues. Shared data is scoped by `vm_id`.
 
-use throttle_core::schedule::StoreError;
-use throttle_core::store::{BlobId, CellId, Store};
+use throttle_core::store::{
+    BlobId, CellId, Initial, Key, Store, StoreError, MAX_CAS_ATTEMPTS, SEED_KEY, WAKE_KEY,
+};
+use throttle_core::stream::initial_values;
+use throttle_core::Config;
 
 use crate::host::Host;
-use crate::plugin::Plugin;
 
-/// Shared-data key of the key-hashing seed.
-pub const SEED_KEY: &str = "throttle/v2/seed";
-/// Shared-data key of the list of workers' wake queues (little-endian u32 ids).
-pub const WAKE_KEY: &str = "throttle/v2/wake";
 /// At most this many wake queues are remembered (the newest).
 const MAX_WAKE_QUEUES: usize = 64;
 
@@ -28,128 +27,93 @@ fn encode16([a, b]: [u64; 2]) -> [u8; 16] {
     out
 }
 
-/// The rules' cells of one plugin configuration in the host's shared data.
+/// The cells of one plugin configuration in the host's shared data.
 #[derive(Clone, Copy)]
-pub struct SharedStore<'p, H> {
+pub struct SharedStore<'c, H> {
     pub host: H,
-    pub plugin: &'p Plugin,
+    pub config: &'c Config,
+    /// Names the configuration's caller lease.
+    pub config_hash: u64,
 }
 
-/// A key built on the stack (`<prefix><slot>`): no allocation per request.
-struct KeyBuf {
-    buf: [u8; 128],
-    len: usize,
-}
-
-impl KeyBuf {
-    fn new(prefix: &str, slot: u32) -> Option<Self> {
-        let mut k = KeyBuf {
-            buf: [0; 128],
-            len: 0,
-        };
-        k.push(prefix.as_bytes())?;
-        let mut digits = [0u8; 10];
-        let mut n = slot;
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            *digits.get_mut(i)? = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        k.push(digits.get(i..)?)?;
-        Some(k)
-    }
-
-    fn push(&mut self, bytes: &[u8]) -> Option<()> {
-        let end = self.len.checked_add(bytes.len())?;
-        self.buf.get_mut(self.len..end)?.copy_from_slice(bytes);
-        self.len = end;
-        Some(())
-    }
-
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(self.buf.get(..self.len).unwrap_or_default()).unwrap_or_default()
-    }
-}
+/// A key the layout could not give (no such rule, or too long): the
+/// decisions fail closed.
+const NO_KEY: StoreError = StoreError(u32::MAX);
 
 impl<H: Host> SharedStore<'_, H> {
-    fn with_key<T>(
-        &self,
-        id: CellId,
-        f: impl FnOnce(&str) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let missing = StoreError(u32::MAX);
-        match id {
-            CellId::Rate(i) => f(&self.plugin.rules.get(i).ok_or(missing)?.rate_key),
-            CellId::Gate(i) => f(&self.plugin.rules.get(i).ok_or(missing)?.gate_key),
-            CellId::Slot(i, slot) => {
-                let prefix = &self.plugin.rules.get(i).ok_or(missing)?.slot_prefix;
-                f(KeyBuf::new(prefix, slot).ok_or(missing)?.as_str())
-            }
-            CellId::Cursor(i) => f(&self.plugin.rules.get(i).ok_or(missing)?.cursor_key),
-            CellId::Waiting(i) => f(&self.plugin.rules.get(i).ok_or(missing)?.waiting_key),
-            CellId::Fallback(i) => f(&self.plugin.rules.get(i).ok_or(missing)?.fallback_key),
-            CellId::Caller => f(&self.plugin.caller_key),
-        }
+    fn rule_name(&self, rule: usize) -> Result<&str, StoreError> {
+        self.config
+            .rules
+            .get(rule)
+            .map(|r| r.name.as_str())
+            .ok_or(NO_KEY)
     }
 
-    fn blob_key(&self, id: BlobId) -> Result<&str, StoreError> {
-        match id {
-            BlobId::Grants(i) => self
-                .plugin
-                .rules
-                .get(i)
-                .map(|r| r.grants_key.as_str())
-                .ok_or(StoreError(u32::MAX)),
-        }
+    fn cell_key(&self, id: CellId) -> Result<Key, StoreError> {
+        let name = match id.rule() {
+            Some(i) => self.rule_name(i)?,
+            None => "",
+        };
+        id.key(name, self.config_hash).ok_or(NO_KEY)
+    }
+
+    fn blob_key(&self, id: BlobId) -> Result<Key, StoreError> {
+        id.key(self.rule_name(id.rule())?).ok_or(NO_KEY)
+    }
+
+    /// Creates every rule's shared values that must exist before its first
+    /// request. Returns the names of rules whose values could not be created.
+    pub fn create_initial(&self) -> Vec<&str> {
+        let host = self.host;
+        self.config
+            .rules
+            .iter()
+            .enumerate()
+            .filter(|(i, rule)| {
+                !initial_values(*i, rule).iter().all(|v| match v {
+                    Initial::Cell(id) => self
+                        .cell_key(*id)
+                        .is_ok_and(|k| ensure(host, k.as_str(), &encode16([0, 0]))),
+                    Initial::Blob(id, bytes) => self
+                        .blob_key(*id)
+                        .is_ok_and(|k| ensure(host, k.as_str(), bytes)),
+                })
+            })
+            .map(|(_, r)| r.name.as_str())
+            .collect()
     }
 }
 
 impl<H: Host> Store for SharedStore<'_, H> {
     fn load(&self, id: CellId) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-        self.with_key(id, |key| {
-            let (value, cas) = self.host.shared_get(key).map_err(StoreError)?;
-            Ok((value.as_deref().and_then(decode16), cas))
-        })
+        let key = self.cell_key(id)?;
+        let (value, cas) = self.host.shared_get(key.as_str()).map_err(StoreError)?;
+        Ok((value.as_deref().and_then(decode16), cas))
     }
 
     fn store(&self, id: CellId, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
-        self.with_key(id, |key| {
-            self.host
-                .shared_set(key, &encode16(value), token)
-                .map_err(StoreError)
-        })
+        let key = self.cell_key(id)?;
+        self.host
+            .shared_set(key.as_str(), &encode16(value), token)
+            .map_err(StoreError)
     }
 
     fn load_blob(&self, id: BlobId) -> Result<(Option<Vec<u8>>, u32), StoreError> {
-        self.host.shared_get(self.blob_key(id)?).map_err(StoreError)
+        let key = self.blob_key(id)?;
+        self.host.shared_get(key.as_str()).map_err(StoreError)
     }
 
     fn store_blob(&self, id: BlobId, value: &[u8], token: u32) -> Result<bool, StoreError> {
+        let key = self.blob_key(id)?;
         self.host
-            .shared_set(self.blob_key(id)?, value, token)
+            .shared_set(key.as_str(), value, token)
             .map_err(StoreError)
     }
 }
 
-/// Creates a cell if it does not exist yet, so that every later update
+/// Creates a value if it does not exist yet, so that every later update
 /// carries a compare-and-swap token (a token of 0 would skip the check).
-pub fn ensure_cell<H: Host>(host: H, key: &str) -> bool {
-    match host.shared_get(key) {
-        Ok((Some(_), _)) => true,
-        Ok((None, cas)) => host
-            .shared_set(key, &encode16([0, 0]), cas)
-            .unwrap_or(false),
-        Err(_) => false,
-    }
-}
-
-/// Creates a variable-size value if it does not exist yet (so that updates
-/// carry a compare-and-swap token).
-pub fn ensure_blob<H: Host>(host: H, key: &str, initial: &[u8]) -> bool {
+fn ensure<H: Host>(host: H, key: &str, initial: &[u8]) -> bool {
     match host.shared_get(key) {
         Ok((Some(_), _)) => true,
         Ok((None, cas)) => host.shared_set(key, initial, cas).unwrap_or(false),
@@ -184,7 +148,7 @@ fn decode_queues(bytes: &[u8]) -> Vec<u32> {
 
 /// Adds a worker's wake queue to the process-wide list.
 pub fn add_wake_queue<H: Host>(host: H, queue: u32) -> bool {
-    for _ in 0..throttle_core::schedule::MAX_CAS_ATTEMPTS {
+    for _ in 0..MAX_CAS_ATTEMPTS {
         let Ok((value, cas)) = host.shared_get(WAKE_KEY) else {
             return false;
         };
@@ -220,18 +184,6 @@ pub fn wake_all<H: Host>(host: H) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slot_keys_are_built_without_allocation() {
-        let k = KeyBuf::new("throttle/v2/rule/users/k/", 4095).unwrap();
-        assert_eq!(k.as_str(), "throttle/v2/rule/users/k/4095");
-        assert_eq!(KeyBuf::new("p/", 0).unwrap().as_str(), "p/0");
-        assert_eq!(
-            KeyBuf::new("p/", u32::MAX).unwrap().as_str(),
-            "p/4294967295"
-        );
-        assert!(KeyBuf::new(&"x".repeat(121), 12_345_678).is_none());
-    }
 
     #[test]
     fn cells_round_trip() {

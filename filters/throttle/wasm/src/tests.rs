@@ -1,7 +1,8 @@
 //! The glue's every path against a fake host, natively and fast: hold, tick,
-//! resume; cancel while queued and at the gate; gone at its turn; timed out;
-//! dry-run; rate and concurrency together; slot return on each kind of end;
-//! a busy worker state; replies and headers exactly; the wake queue.
+//! resume; cancel while queued; gone at its turn; timed out; slot return and
+//! the wake queue; a busy worker state; replies and headers as the host gets
+//! them; metrics and the tick periods; configuration; cluster calls. The
+//! decisions themselves are tested in the core (`stream/tests.rs`).
 
 use std::collections::HashMap;
 
@@ -259,32 +260,6 @@ fn beyond_max_queue_delay_is_rejected_at_once_exactly() {
 }
 
 #[test]
-fn grpc_requests_get_resource_exhausted_without_a_newline() {
-    let host = Fake::new();
-    let cfg = r#"{"rules": [{"name": "g", "rate": "1/s", "max_queue_delay": "0s"}], "rate_limit_headers": true}"#;
-    let mut w = Worker::new(host, 1, cfg);
-    w.at(0);
-    let grpc = [("content-type", "application/grpc")];
-    assert_eq!(w.request(10, &grpc), Flow::Continue);
-    assert_eq!(w.request(11, &grpc), Flow::Pause);
-    let r = reply(host, 11).expect("a reply");
-    assert_eq!(
-        (r.status, r.grpc_status, r.body),
-        (429, Some(8), "throttled: retry later")
-    );
-    assert_eq!(
-        r.headers,
-        vec![
-            ("retry-after", "1".to_string()),
-            ("ratelimit-policy", "\"g\";q=1;w=1".to_string()),
-            ("ratelimit", "\"g\";r=0;t=1".to_string())
-        ]
-    );
-    w.respond(11, true);
-    assert!(response_headers(host, 11).is_empty(), "not added twice");
-}
-
-#[test]
 fn rate_limit_headers_replace_the_upstreams_and_are_computed_when_the_response_leaves() {
     let host = Fake::new();
     let cfg = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "1s"}], "rate_limit_headers": true}"#;
@@ -319,24 +294,6 @@ fn rate_limit_headers_replace_the_upstreams_and_are_computed_when_the_response_l
     assert_eq!(
         response_headers(host, 11).first(),
         Some(&("ratelimit".to_string(), "\"api\";r=10;t=0".to_string()))
-    );
-}
-
-#[test]
-fn legacy_names_when_asked() {
-    let host = Fake::new();
-    let cfg = r#"{"rules": [{"name": "api", "rate": "30/m"}], "rate_limit_headers": "legacy"}"#;
-    let mut w = Worker::new(host, 1, cfg);
-    w.at(0);
-    w.request(10, &[]);
-    w.respond(10, true);
-    assert_eq!(
-        response_headers(host, 10),
-        vec![
-            ("x-ratelimit-limit".to_string(), "30".to_string()),
-            ("x-ratelimit-remaining".to_string(), "29".to_string()),
-            ("x-ratelimit-reset".to_string(), "2".to_string())
-        ]
     );
 }
 
@@ -462,192 +419,60 @@ fn the_gate_lets_one_in_and_hands_the_slot_over_on_response_end() {
 }
 
 #[test]
-fn a_slot_goes_back_when_the_stream_ends_without_a_response() {
-    let host = Fake::new();
-    let mut w = Worker::new(host, 1, GATE);
-    w.at(0);
-    w.request(10, &[]);
-    assert_eq!(w.metric("c", "in_flight"), 1);
-    w.done(10);
-    assert_eq!(w.metric("c", "in_flight"), 0);
-    assert_eq!(w.request(11, &[]), Flow::Continue, "the slot is free again");
-}
-
-#[test]
-fn a_waiter_that_leaves_abandons_its_ticket_until_its_turn() {
-    let host = Fake::new();
-    let mut w = Worker::new(host, 1, GATE);
-    w.at(0);
-    w.request(10, &[]);
-    w.request(11, &[]);
-    w.request(12, &[]);
-    w.done(11);
-    assert_eq!(w.metric("c", "cancelled"), 1);
-    // 10's response ends: ticket 1 (gone) is counted done at its turn, 12 goes.
-    w.respond(10, true);
-    w.tick();
-    assert_eq!(host.state().resumed, vec![12]);
-    assert_eq!(w.metric("c", "in_flight"), 1);
-}
-
-#[test]
-fn a_waiter_past_max_queue_delay_is_rejected_on_tick() {
-    let host = Fake::new();
-    let cfg = r#"{"rules": [{"name": "c", "concurrency": 1, "max_queue_delay": "100ms"}]}"#;
-    let mut w = Worker::new(host, 1, cfg);
-    w.at(0);
-    w.request(10, &[]);
-    w.request(11, &[("content-type", "application/grpc")]);
-    w.at(101);
-    w.tick();
-    let r = reply(host, 11).expect("rejected");
-    assert_eq!((r.status, r.grpc_status), (429, Some(8)));
-    assert_eq!(
-        w.stats("c"),
-        s(&[
-            ("admitted", 1),
-            ("queued", 1),
-            ("rejected", 1),
-            ("in_flight", 1)
-        ])
-    );
-}
-
-#[test]
-fn rate_and_concurrency_together_take_the_slot_at_release() {
-    let host = Fake::new();
-    let cfg =
-        r#"{"rules": [{"name": "rc", "rate": "10/s", "concurrency": 1, "max_queue_delay": "1s"}]}"#;
-    let mut w = Worker::new(host, 1, cfg);
-    w.at(0);
-    assert_eq!(w.request(10, &[]), Flow::Continue);
-    assert_eq!(w.request(11, &[]), Flow::Pause);
-    // At 100 ms 11's rate turn comes, but 10 still holds the slot: it waits at the gate.
-    w.at(100);
-    w.tick();
-    assert!(host.state().resumed.is_empty());
-    w.respond(10, true);
-    w.tick();
-    assert_eq!(host.state().resumed, vec![11]);
-    assert_eq!(
-        w.stats("rc"),
-        s(&[
-            ("admitted", 1),
-            ("queued", 1),
-            ("released", 1),
-            ("in_flight", 1)
-        ])
-    );
-    // Gone at its turn gives its slot back.
-    w.at(200);
-    w.request(12, &[]);
-    w.respond(11, true);
-    host.state().gone.insert(12);
-    w.at(300);
-    w.tick();
-    assert_eq!(w.metric("rc", "gone"), 1);
-    assert_eq!(
-        w.metric("rc", "in_flight"),
-        0,
-        "the gone stream's slot went back"
-    );
-}
-
-#[test]
-fn dry_run_decides_counts_and_stays_invisible_by_default() {
-    let host = Fake::new();
-    let cfg = r#"{"dry_run": true, "rules": [{"name": "d", "rate": "10/s", "max_queue_delay": "150ms"}]}"#;
-    let mut w = Worker::new(host, 1, cfg);
-    w.at(0);
-    for id in 10..14 {
-        assert_eq!(w.request(id, &[]), Flow::Continue);
-        w.respond(id, true);
-    }
-    // 1 admitted, 1 would queue (100 ms), 2 would be rejected (200, 300 ms > 150 ms):
-    // the counters add up to the requests.
-    assert_eq!(
-        w.stats("d"),
-        s(&[("admitted", 1), ("would_queue", 1), ("would_reject", 2)])
-    );
-    for id in 10..14 {
-        assert!(
-            response_headers(host, id).is_empty(),
-            "{id}: a trial is invisible"
-        );
-    }
-    assert!(host.state().replies.is_empty() && host.state().resumed.is_empty());
-}
-
-#[test]
-fn dry_run_headers_show_each_decision_when_asked() {
-    let host = Fake::new();
-    let cfg = r#"{"dry_run": true, "dry_run_headers": true, "rate_limit_headers": true,
-                  "rules": [{"name": "d", "rate": "10/s", "max_queue_delay": "150ms"}]}"#;
-    let mut w = Worker::new(host, 1, cfg);
-    w.at(0);
-    for id in 10..13 {
-        w.request(id, &[]);
-        w.respond(id, true);
-    }
-    let note = |id| {
-        response_headers(host, id)
-            .into_iter()
-            .find(|(n, _)| n == "x-throttle-dry-run")
-            .map(|(_, v)| v)
-    };
-    assert_eq!(note(10), None);
-    assert_eq!(note(11).as_deref(), Some("queued; wait_ms=100"));
-    assert_eq!(
-        note(12).as_deref(),
-        Some("rejected; status=429; retry_after=1")
-    );
-    assert!(response_headers(host, 12)
-        .iter()
-        .any(|(n, _)| n == "ratelimit"));
-}
-
-#[test]
-fn dry_run_at_the_gate_goes_at_once_but_keeps_in_flight_true() {
-    let host = Fake::new();
-    let cfg = r#"{"rules": [{"name": "c", "concurrency": 1, "dry_run": true}]}"#;
-    let mut w = Worker::new(host, 1, cfg);
-    w.at(0);
-    assert_eq!(w.request(10, &[]), Flow::Continue);
-    assert_eq!(w.request(11, &[]), Flow::Continue);
-    assert_eq!(
-        w.stats("c"),
-        s(&[("admitted", 1), ("would_queue", 1), ("in_flight", 2)])
-    );
-    w.respond(10, true);
-    w.respond(11, true);
-    assert_eq!(w.metric("c", "in_flight"), 0);
-}
-
-#[test]
 fn a_busy_worker_state_never_strands_a_request() {
     let host = Fake::new();
     let mut w = Worker::new(host, 1, RATE);
     w.at(0);
     w.request(10, &[]);
-    // Something holds the worker state (cannot happen in one thread): a
-    // request that would be held is rejected instead of paused unrecorded.
-    let worker = w.root.local();
-    let guard = worker.borrow_mut();
+    // Something holds the worker state (cannot happen in one thread): the
+    // glue fails closed without it (nothing held unrecorded), counted as
+    // contention.
+    let worker = w.root.worker();
+    let guard = worker.core.borrow_mut();
+    let reads = host.state().clock_reads;
     assert_eq!(w.request(11, &[]), Flow::Pause);
     drop(guard);
     assert_eq!(reply(host, 11).map(|r| r.status), Some(429));
+    assert_eq!(host.state().clock_reads, reads, "decided without a clock");
     assert!(host
         .state()
         .logs
         .iter()
         .any(|(_, m)| m.contains("worker state busy")));
-    assert_eq!(w.stats("r"), s(&[("admitted", 1), ("rejected", 1)]));
+    assert_eq!(
+        w.stats("r"),
+        s(&[("admitted", 1), ("rejected", 1), ("contention", 1)])
+    );
+    // Under dry-run it goes on, as a request that would have been rejected.
+    let host = Fake::new();
+    let cfg =
+        r#"{"dry_run": true, "dry_run_headers": true, "rules": [{"name": "d", "rate": "10/s"}]}"#;
+    let mut w = Worker::new(host, 1, cfg);
+    let worker = w.root.worker();
+    let guard = worker.core.borrow_mut();
+    assert_eq!(host.state().tick_ms, 0);
+    assert_eq!(w.request(10, &[]), Flow::Continue);
+    drop(guard);
+    assert_eq!(
+        host.state().tick_ms,
+        100,
+        "counted through the one route: a tick hands the counts over"
+    );
+    w.respond(10, true);
+    assert_eq!(
+        response_headers(host, 10),
+        vec![(
+            "x-throttle-dry-run".to_string(),
+            "rejected; contention".to_string()
+        )]
+    );
+    assert_eq!(w.stats("d"), s(&[("contention", 1), ("would_reject", 1)]));
 
     // A gate cannot record a slot without the worker state: rejected, counted as contention.
     let host = Fake::new();
     let mut w = Worker::new(host, 1, GATE);
-    let worker = w.root.local();
-    let guard = worker.borrow_mut();
+    let worker = w.root.worker();
+    let guard = worker.core.borrow_mut();
     assert_eq!(w.request(10, &[]), Flow::Pause);
     drop(guard);
     assert_eq!(w.stats("c"), s(&[("rejected", 1), ("contention", 1)]));

@@ -1,8 +1,8 @@
 //! The calling VM's side: when to call the engine, what to claim, what an
 //! answer grants, and when the rules fall back.
 //!
-//! One call per process per epoch at most (all cluster rules batched as
-//! descriptors), never two in flight, never closer than [`MIN_CALL_INTERVAL_NS`]:
+//! One call per process per epoch at most (all cluster rules' claims
+//! batched), never two in flight, never closer than [`MIN_CALL_INTERVAL_NS`]:
 //! at most 10 calls per second per process whatever the traffic, and none
 //! while no rule has demand. At epoch `e` a rule with demand sends:
 //!
@@ -37,12 +37,14 @@
 //! have kept failing for `fallback_after`, every rule switches to its
 //! `on_engine_failure` mode, and the first good answer switches them back.
 
-use crate::config::{EngineConfig, OnEngineFailure};
-use crate::NS_PER_S;
+use std::sync::Arc;
 
+use crate::clock::NS_PER_S;
+use crate::config::{EngineConfig, OnEngineFailure};
+
+use super::engine::{Claim, Counted, Counter, Engine, Failure, Request};
 use super::grants::Mode;
 use super::grid::{Grid, WINDOW_NS};
-use super::wire::{parse_answer, request_body, Counted, Descriptor, Failure, Family};
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
 /// The process counter they read moves when each worker hands its counts
@@ -58,13 +60,13 @@ pub const MEMBERS_MEMORY: usize = 50;
 
 /// Calls are paced at one per this interval (at most 10 per second per
 /// process, whatever the rules), with [`CALL_TOLERANCE_NS`] of tolerance.
-pub const MIN_CALL_INTERVAL_NS: u64 = 100 * crate::NS_PER_MS;
+pub const MIN_CALL_INTERVAL_NS: u64 = 100 * crate::clock::NS_PER_MS;
 
 /// How early a call may come against its pace: a call that came late (the
 /// calling VM's tick is late by up to its period) does not push the next
 /// epoch's call into the epoch after, so no epoch goes without its call.
 /// Over any second: at most 11 calls; over time: at most 10 per second.
-pub const CALL_TOLERANCE_NS: u64 = 40 * crate::NS_PER_MS;
+pub const CALL_TOLERANCE_NS: u64 = 40 * crate::clock::NS_PER_MS;
 
 /// One cluster rule as the calling VM sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,10 +98,11 @@ pub struct RuleUpdate {
     pub ranges: Vec<(u64, u64)>,
 }
 
-/// A call to send: `POST /json` with this body, bounded by `engine.timeout`.
+/// A call to send to the engine's cluster, bounded by `engine.timeout`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
-    pub body: Vec<u8>,
+    /// The request, as the engine builds it.
+    pub request: Request,
     pub timeout_ns: u64,
 }
 
@@ -157,7 +160,8 @@ struct Planned {
 struct InFlight {
     sent_at: u64,
     plan: Vec<Planned>,
-    descriptors: Vec<Descriptor>,
+    /// The plan's claims, as the engine got them.
+    claims: Vec<Claim>,
 }
 
 #[derive(Debug, Clone)]
@@ -193,7 +197,7 @@ struct RuleState {
 /// The calling VM's state for all cluster rules of one process.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    domain: String,
+    engine: Arc<dyn Engine>,
     timeout_ns: u64,
     fallback_after_ns: u64,
     skew_ns: u64,
@@ -239,7 +243,7 @@ fn lookup(list: &[(u64, u64)], epoch: u64) -> u64 {
 impl Caller {
     pub fn new(engine: &EngineConfig, rules: Vec<RuleSpec>) -> Caller {
         Caller {
-            domain: engine.domain.clone(),
+            engine: super::engine(engine),
             timeout_ns: engine.timeout_ns,
             fallback_after_ns: engine.fallback_after_ns,
             skew_ns: engine.max_clock_skew_ns,
@@ -274,6 +278,11 @@ impl Caller {
     pub fn with_phase(mut self, permille: u64) -> Caller {
         self.phase_permille = permille.min(999);
         self
+    }
+
+    /// How many rules it calls for.
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
     }
 
     /// Counters of rule `i`.
@@ -389,18 +398,19 @@ impl Caller {
         if plan.is_empty() {
             return None;
         }
-        let descriptors: Vec<Descriptor> = plan
+        let claims: Vec<Claim> = plan
             .iter()
             .filter_map(|p| {
                 let r = self.rules.get(p.rule)?;
-                let family = match p.purpose {
-                    Purpose::Share | Purpose::Leftover => Family::Slots,
-                    Purpose::MemberAdd | Purpose::MemberLook => Family::Members,
-                    Purpose::DemandAdd | Purpose::DemandLook => Family::Demand,
+                let counter = match p.purpose {
+                    Purpose::Share | Purpose::Leftover => Counter::Slots,
+                    Purpose::MemberAdd | Purpose::MemberLook => Counter::Members,
+                    Purpose::DemandAdd | Purpose::DemandLook => Counter::Demand,
                 };
-                Some(Descriptor {
-                    family,
-                    value: r.spec.grid.descriptor_value(&r.spec.name, p.epoch),
+                Some(Claim {
+                    rule: p.rule,
+                    counter,
+                    key: r.spec.grid.counter_key(&r.spec.name, p.epoch),
                     hits: p.hits,
                 })
             })
@@ -410,7 +420,7 @@ impl Caller {
                 r.stats.calls += 1;
             }
         }
-        let body = request_body(&self.domain, &descriptors);
+        let request = self.engine.request(&claims);
         self.call_due = Some(
             self.call_due
                 .map_or(now, |t| t.max(now))
@@ -419,10 +429,10 @@ impl Caller {
         self.in_flight = Some(InFlight {
             sent_at: now,
             plan,
-            descriptors,
+            claims,
         });
         Some(Call {
-            body,
+            request,
             timeout_ns: self.timeout_ns,
         })
     }
@@ -439,7 +449,7 @@ impl Caller {
             return Vec::new();
         };
         let counted = answer
-            .and_then(|(status, body)| parse_answer(status, body, &call.descriptors))
+            .and_then(|(status, body)| self.engine.read(status, body, &call.claims))
             .and_then(|c| {
                 if now.saturating_sub(call.sent_at) > self.timeout_ns {
                     return Err(Failure::Timeout);

@@ -23,22 +23,10 @@
 //! times in `[t - slack, t + W]`: at most `R*W + burst + 2` across all proxies
 //! (plus the glue's tick jitter on held requests, and clock skew between hosts).
 
-use crate::schedule::{SharedCell, StoreError, MAX_CAS_ATTEMPTS};
-use crate::NS_PER_S;
+use crate::clock::NS_PER_S;
+use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
 use super::Grid;
-
-/// A variable-size value shared by all workers: proxy-wasm shared data in the
-/// filter, a plain value in tests. `store` succeeds only if the value has not
-/// changed since `load` returned `token`.
-pub trait SharedBlob {
-    /// Version token of a loaded value.
-    type Token: Copy;
-    /// Reads the value (None if never stored).
-    fn load(&mut self) -> Result<(Option<Vec<u8>>, Self::Token), StoreError>;
-    /// Compare-and-swap. Ok(false): changed since `token` (retry).
-    fn store(&mut self, value: &[u8], token: Self::Token) -> Result<bool, StoreError>;
-}
 
 /// How a rule admits requests now, as published by the calling VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,6 +225,17 @@ pub enum Attempt {
     Retry { waited_ns: u64 },
 }
 
+impl Attempt {
+    /// How long this attempt may still hold its request: `max_queue_delay`
+    /// less what a retry has waited already.
+    pub fn max_delay(self, reach: &Reach) -> u64 {
+        match self {
+            Attempt::First => reach.max_delay_ns,
+            Attempt::Retry { waited_ns } => reach.max_delay_ns.saturating_sub(waited_ns),
+        }
+    }
+}
+
 /// The decision for one request of a cluster rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
@@ -303,10 +302,7 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
     can_hold: bool,
     attempt: Attempt,
 ) -> Take {
-    let max_delay = match attempt {
-        Attempt::First => reach.max_delay_ns,
-        Attempt::Retry { waited_ns } => reach.max_delay_ns.saturating_sub(waited_ns),
-    };
+    let max_delay = attempt.max_delay(reach);
     let min_slot = reach.min_slot(now);
     let mut grants: Option<Grants> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
@@ -490,8 +486,8 @@ pub fn add_waiting<C: SharedCell>(cell: &mut C, delta: i64) -> Result<u64, Store
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::sim::{MemBlob, MemCell};
-    use crate::NS_PER_MS;
+    use crate::clock::NS_PER_MS;
+    use crate::testing::{MemBlob, MemCell};
 
     const MS: u64 = NS_PER_MS;
 

@@ -22,7 +22,7 @@
 //! holding the epoch's start, and at least `max_clock_skew` from its start and
 //! `max_clock_skew + timeout` from its end ([`Grid::may_claim`]).
 
-use crate::{NS_PER_MS, NS_PER_S};
+use crate::clock::{NS_PER_MS, NS_PER_S};
 
 /// Target epoch length: at most 10 epochs (10 calls) per second per rule.
 pub const EPOCH_TARGET_NS: u64 = 100 * NS_PER_MS;
@@ -127,10 +127,10 @@ impl Grid {
         out
     }
 
-    /// The descriptor value naming this grid for rule `name` at epoch `f`:
+    /// The key naming this grid's counters for rule `name` at epoch `f`:
     /// `<name>:<T>:<L>:<f>`. Proxies whose rule differs in name or rate never
     /// share a counter.
-    pub fn descriptor_value(&self, name: &str, f: u64) -> String {
+    pub fn counter_key(&self, name: &str, f: u64) -> String {
         format!("{name}:{}:{}:{f}", self.interval_ns, self.slots_per_epoch)
     }
 
@@ -291,10 +291,7 @@ mod tests {
         assert_eq!(g.slot_at_or_after(now - MS), g.slot_at_or_after(now) - 1);
         assert_eq!(g.epoch_of_slot(g.first_slot(f) + 49), f);
         assert_eq!(g.epoch_of_slot(g.first_slot(f) + 50), f + 1);
-        assert_eq!(
-            g.descriptor_value("orders", f),
-            "orders:2000000:50:17954676001"
-        );
+        assert_eq!(g.counter_key("orders", f), "orders:2000000:50:17954676001");
     }
 
     #[test]

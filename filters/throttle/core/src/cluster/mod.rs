@@ -4,51 +4,65 @@
 //! nanoseconds since the Unix epoch.
 //!
 //! * [`grid`]: the slot grid every proxy computes alike, and the hourly guard.
-//! * [`wire`]: the `POST /json` body and the strict reading of answers.
 //! * [`caller`]: the calling VM — what to claim, when, what an answer grants,
 //!   fallback and return.
+//! * [`mod@engine`]: the engine as a trait (build the request for the caller's
+//!   claims, read the answer); [`wire`]: envoyproxy/ratelimit's `POST /json`,
+//!   its one implementation.
+//! * [`lease`]: which VM of a process calls; [`calls`]: that VM's side as a
+//!   whole (lease, plan, request, publish, statistics), all but the I/O.
 //! * [`grants`]: owned slots in shared data — the grants blob
-//!   ([`SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
-//! * `sim` (feature `testing`): an in-memory engine that models the service (window suffix
-//!   included) and simulated proxies, for tests and the simulation driver.
+//!   ([`crate::SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
+//! * `sim` (feature `testing`): an in-memory engine that models the service
+//!   (window suffix included), and simulated proxies that run the shipped
+//!   [`crate::Worker`], [`crate::Stream`] and [`Calls`] on the in-memory
+//!   store, for tests and the simulation driver.
 //!
-//! How the glue uses it (the order matters):
+//! How it runs (the order matters):
 //!
-//! 1. On configure: one [`Caller`] in the VM that makes the calls (built from
-//!    the rules with [`rule_spec`]); per rule, shared data for the grants blob,
-//!    the cursor, the waiting count and the fallback schedule's TAT.
-//! 2. On that VM's tick (every ~10 ms): read [`RuleFacts`] (the taken counter
-//!    metric and the waiting count), call [`Caller::tick`]; send the returned
-//!    [`Call`] with `dispatch_http_call` (`POST /json`, timeout
-//!    `call.timeout_ns`) and [`publish`] every returned [`RuleUpdate`].
-//! 3. On the call's answer: [`Caller::on_answer`] with `(status, body)`, or
-//!    `Failure::Transport` / `Failure::Timeout`; [`publish`] every update.
-//! 4. Per request, on any worker: [`take`] with the rule's [`Reach`] and
-//!    `Attempt::First`. `Now`: continue; `Hold`: hold `delay_ns`; both count
-//!    as taken (metric). `Wait`: keep it in the worker's queue and retry on
-//!    tick with `Attempt::Retry { waited_ns }`, oldest first, stopping at the
-//!    first that must still wait, and only when the grants blob changed
-//!    since (its CAS token; `sim::SimProxy` does exactly this); once it has waited
-//!    `max_queue_delay`, reject it and [`add_waiting`] -1 (also when its
-//!    client goes away). `Local`: [`crate::admit`] on the rule's fallback TAT
-//!    with [`local_schedule`]. `Deny`, `Reject`, `Contention`: reject. Every
-//!    request of the rule counts as arrived (the metric [`RuleFacts`] reads).
-//! 5. Metrics per rule from [`Caller::stats`]: calls, failures, slots granted,
-//!    time in fallback ([`RuleStats::fallback_total_ns`]); slots unused =
-//!    granted - taken - the usable count [`publish`] returns.
+//! 1. On configure: per rule, shared data for the grants blob, the cursor,
+//!    the waiting count and the fallback schedule's TAT
+//!    ([`crate::stream::initial_values`]); in every VM, one [`Calls`].
+//! 2. On each VM's tick (every 20 ms at least): [`Calls::on_tick`]. The VM
+//!    holding the lease reads [`RuleFacts`] (the rule's `requests` counter
+//!    and the waiting count), lets the [`Caller`] plan, [`publish`]es every
+//!    returned [`RuleUpdate`], and returns the [`Call`] to send (the glue:
+//!    `dispatch_http_call` of the engine's request to `engine.cluster`,
+//!    timeout `call.timeout_ns`).
+//! 3. On the call's answer: [`Calls::on_answer`] with `(status, body)`, or
+//!    `Failure::Transport` / `Failure::Timeout`; every update is published.
+//! 4. Per request, on any worker: the stream's cluster stage, [`take`] with
+//!    the rule's [`Reach`] and `Attempt::First`. `Now`: continue; `Hold`:
+//!    hold `delay_ns`; both count as taken (metric). `Wait`: the worker keeps
+//!    it and retries on every tick with `Attempt::Retry { waited_ns }`
+//!    ([`crate::stream::retry_grants`]), oldest first, stopping at the first
+//!    that must still wait; once it has waited `max_queue_delay`, it is
+//!    rejected and [`add_waiting`] -1 (also when its client goes away).
+//!    `Local`: [`crate::admit`] on the rule's fallback TAT with
+//!    [`local_schedule`] (a retry: what is left of `max_queue_delay`).
+//!    `Deny`, `Reject`, `Contention`: reject. Every request of the rule
+//!    counts as arrived (the metric [`RuleFacts`] reads).
+//! 5. Statistics per rule, returned by [`Calls`] as counts: calls, failures,
+//!    slots granted, time in fallback ([`RuleStats::fallback_total_ns`]);
+//!    slots unused = granted - taken - the usable count [`publish`] returns.
 //!
-//! Shared data per rule (proxy-wasm shared data, written with CAS):
+//! Shared data per rule (proxy-wasm shared data, written with CAS; the keys
+//! are the layout of [`crate::store`]: [`CellId::key`](crate::store::CellId::key)):
 //!
-//! | key (suggested) | value | written by |
+//! | key | value | written by |
 //! |---|---|---|
-//! | `throttle.cluster.<rule>.grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
-//! | `throttle.cluster.<rule>.cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
-//! | `throttle.cluster.<rule>.waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
-//! | `throttle.cluster.<rule>.local` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
+//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
+//! | `throttle/v2/rule/<rule>/cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
+//! | `throttle/v2/rule/<rule>/waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
+//! | `throttle/v2/rule/<rule>/fallback` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
+//! | `throttle/v2/caller/<hash of the configuration>` | the caller lease `[holder, until]` | the VMs that may call |
 
 pub mod caller;
+pub mod calls;
+pub mod engine;
 pub mod grants;
 pub mod grid;
+pub mod lease;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod wire;
@@ -57,17 +71,23 @@ pub use caller::{
     Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
     MIN_CALL_INTERVAL_NS,
 };
-pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, SharedBlob, Take};
+pub use calls::{Calls, Effects};
+pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
+pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, Take};
 pub use grid::Grid;
-pub use wire::Failure;
 
-use crate::config::Rule;
+use std::sync::Arc;
+
+use crate::config::{EngineConfig, Rule};
 use crate::schedule::Schedule;
-use crate::NS_PER_S;
 
-/// Slowest interval cluster scope accepts (a rate of 1/s): slower grids have
-/// epochs so long that claims two epochs ahead would often cross the hour.
-pub const MAX_INTERVAL_NS: u64 = NS_PER_S;
+/// The engine of a configuration's `engine` block (today always
+/// envoyproxy/ratelimit's JSON API; another engine is chosen here).
+pub fn engine(config: &EngineConfig) -> Arc<dyn Engine> {
+    Arc::new(wire::RatelimitJson {
+        domain: config.domain.clone(),
+    })
+}
 
 /// The calling VM's view of a validated cluster rule (None for process scope).
 pub fn rule_spec(rule: &Rule) -> Option<RuleSpec> {
@@ -94,10 +114,11 @@ pub fn rule_reach(rule: &Rule) -> Option<Reach> {
 }
 
 /// The process schedule of a rule in local fallback: one request every
-/// `interval_ns`, the rule's burst and max_queue_delay.
-pub fn local_schedule(reach: &Reach, interval_ns: u64) -> Schedule {
+/// `interval_ns`, the rule's burst, and what is left of its max_queue_delay
+/// for this attempt (all of it for a first attempt).
+pub fn local_schedule(reach: &Reach, interval_ns: u64, attempt: Attempt) -> Schedule {
     let burst = reach.slack_ns / reach.grid.interval_ns.max(1) - 1;
-    Schedule::new(interval_ns, burst, reach.max_delay_ns)
+    Schedule::new(interval_ns, burst, attempt.max_delay(reach))
 }
 
 #[cfg(test)]

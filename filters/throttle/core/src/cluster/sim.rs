@@ -1,25 +1,38 @@
-//! Simulation support: shared data in memory, an engine that models the
-//! rate limit service, simulated proxies (each a [`Caller`] plus its shared
-//! data and waiting requests, exactly as the glue wires them), and a
-//! virtual-time world for property tests. The driver in `tools/cluster-sim`
-//! runs the same [`SimProxy`] against the real service in real time.
+//! Simulation support: an engine that models the rate limit service, and
+//! simulated proxies that run what ships — the [`Stream`] of each request,
+//! the [`Worker`] and its ticks, the calling side ([`Calls`]) — on the
+//! in-memory store, with a virtual-time world for property tests. The driver
+//! in `perf/cluster-sim` runs the same [`SimProxy`] against the real service
+//! in real time.
+//!
+//! The simulation has no decision logic of its own. Two things stand in for
+//! the glue and Envoy: the timer (a proxy's worker ticks at every tick of the
+//! world while it holds anything, and releases exactly at each held
+//! request's release time: the glue's tick jitter is measured against real
+//! Envoy instead), and the observation of which grid slot each request used
+//! (read from the cursor's compare-and-swap in the store, as an operator
+//! would read shared data).
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use serde_json::{json, Value};
 
-use crate::config::EngineConfig;
-use crate::schedule::{admit, Admission};
-use crate::NS_PER_S;
+use crate::clock::{Fixed, NS_PER_MS, NS_PER_S};
+use crate::config::{self, Config, EngineConfig, OnEngineFailure};
+use crate::keys::KeyHasher;
+use crate::matcher::{Facts, Request};
+use crate::stats::{Counts, Stat};
+use crate::store::{BlobId, CellId, Initial, Store, StoreError};
+use crate::stream::{initial_values, Env, Stream, Verdict};
+use crate::testing::{MemCells, MemStore};
+use crate::worker::{TickAction, TickPlan, Worker};
 
-use super::caller::{Call, Caller, RuleFacts, RuleSpec, RuleUpdate};
-use super::grants::{add_waiting, publish, take, Attempt, Reach, Take};
+use super::caller::{Call, Caller};
+use super::calls::{Calls, Effects};
+use super::engine::Failure;
 use super::grid::WINDOW_NS;
-use super::local_schedule;
-use super::wire::Failure;
-
-pub use crate::testing::{MemBlob, MemCell};
 
 /// The rate limit service as engine/README.md describes it, in memory: one
 /// counter per `<domain>_<key>_<value>_<hour of the server's clock>`, INCRBY
@@ -125,13 +138,84 @@ impl FakeEngine {
     }
 }
 
-/// What happened to one request.
+/// One cluster rule of a simulated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimRule {
+    pub name: String,
+    pub rate_per_s: u64,
+    pub burst: u64,
+    pub max_queue_delay_ms: u64,
+    pub expected_replicas: u32,
+    pub on_engine_failure: OnEngineFailure,
+}
+
+fn duration(ns: u64) -> String {
+    if ns % NS_PER_MS == 0 {
+        format!("{}ms", ns / NS_PER_MS)
+    } else {
+        format!("{}ms", ns as f64 / NS_PER_MS as f64)
+    }
+}
+
+/// The configuration of `rules` (all `scope: cluster`) with `engine`, as a
+/// user would write it, validated as the filter validates it. With several
+/// rules, a request of rule `i` carries the header `x-sim-rule: i`.
+pub fn config(engine: &EngineConfig, rules: &[SimRule]) -> Result<Config, String> {
+    let several = rules.len() > 1;
+    let rules: Vec<Value> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut rule = json!({
+                "name": r.name,
+                "rate": format!("{}/s", r.rate_per_s),
+                "burst": r.burst,
+                "max_queue_delay": format!("{}ms", r.max_queue_delay_ms),
+                "scope": "cluster",
+                "expected_replicas": r.expected_replicas,
+                "on_engine_failure": match r.on_engine_failure {
+                    OnEngineFailure::LocalShare => "local_share",
+                    OnEngineFailure::Deny => "deny",
+                    OnEngineFailure::LocalFull => "local_full",
+                },
+            });
+            if several {
+                if let Some(obj) = rule.as_object_mut() {
+                    obj.insert(
+                        "match".into(),
+                        json!({"headers": {"x-sim-rule": i.to_string()}}),
+                    );
+                }
+            }
+            rule
+        })
+        .collect();
+    let json = json!({
+        "engine": {
+            "cluster": engine.cluster,
+            "timeout": duration(engine.timeout_ns),
+            "fallback_after": duration(engine.fallback_after_ns),
+            "domain": engine.domain,
+            "max_clock_skew": duration(engine.max_clock_skew_ns),
+        },
+        "rules": rules,
+    });
+    config::parse(json.to_string().as_bytes()).map_err(|errors| {
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+/// What happened to one request when it arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fate {
-    /// Released at this true wall time, on grid slot `slot` (None: local fallback).
-    Released { at: u64, slot: Option<u64> },
-    /// Waiting for grants (resolved later into `Released` or `TimedOut`).
-    Waiting,
+    /// Continued at once, on grid slot `slot` (None: local fallback).
+    Released { slot: Option<u64> },
+    /// Held: until its turn, or waiting for grants (released or rejected later).
+    Held,
     /// Rejected at once.
     Rejected,
 }
@@ -147,68 +231,177 @@ pub struct Release {
     pub slot: Option<u64>,
 }
 
-#[derive(Debug, Clone)]
-struct RuleShared {
-    reach: Reach,
-    cursor: MemCell,
-    blob: MemBlob,
-    waiting: MemCell,
-    local_tat: MemCell,
-    /// Requests waiting for grants: (arrival true time, arrival proxy time).
-    waiters: VecDeque<(u64, u64)>,
-    /// Blob version at which a retry last found nothing (u32::MAX: never).
-    retried_at_version: u32,
-    arrived: u64,
+/// What a compare-and-swap of a proxy's store took: a grid slot of a rule
+/// (the cursor moved past it), or a turn of a rule's fallback schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    Slot(u64),
+    Fallback,
 }
 
-/// One simulated Envoy process: the calling VM and the shared data of its rules.
-#[derive(Debug, Clone)]
+/// The in-memory store of one proxy, noting what each successful
+/// compare-and-swap took. Workers only move a cursor forward (a take); the
+/// calling VM only moves it back (publishing ranges below it).
+#[derive(Clone, Copy)]
+struct SimStore<'a> {
+    mem: MemStore<'a>,
+    taken: &'a RefCell<Vec<Taken>>,
+}
+
+impl Store for SimStore<'_> {
+    fn load(&self, id: CellId) -> Result<(Option<[u64; 2]>, u32), StoreError> {
+        self.mem.load(id)
+    }
+
+    fn store(&self, id: CellId, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
+        let before = match id {
+            CellId::Cursor(_) => self.mem.load(id)?.0.map_or(0, |[next, _]| next),
+            _ => 0,
+        };
+        let stored = self.mem.store(id, value, token)?;
+        if stored {
+            let taken = match id {
+                CellId::Cursor(_) if value[0] > before => Some(Taken::Slot(value[0] - 1)),
+                CellId::Fallback(_) => Some(Taken::Fallback),
+                _ => None,
+            };
+            self.taken.borrow_mut().extend(taken);
+        }
+        Ok(stored)
+    }
+
+    fn load_blob(&self, id: BlobId) -> Result<(Option<Vec<u8>>, u32), StoreError> {
+        self.mem.load_blob(id)
+    }
+
+    fn store_blob(&self, id: BlobId, value: &[u8], token: u32) -> Result<bool, StoreError> {
+        self.mem.store_blob(id, value, token)
+    }
+}
+
+/// A request of rule `.0`: `GET /` with the header `x-sim-rule: <rule>`,
+/// nothing allocated unless a rule reads it.
+struct SimRequest(usize);
+
+impl Request for SimRequest {
+    fn path(&mut self) -> Option<Vec<u8>> {
+        Some(b"/".to_vec())
+    }
+    fn method(&mut self) -> Option<Vec<u8>> {
+        Some(b"GET".to_vec())
+    }
+    fn authority(&mut self) -> Option<Vec<u8>> {
+        Some(b"sim".to_vec())
+    }
+    fn header(&mut self, name: &str) -> Option<Vec<u8>> {
+        (name == "x-sim-rule").then(|| self.0.to_string().into_bytes())
+    }
+    fn source_address(&mut self) -> Option<String> {
+        None
+    }
+    fn principal(&mut self) -> Option<String> {
+        None
+    }
+}
+
+/// A request the worker holds: its true arrival time, and what it took
+/// (None: nothing yet, it waits for grants).
+#[derive(Debug, Clone, Copy)]
+struct HeldRequest {
+    arrived: u64,
+    taken: Option<Taken>,
+}
+
+/// One simulated Envoy process with one worker: its shared data, the
+/// worker's state, its requests' streams, and its calling VM.
+#[derive(Debug)]
 pub struct SimProxy {
-    pub caller: Caller,
+    config: Config,
+    hasher: KeyHasher,
+    cells: RefCell<MemCells>,
+    taken: RefCell<Vec<Taken>>,
+    worker: Worker,
+    calling: Calls,
+    held: HashMap<u32, HeldRequest>,
+    next_id: u32,
+    /// The process's statistics by (rule, stat), as Envoy would hold them.
+    totals: BTreeMap<(usize, Stat), u64>,
     /// This host's wall clock minus the true time, ns.
     pub skew_ns: i64,
-    rules: Vec<RuleShared>,
     pub releases: Vec<Release>,
-    /// Every range granted to this proxy: (rule, [start, end)).
+    /// Every range granted to this proxy: (caller rule, [start, end)).
     pub granted: Vec<(usize, (u64, u64))>,
+    /// Requests rejected: at once, or when a retry found their turn too far.
     pub rejected: u64,
     /// Requests that waited for grants until max_queue_delay and were rejected then.
     pub timed_out: u64,
     pub calls: u64,
     pub failures: u64,
+    /// Takes the simulation could not match to a request (always 0: checked by the tests).
+    pub unmatched: u64,
+    /// The requests waiting for grants, by rule, in the worker's order
+    /// (oldest first: one max_queue_delay per rule).
+    waiters: Vec<VecDeque<u32>>,
+}
+
+impl std::fmt::Debug for SimStore<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SimStore")
+    }
 }
 
 impl SimProxy {
-    pub fn new(engine: &EngineConfig, rules: &[(RuleSpec, Reach)], skew_ns: i64) -> SimProxy {
-        SimProxy {
-            caller: Caller::new(engine, rules.iter().map(|(s, _)| s.clone()).collect()),
+    /// A proxy running `config` (its cluster rules), its clock `skew_ns`
+    /// off the true time. Err: the configuration has no cluster rule or no
+    /// engine.
+    pub fn new(config: &Config, skew_ns: i64) -> Result<SimProxy, String> {
+        let calling = Calls::new(config, 1, 0)
+            .ok_or("the configuration has no cluster rule with an engine")?;
+        let proxy = SimProxy {
+            config: config.clone(),
+            hasher: KeyHasher::new((7, 11)),
+            cells: RefCell::default(),
+            taken: RefCell::default(),
+            worker: Worker::new(),
+            calling,
+            held: HashMap::new(),
+            next_id: 1,
+            totals: BTreeMap::new(),
             skew_ns,
-            rules: rules
-                .iter()
-                .map(|(_, reach)| RuleShared {
-                    reach: *reach,
-                    cursor: MemCell::default(),
-                    blob: MemBlob::default(),
-                    waiting: MemCell::default(),
-                    local_tat: MemCell::default(),
-                    waiters: VecDeque::new(),
-                    retried_at_version: u32::MAX,
-                    arrived: 0,
-                })
-                .collect(),
             releases: Vec::new(),
             granted: Vec::new(),
             rejected: 0,
             timed_out: 0,
             calls: 0,
             failures: 0,
+            unmatched: 0,
+            waiters: vec![VecDeque::new(); config.rules.len()],
+        };
+        // As the glue does on configure.
+        let store = proxy.store();
+        for (i, rule) in proxy.config.rules.iter().enumerate() {
+            for value in initial_values(i, rule) {
+                let _ = match value {
+                    Initial::Cell(id) => store.store(id, [0, 0], 0),
+                    Initial::Blob(id, bytes) => store.store_blob(id, &bytes, 0),
+                };
+            }
         }
+        proxy.taken.borrow_mut().clear();
+        Ok(proxy)
     }
 
     /// Sets the calling VM's phase (see [`Caller::with_phase`]).
     pub fn with_phase(mut self, permille: u64) -> SimProxy {
-        self.caller = self.caller.with_phase(permille);
+        if let Some(calling) = Calls::new(&self.config, 1, permille) {
+            self.calling = calling;
+        }
         self
+    }
+
+    /// The calling VM's caller (its statistics, whether a call is in flight).
+    pub fn caller(&self) -> &Caller {
+        self.calling.caller()
     }
 
     /// This host's wall clock at true time `t`.
@@ -216,177 +409,268 @@ impl SimProxy {
         t.saturating_add_signed(self.skew_ns)
     }
 
+    /// Requests waiting for grants now.
+    pub fn waiting(&self) -> usize {
+        self.worker.grants.len()
+    }
+
+    fn store(&self) -> SimStore<'_> {
+        SimStore {
+            mem: MemStore(&self.cells),
+            taken: &self.taken,
+        }
+    }
+
+    fn count(&mut self, rule: usize, counts: &Counts) {
+        for (stat, delta) in counts.iter() {
+            let t = self.totals.entry((rule, stat)).or_default();
+            *t = t.saturating_add_signed(delta.into());
+        }
+    }
+
     /// A request of rule `rule` arrives at true time `t`.
     pub fn arrive(&mut self, rule: usize, t: u64) -> Fate {
         let now = self.clock(t);
-        let Some(r) = self.rules.get_mut(rule) else {
+        self.release_due(now);
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let req = SimRequest(rule);
+        let env = Env {
+            config: &self.config,
+            hasher: &self.hasher,
+            store: SimStore {
+                mem: MemStore(&self.cells),
+                taken: &self.taken,
+            },
+        };
+        let mut clock = Fixed {
+            mono: now,
+            wall: now,
+        };
+        let d = Stream::new(id).on_request(env, &mut self.worker, &mut Facts::new(req), &mut clock);
+        let taken = self.taken.borrow_mut().pop();
+        self.taken.borrow_mut().clear();
+        let Some(rule) = d.rule else {
             return Fate::Rejected;
         };
-        r.arrived += 1;
-        let decision = take(
-            &mut r.cursor,
-            &mut r.blob,
-            &mut r.waiting,
-            &r.reach,
-            now,
-            true,
-            Attempt::First,
-        );
-        match self.settle(rule, t, now, decision) {
-            Some(fate) => fate,
-            None => {
-                if let Some(r) = self.rules.get_mut(rule) {
-                    r.waiters.push_back((t, now));
+        self.count(rule, &d.counts);
+        match d.verdict {
+            Verdict::Continue => {
+                let slot = match taken {
+                    Some(Taken::Slot(k)) => Some(k),
+                    _ => None,
+                };
+                self.releases.push(Release {
+                    rule,
+                    at: t,
+                    arrived: t,
+                    slot,
+                });
+                Fate::Released { slot }
+            }
+            Verdict::Hold => {
+                if taken.is_none() {
+                    // It waits for grants.
+                    if let Some(q) = self.waiters.get_mut(rule) {
+                        q.push_back(id);
+                    }
                 }
-                Fate::Waiting
+                self.held.insert(id, HeldRequest { arrived: t, taken });
+                Fate::Held
+            }
+            Verdict::Reply(_) => {
+                self.rejected += 1;
+                Fate::Rejected
             }
         }
     }
 
-    /// Records a decision; None for `Wait`.
-    fn settle(&mut self, rule: usize, arrived: u64, now: u64, decision: Take) -> Option<Fate> {
-        let skew = self.skew_ns;
-        let r = self.rules.get_mut(rule)?;
-        let released = |at_local: u64, slot| {
-            let at = at_local.saturating_add_signed(-skew);
-            (
-                Release {
-                    rule,
-                    at,
-                    arrived,
-                    slot,
-                },
-                Fate::Released { at, slot },
-            )
+    /// The worker's releases at each held request's release time up to
+    /// `now` (this host's clock): an exact timer. (Retries of requests
+    /// waiting for grants run on the regular tick.)
+    fn release_due(&mut self, now: u64) {
+        while let Some(at) = self.worker.queue.next_release().filter(|&at| at <= now) {
+            let store = SimStore {
+                mem: MemStore(&self.cells),
+                taken: &self.taken,
+            };
+            let plan = self.worker.plan_releases(&self.config, store, at);
+            self.carry_out(at, plan);
+        }
+    }
+
+    /// One tick of the worker at `now` (this host's clock), carried out.
+    fn worker_tick(&mut self, now: u64) {
+        let mut clock = Fixed {
+            mono: now,
+            wall: now,
         };
-        let (release, fate) = match decision {
-            Take::Now { slot } => released(now, Some(slot)),
-            Take::Hold { slot, delay_ns } => released(now + delay_ns, Some(slot)),
-            Take::Wait => return None,
-            Take::Local { interval_ns } => {
-                let s = local_schedule(&r.reach, interval_ns);
-                match admit(&mut r.local_tat, &s, now, true) {
-                    Admission::Now { .. } => released(now, None),
-                    Admission::Hold { release_at, .. } => released(release_at, None),
-                    _ => {
+        let store = SimStore {
+            mem: MemStore(&self.cells),
+            taken: &self.taken,
+        };
+        let plan = self.worker.plan_tick(&self.config, store, &mut clock);
+        // The retries that took something, each rule's oldest first, took
+        // what the store saw taken, in that order.
+        let replied: HashSet<u32> = plan
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                TickAction::Reply { id, .. } => Some(*id),
+                TickAction::Resume { .. } => None,
+            })
+            .collect();
+        // Each rule's waiters leave in their order: the first ones that no
+        // longer wait left on this tick.
+        let mut retried = Vec::new();
+        for queue in &mut self.waiters {
+            while let Some(&id) = queue
+                .front()
+                .filter(|id| !self.worker.grants.contains(**id))
+            {
+                queue.pop_front();
+                if !replied.contains(&id) {
+                    retried.push(id);
+                }
+            }
+        }
+        let mut taken = self.taken.borrow_mut();
+        if retried.len() != taken.len() {
+            self.unmatched += 1;
+        }
+        for (id, t) in retried.iter().zip(taken.drain(..)) {
+            if let Some(h) = self.held.get_mut(id) {
+                h.taken = Some(t);
+            }
+        }
+        drop(taken);
+        self.carry_out(now, plan);
+    }
+
+    fn carry_out(&mut self, now: u64, plan: TickPlan) {
+        for (rule, counts) in &plan.counts {
+            self.count(*rule, counts);
+        }
+        let at = now.saturating_add_signed(-self.skew_ns);
+        for action in plan.actions {
+            let store = SimStore {
+                mem: MemStore(&self.cells),
+                taken: &self.taken,
+            };
+            match action {
+                TickAction::Resume {
+                    id,
+                    rule,
+                    waited_ns,
+                } => {
+                    self.worker.resuming(id, waited_ns);
+                    let c = self.worker.resumed(&self.config, store, id, true);
+                    self.worker.waited.remove(&id);
+                    self.count(rule, &c);
+                    let held = self.held.remove(&id);
+                    self.releases.push(Release {
+                        rule,
+                        at,
+                        arrived: held.map_or(at, |h| h.arrived),
+                        slot: match held.and_then(|h| h.taken) {
+                            Some(Taken::Slot(k)) => Some(k),
+                            _ => None,
+                        },
+                    });
+                }
+                TickAction::Reply { id, rule, .. } => {
+                    let c = self.worker.replied(id, true);
+                    self.count(rule, &c);
+                    // Its max_queue_delay ran out while it waited, or a
+                    // retry found its turn too far away.
+                    let max_delay = self.config.rules.get(rule).map_or(0, |r| r.max_delay_ns);
+                    let held = self.held.remove(&id);
+                    if held.is_some_and(|h| now >= self.clock(h.arrived).saturating_add(max_delay))
+                    {
+                        self.timed_out += 1;
+                    } else {
                         self.rejected += 1;
-                        return Some(Fate::Rejected);
                     }
                 }
             }
-            Take::Reject { .. } | Take::Deny | Take::Contention => {
-                self.rejected += 1;
-                return Some(Fate::Rejected);
-            }
-        };
-        self.releases.push(release);
-        Some(fate)
+        }
     }
 
-    /// The calling VM's tick and the workers' retries, at true time `t`.
-    /// Returns the call to send.
+    /// The calling VM's tick and the worker's, at true time `t`. Returns the
+    /// call to send.
     pub fn tick(&mut self, t: u64) -> Option<Call> {
         let now = self.clock(t);
-        for rule in 0..self.rules.len() {
-            self.retry_waiters(rule, now);
+        self.release_due(now);
+        // As the glue: the worker ticks while it holds anything.
+        if self.worker.needs_ticks() {
+            self.worker_tick(now);
         }
-        let facts: Vec<RuleFacts> = self
-            .rules
-            .iter()
-            .map(|r| RuleFacts {
-                arrived_total: r.arrived,
-                waiting: r.waiting.v.map_or(0, |[n, _]| n),
-            })
-            .collect();
-        let (call, updates) = self.caller.tick(now, &facts);
-        self.apply(now, &updates);
+        let store = SimStore {
+            mem: MemStore(&self.cells),
+            taken: &self.taken,
+        };
+        let totals = &self.totals;
+        let out = self.calling.on_tick(
+            store,
+            &mut Fixed {
+                mono: now,
+                wall: now,
+            },
+            &|rule, stat| totals.get(&(rule, stat)).copied().unwrap_or(0),
+        );
+        let call = self.apply(out);
         if call.is_some() {
             self.calls += 1;
         }
         call
     }
 
-    /// The workers' retries of requests waiting for grants, oldest first (as
-    /// the glue should do them): expired ones are rejected; the rest are
-    /// retried only when the grants blob changed since a retry last found
-    /// nothing, and only until one still has to wait.
-    fn retry_waiters(&mut self, rule: usize, now: u64) {
-        loop {
-            let Some(r) = self.rules.get_mut(rule) else {
-                return;
-            };
-            let Some(&(arrived, started)) = r.waiters.front() else {
-                return;
-            };
-            let waited_ns = now.saturating_sub(started);
-            if waited_ns >= r.reach.max_delay_ns {
-                // Its max_queue_delay is over: rejected (the glue answers 429 now).
-                r.waiters.pop_front();
-                let _ = add_waiting(&mut r.waiting, -1);
-                self.timed_out += 1;
-                continue;
-            }
-            if r.blob.version == r.retried_at_version {
-                return;
-            }
-            let d = take(
-                &mut r.cursor,
-                &mut r.blob,
-                &mut r.waiting,
-                &r.reach,
-                now,
-                true,
-                Attempt::Retry { waited_ns },
-            );
-            if matches!(d, Take::Wait) {
-                r.retried_at_version = r.blob.version;
-                return;
-            }
-            r.waiters.pop_front();
-            self.settle(rule, arrived, now, d);
-        }
-    }
-
     /// The answer to the call in flight, at true time `t`.
     pub fn answer(&mut self, t: u64, answer: Result<(u16, &[u8]), Failure>) {
         let now = self.clock(t);
-        let before: u64 = (0..self.rules.len())
-            .filter_map(|i| self.caller.stats(i))
-            .map(|s| s.failures)
-            .sum();
-        let updates = self.caller.on_answer(now, answer);
-        let after: u64 = (0..self.rules.len())
-            .filter_map(|i| self.caller.stats(i))
-            .map(|s| s.failures)
-            .sum();
-        if after > before {
+        self.release_due(now);
+        let failures = |c: &Caller| {
+            (0..c.rule_count())
+                .filter_map(|i| c.stats(i))
+                .map(|s| s.failures)
+                .sum::<u64>()
+        };
+        let before = failures(self.calling.caller());
+        let store = SimStore {
+            mem: MemStore(&self.cells),
+            taken: &self.taken,
+        };
+        let totals = &self.totals;
+        let out = self.calling.on_answer(store, now, answer, &|rule, stat| {
+            totals.get(&(rule, stat)).copied().unwrap_or(0)
+        });
+        if failures(self.calling.caller()) > before {
             self.failures += 1;
         }
-        self.apply(now, &updates);
+        self.apply(out);
     }
 
-    fn apply(&mut self, now: u64, updates: &[RuleUpdate]) {
-        for u in updates {
-            for &range in &u.ranges {
-                self.granted.push((u.rule, range));
-            }
-            if let Some(r) = self.rules.get_mut(u.rule) {
-                let _ = publish(
-                    &mut r.blob,
-                    &mut r.cursor,
-                    &r.reach,
-                    now,
-                    u.mode,
-                    u.grant_rate_per_s,
-                    &u.ranges,
-                );
-            }
+    /// Counts what the calling side reports and notes what it granted.
+    fn apply(&mut self, out: Effects) -> Option<Call> {
+        for (rule, counts) in &out.counts {
+            self.count(*rule, counts);
         }
+        for u in &out.published {
+            self.granted
+                .extend(u.ranges.iter().map(|&range| (u.rule, range)));
+        }
+        out.call
     }
 
-    /// Requests waiting for grants now.
-    pub fn waiting(&self) -> usize {
-        self.rules.iter().map(|r| r.waiters.len()).sum()
+    /// Releases what is due by true time `t` (the end of a run).
+    pub fn settle(&mut self, t: u64) {
+        let now = self.clock(t);
+        self.release_due(now);
+    }
+
+    /// A statistic's total (what Envoy would show), by rule.
+    pub fn total(&self, rule: usize, stat: Stat) -> u64 {
+        self.totals.get(&(rule, stat)).copied().unwrap_or(0)
     }
 }
 
@@ -438,8 +722,8 @@ impl World {
             proxies,
             engine: FakeEngine::default(),
             engine_skew_ns: 0,
-            tick_ns: 5 * crate::NS_PER_MS,
-            step_ns: crate::NS_PER_MS,
+            tick_ns: 5 * crate::clock::NS_PER_MS,
+            step_ns: crate::clock::NS_PER_MS,
             timeout_ns,
             events: BinaryHeap::new(),
             seq: 0,
@@ -493,7 +777,7 @@ impl World {
                     match net(p, calls) {
                         Net::Latency(ns) => {
                             let late = ns > self.timeout_ns;
-                            let body = call.body;
+                            let body = call.request.body;
                             self.push(
                                 to + ns / 2,
                                 p,
@@ -508,13 +792,18 @@ impl World {
                             }
                         }
                         Net::Refused(ns) => self.push(to + ns, p, Ev::Fail(false)),
-                        Net::Nonsense(status, body) => {
-                            self.push(to + crate::NS_PER_MS, p, Ev::Answer(status, body.to_vec()))
-                        }
+                        Net::Nonsense(status, body) => self.push(
+                            to + crate::clock::NS_PER_MS,
+                            p,
+                            Ev::Answer(status, body.to_vec()),
+                        ),
                     }
                 }
             }
             t = to;
+        }
+        for p in &mut self.proxies {
+            p.settle(end);
         }
     }
 
@@ -533,14 +822,14 @@ impl World {
             }
             Ev::Answer(status, body) => {
                 if let Some(proxy) = self.proxies.get_mut(p) {
-                    if proxy.caller.in_flight() {
+                    if proxy.caller().in_flight() {
                         proxy.answer(at, Ok((status, &body)));
                     }
                 }
             }
             Ev::Fail(timeout) => {
                 if let Some(proxy) = self.proxies.get_mut(p) {
-                    if proxy.caller.in_flight() {
+                    if proxy.caller().in_flight() {
                         let f = if timeout {
                             Failure::Timeout
                         } else {

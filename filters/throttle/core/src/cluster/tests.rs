@@ -1,10 +1,10 @@
 //! The caller against the in-memory engine (exact nanoseconds), and whole
 //! simulated worlds of proxies.
 
-use super::sim::{first_overlap, max_in_window, Net, SimProxy, World};
+use super::sim::{first_overlap, max_in_window, Net, SimProxy, SimRule, World};
 use super::*;
-use crate::config::{EngineConfig, OnEngineFailure};
-use crate::{NS_PER_MS, NS_PER_S};
+use crate::clock::{NS_PER_MS, NS_PER_S};
+use crate::config::{Config, EngineConfig, OnEngineFailure};
 
 const MS: u64 = NS_PER_MS;
 /// 2026-11-23 20:00:00 UTC + 10 min: well inside an hour.
@@ -20,17 +20,17 @@ fn engine() -> EngineConfig {
     }
 }
 
-fn rule(rate_per_s: u64, failure: OnEngineFailure, replicas: u32) -> (RuleSpec, Reach) {
-    let interval = NS_PER_S.div_ceil(rate_per_s);
-    (
-        RuleSpec {
-            name: "orders".into(),
-            grid: Grid::new(interval),
-            expected_replicas: replicas,
-            on_engine_failure: failure,
-        },
-        Reach::new(Grid::new(interval), 0, 2 * NS_PER_S),
-    )
+/// One cluster rule at `rate_per_s` (burst 0, max_queue_delay 2 s).
+fn config(rate_per_s: u64, failure: OnEngineFailure, replicas: u32) -> Config {
+    let rule = SimRule {
+        name: "orders".into(),
+        rate_per_s,
+        burst: 0,
+        max_queue_delay_ms: 2000,
+        expected_replicas: replicas,
+        on_engine_failure: failure,
+    };
+    super::sim::config(&engine(), &[rule]).unwrap()
 }
 
 /// Evenly spaced arrivals of rule 0 at `per_s`, in (from, to].
@@ -70,10 +70,8 @@ fn all_granted(world: &World) -> Vec<(u64, u64)> {
 
 #[test]
 fn three_proxies_60_30_10_at_three_times_the_rate_share_it_exactly() {
-    let (spec, reach) = rule(300, OnEngineFailure::LocalShare, 3);
-    let proxies = (0..3)
-        .map(|_| SimProxy::new(&engine(), &[(spec.clone(), reach)], 0))
-        .collect();
+    let config = config(300, OnEngineFailure::LocalShare, 3);
+    let proxies = (0..3).map(|_| SimProxy::new(&config, 0).unwrap()).collect();
     let mut w = World::new(proxies, 50 * MS);
     let loads = [540, 270, 90]; // 60/30/10 of 900/s = 3 x 300/s
     let (start, end) = (T0, T0 + 12 * NS_PER_S);
@@ -110,7 +108,7 @@ fn three_proxies_60_30_10_at_three_times_the_rate_share_it_exactly() {
         .collect();
     for p in &w.proxies {
         let granted: u64 = p.granted.iter().map(|g| g.1 .1 - g.1 .0).sum();
-        eprintln!("releases {} granted {granted} rejected {} timed out {} calls {} failures {} stats {:?}", p.releases.len(), p.rejected, p.timed_out, p.calls, p.failures, p.caller.stats(0));
+        eprintln!("releases {} granted {granted} rejected {} timed out {} calls {} failures {} stats {:?}", p.releases.len(), p.rejected, p.timed_out, p.calls, p.failures, p.caller().stats(0));
     }
     eprintln!("shares {shares:?}");
     // Calls: at most 10 per second per proxy.
@@ -145,7 +143,7 @@ fn exchange(
         return (false, updates);
     };
     assert_eq!(call.timeout_ns, 50 * MS);
-    let (status, body) = eng.handle(&call.body, now);
+    let (status, body) = eng.handle(&call.request.body, now);
     updates.extend(c.on_answer(now + MS, Ok((status, &body))));
     (true, updates)
 }
@@ -166,7 +164,9 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
     }];
     let (call, updates) = c.tick(T0, &waiting);
     assert!(updates.is_empty());
-    let body = String::from_utf8(call.unwrap().body).unwrap();
+    let request = call.unwrap().request;
+    assert_eq!(request.header(":path"), Some("/json"));
+    let body = String::from_utf8(request.body).unwrap();
     let v = |f: u64| format!("orders:2000000:50:{f}");
     let d = |key: &str, f: u64, hits: u64| {
         format!(
@@ -322,7 +322,7 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
         .is_empty());
     // ...a timeout at +251 ms (answer 51 ms after the call: too late)...
     let (call, _) = c.tick(T0 + 200 * MS, &facts);
-    let (status, body) = eng.handle(&call.unwrap().body, T0 + 200 * MS);
+    let (status, body) = eng.handle(&call.unwrap().request.body, T0 + 200 * MS);
     assert!(c.on_answer(T0 + 251 * MS, Ok((status, &body))).is_empty());
     assert_eq!(c.mode(0), Some(Mode::Grid));
     // ...and another transport error at +350 ms: still within 250 ms of the first.
@@ -440,14 +440,14 @@ fn no_claim_lands_near_the_services_hour_boundary() {
         }];
         let (call, _) = c.tick(t, &facts);
         if let Some(call) = call {
-            let body = String::from_utf8(call.body.clone()).unwrap();
+            let body = String::from_utf8(call.request.body.clone()).unwrap();
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             for d in v["descriptors"].as_array().unwrap() {
                 let value = d["entries"][0]["value"].as_str().unwrap();
                 let f: u64 = value.rsplit(':').next().unwrap().parse().unwrap();
                 claimed.push((t, f));
             }
-            let (status, answer) = eng.handle(&call.body, t);
+            let (status, answer) = eng.handle(&call.request.body, t);
             c.on_answer(t + MS, Ok((status, &answer)));
         }
         t += 5 * MS;

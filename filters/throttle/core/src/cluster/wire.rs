@@ -1,50 +1,55 @@
-//! The `POST /json` exchange with envoyproxy/ratelimit (proto3 JSON of
-//! `RateLimitRequest` / `RateLimitResponse`): the body the filter sends and
-//! the strict reading of the answer. Anything unexpected is a [`Failure`],
-//! never a guess. The tests use answers captured from the real service
-//! (`testdata/`).
+//! envoyproxy/ratelimit as the [`Engine`]: the `POST /json` exchange
+//! (proto3 JSON of `RateLimitRequest` / `RateLimitResponse`), each claim one
+//! descriptor, and the strict reading of the answer. Anything unexpected is
+//! a [`Failure`], never a guess. The tests use answers captured from the
+//! real service (`testdata/`).
 
 use serde_json::{json, Value};
 
-/// The three counter families of engine/config/throttle.yaml.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// `throttle_slots`: positions claimed on one epoch of one rule's grid.
-    Slots,
-    /// `throttle_members`: proxies with demand for one rule in one epoch.
-    Members,
-    /// `throttle_demand`: their demand (arrivals per epoch) added up.
-    Demand,
-}
+use super::engine::{Claim, Counted, Counter, Engine, Failure, Request};
 
-impl Family {
-    /// The descriptor key in the service configuration.
-    pub fn key(self) -> &'static str {
-        match self {
-            Family::Slots => "throttle_slots",
-            Family::Members => "throttle_members",
-            Family::Demand => "throttle_demand",
-        }
+/// The descriptor key of each counter in the service configuration
+/// (engine/config/throttle.yaml).
+pub fn family(counter: Counter) -> &'static str {
+    match counter {
+        Counter::Slots => "throttle_slots",
+        Counter::Members => "throttle_members",
+        Counter::Demand => "throttle_demand",
     }
 }
 
-/// One descriptor of a call: add `hits` (0: only look) to one counter.
+/// envoyproxy/ratelimit behind its HTTP port, in one rate limit `domain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Descriptor {
-    pub family: Family,
-    /// `<rule>:<T>:<L>:<epoch>` (see [`super::Grid::descriptor_value`]).
-    pub value: String,
-    pub hits: u64,
+pub struct RatelimitJson {
+    pub domain: String,
+}
+
+impl Engine for RatelimitJson {
+    fn request(&self, claims: &[Claim]) -> Request {
+        Request {
+            headers: vec![
+                (":method", "POST".into()),
+                (":path", "/json".into()),
+                (":authority", "ratelimit".into()),
+                ("content-type", "application/json".into()),
+            ],
+            body: request_body(&self.domain, claims),
+        }
+    }
+
+    fn read(&self, status: u16, body: &[u8], claims: &[Claim]) -> Result<Vec<Counted>, Failure> {
+        parse_answer(status, body, claims)
+    }
 }
 
 /// The request body: every descriptor carries its own `hitsAddend`, also 0
 /// (a per-descriptor 0 looks without adding; unset would add 1).
-pub fn request_body(domain: &str, descriptors: &[Descriptor]) -> Vec<u8> {
-    let ds: Vec<Value> = descriptors
+pub fn request_body(domain: &str, claims: &[Claim]) -> Vec<u8> {
+    let ds: Vec<Value> = claims
         .iter()
-        .map(|d| {
-            json!({"entries": [{"key": d.family.key(), "value": d.value}],
-                   "hitsAddend": d.hits.to_string()})
+        .map(|c| {
+            json!({"entries": [{"key": family(c.counter), "value": c.key}],
+                   "hitsAddend": c.hits.to_string()})
         })
         .collect();
     json!({"domain": domain, "descriptors": ds})
@@ -52,52 +57,17 @@ pub fn request_body(domain: &str, descriptors: &[Descriptor]) -> Vec<u8> {
         .into_bytes()
 }
 
-/// One descriptor's answer: the counter after the add.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counted {
-    /// The counter after this descriptor's add (`limit - limit_remaining`).
-    pub after: u64,
-    /// Seconds until the service's window ends (`duration_until_reset`).
-    pub reset_s: u64,
-}
-
-/// Why a call gave nothing usable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// No answer: connection refused or reset, no healthy host, cluster missing.
-    Transport,
-    /// No answer within `engine.timeout`.
-    Timeout,
-    /// An HTTP status other than 200 (400: Redis down or bad request; 429: a
-    /// counter over the limit; 500: the service failed).
-    Status(u16),
-    /// A 200 that does not make sense for our counters.
-    Nonsense(String),
-}
-
-impl Failure {
-    /// A short label for logs and metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Failure::Transport => "transport",
-            Failure::Timeout => "timeout",
-            Failure::Status(_) => "status",
-            Failure::Nonsense(_) => "nonsense",
-        }
-    }
-}
-
 fn nonsense(why: impl Into<String>) -> Failure {
     Failure::Nonsense(why.into())
 }
 
-/// Reads an answer to a call of `sent` descriptors. Every status must be OK
+/// Reads an answer to a call of `sent` claims. Every status must be OK
 /// with our hourly limit, and `limit_remaining` (0 when absent: proto3 JSON
-/// omits zeros) must leave room for this descriptor's own add.
+/// omits zeros) must leave room for this claim's own add.
 pub fn parse_answer(
     http_status: u16,
     body: &[u8],
-    sent: &[Descriptor],
+    sent: &[Claim],
 ) -> Result<Vec<Counted>, Failure> {
     if http_status != 200 {
         return Err(Failure::Status(http_status));
@@ -189,27 +159,41 @@ pub const MIN_LIMIT: u64 = 1 << 31;
 mod tests {
     use super::*;
 
-    fn d(family: Family, value: &str, hits: u64) -> Descriptor {
-        Descriptor {
-            family,
-            value: value.into(),
+    fn d(counter: Counter, key: &str, hits: u64) -> Claim {
+        Claim {
+            rule: 0,
+            counter,
+            key: key.into(),
             hits,
         }
     }
 
     /// The four descriptors of testdata/ok.json, in order.
-    fn sent() -> Vec<Descriptor> {
+    fn sent() -> Vec<Claim> {
         vec![
-            d(Family::Members, "orders:3333334:30:7", 1),
-            d(Family::Members, "orders:3333334:30:6", 0),
-            d(Family::Slots, "orders:3333334:30:7", 10),
-            d(Family::Slots, "orders:3333334:30:6", 4),
+            d(Counter::Members, "orders:3333334:30:7", 1),
+            d(Counter::Members, "orders:3333334:30:6", 0),
+            d(Counter::Slots, "orders:3333334:30:7", 10),
+            d(Counter::Slots, "orders:3333334:30:6", 4),
         ]
     }
 
     #[test]
-    fn the_request_body_sets_every_hits_addend() {
-        let body = request_body("envoy_throttle", &sent()[1..3]);
+    fn the_request_is_a_post_of_json_with_every_hits_addend() {
+        let engine = RatelimitJson {
+            domain: "envoy_throttle".into(),
+        };
+        let r = engine.request(&sent()[1..3]);
+        assert_eq!(
+            r.headers,
+            vec![
+                (":method", "POST".to_string()),
+                (":path", "/json".to_string()),
+                (":authority", "ratelimit".to_string()),
+                ("content-type", "application/json".to_string())
+            ]
+        );
+        let body = r.body;
         assert_eq!(
             String::from_utf8(body).unwrap(),
             r#"{"descriptors":[{"entries":[{"key":"throttle_members","value":"orders:3333334:30:6"}],"hitsAddend":"0"},{"entries":[{"key":"throttle_slots","value":"orders:3333334:30:7"}],"hitsAddend":"10"}],"domain":"envoy_throttle"}"#

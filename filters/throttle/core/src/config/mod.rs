@@ -19,12 +19,12 @@ mod tests_adaptive;
 
 use std::fmt;
 
+use crate::clock::NS_PER_MS;
 use crate::keys::KeySource;
 use crate::matcher::Match;
 pub use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
 pub use crate::units::RateWindow;
-use crate::NS_PER_MS;
 
 pub use validate::parse;
 #[cfg(test)]

@@ -205,13 +205,13 @@ pub const ENGINE_CLUSTER: Field = required(
 pub const ENGINE_TIMEOUT: Field = field(
     "timeout",
     Kind::Duration,
-    Default::Duration("50ms", 50 * crate::NS_PER_MS),
+    Default::Duration("50ms", 50 * crate::clock::NS_PER_MS),
     "Bounds each call to the service (1ms to 1s). A call answered later counts as a failure; its slots are never used.",
 );
 pub const ENGINE_FALLBACK_AFTER: Field = field(
     "fallback_after",
     Kind::Duration,
-    Default::Duration("250ms", 250 * crate::NS_PER_MS),
+    Default::Duration("250ms", 250 * crate::clock::NS_PER_MS),
     "How long calls must keep failing (transport error, non-200, timeout, nonsense) before cluster rules fall back per `on_engine_failure` (0 to 1m). Slots already granted stay valid; the first good answer returns the rules to the shared schedule.",
 );
 pub const ENGINE_DOMAIN: Field = field(
@@ -223,7 +223,7 @@ pub const ENGINE_DOMAIN: Field = field(
 pub const ENGINE_MAX_CLOCK_SKEW: Field = field(
     "max_clock_skew",
     Kind::Duration,
-    Default::Duration("100ms", 100 * crate::NS_PER_MS),
+    Default::Duration("100ms", 100 * crate::clock::NS_PER_MS),
     "Largest difference between the wall clocks of any two proxies or service replicas (0 to 10s). Claims are never sent within this much (plus `timeout`) of the service's hourly counter boundary, so every claim on one epoch lands on the same counter.",
 );
 pub const ENGINE_FIELDS: &[Field] = &[
@@ -233,6 +233,11 @@ pub const ENGINE_FIELDS: &[Field] = &[
     ENGINE_DOMAIN,
     ENGINE_MAX_CLOCK_SKEW,
 ];
+
+/// Slowest interval a cluster-scope rule accepts (a rate of 1/s): slower
+/// grids have epochs so long that claims two epochs ahead would often cross
+/// the engine's hourly window.
+pub const MAX_CLUSTER_INTERVAL_NS: u64 = crate::clock::NS_PER_S;
 
 pub const NAME: Field = required(
     "name",
@@ -254,7 +259,7 @@ pub const BURST: Field = field(
 pub const MAX_QUEUE_DELAY: Field = field(
     "max_queue_delay",
     Kind::Duration,
-    Default::Duration("1s", crate::NS_PER_S),
+    Default::Duration("1s", crate::clock::NS_PER_S),
     "Longest a request may be held, from 0 to 1h. With `rate`, a request whose turn is further away is rejected at once; with `concurrency`, a request still waiting for a slot after this long is rejected then. `\"0s\"` makes the rule a plain rejecting limiter.",
 );
 pub const CONCURRENCY: Field = field(

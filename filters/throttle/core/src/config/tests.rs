@@ -1,7 +1,7 @@
 use super::*;
+use crate::clock::{NS_PER_MS, NS_PER_S};
 use crate::matcher::HeaderMatch;
 use crate::ratelimit::HeaderStyle;
-use crate::{NS_PER_MS, NS_PER_S};
 
 fn errors(json: &str) -> Vec<String> {
     match parse(json.as_bytes()) {

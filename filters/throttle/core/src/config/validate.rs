@@ -439,12 +439,12 @@ impl Validator {
                     );
                 }
             }
-            if let Some(t) = interval_ns.filter(|t| *t > crate::cluster::MAX_INTERVAL_NS) {
+            if let Some(t) = interval_ns.filter(|t| *t > spec::MAX_CLUSTER_INTERVAL_NS) {
                 self.error(
                     &join(path, "rate"),
                     format!(
                         "scope \"cluster\" needs a rate of at least 1/s (one slot per second or more), got one every {:.3} s",
-                        t as f64 / crate::NS_PER_S as f64
+                        t as f64 / crate::clock::NS_PER_S as f64
                     ),
                 );
             }
@@ -505,8 +505,8 @@ impl Validator {
                 "the Envoy cluster of the rate limit service",
             )
             .and_then(|v| self.text(&join(path, "cluster"), v));
-        let ms = crate::NS_PER_MS;
-        let s = crate::NS_PER_S;
+        let ms = crate::clock::NS_PER_MS;
+        let s = crate::clock::NS_PER_S;
         let timeout = self.duration(
             path,
             obj,

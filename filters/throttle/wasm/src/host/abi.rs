@@ -226,7 +226,7 @@ impl Host for Abi {
             .iter()
             .map(|(n, v)| (*n, v.as_str()))
             .collect();
-        let headers = throttle_core::wire::serialize_pairs(&pairs);
+        let headers = super::map::serialize_pairs(&pairs);
         let grpc = reply
             .grpc_status
             .and_then(|g| i32::try_from(g).ok())

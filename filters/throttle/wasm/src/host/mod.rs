@@ -1,6 +1,7 @@
 //! What the filter needs from its host, as one small trait: the real
 //! proxy-wasm ABI ([`abi`], the only `unsafe` code) in Envoy, and a fake in
-//! native tests ([`fake`]), so the glue's every path is tested without Envoy.
+//! native tests ([`fake`]), so the glue's every path is tested without Envoy;
+//! [`map`] is the ABI's header-map encoding (natively tested).
 //!
 //! Every call reports failure as a value; none panics (the SDK's own
 //! wrappers `panic!` on statuses they do not expect, which would trap the VM).
@@ -9,7 +10,9 @@
 pub mod abi;
 #[cfg(test)]
 pub mod fake;
+pub mod map;
 
+use throttle_core::clock::Clock;
 use throttle_core::reply::Reply;
 use throttle_core::stats::Kind;
 
@@ -87,4 +90,16 @@ pub trait Host: Copy {
     fn enqueue(&self, queue: u32, data: &[u8]) -> bool;
     /// Takes the oldest message of a queue.
     fn dequeue(&self, queue: u32) -> Option<Vec<u8>>;
+}
+
+/// The host's clocks, as the core reads them.
+pub struct HostClock<H>(pub H);
+
+impl<H: Host> Clock for HostClock<H> {
+    fn mono(&mut self) -> u64 {
+        self.0.monotonic_ns()
+    }
+    fn wall(&mut self) -> u64 {
+        self.0.wall_ns()
+    }
 }

@@ -1,0 +1,213 @@
+//! One VM's calling side of cluster scope, all of it but the I/O: the
+//! caller lease (one calling VM per process, [`super::lease`]), the facts
+//! a tick reads, the [`Caller`]'s plan and the engine's request to send,
+//! what answers grant published into shared data ([`super::publish`]), and
+//! the caller's statistics as counts. The glue sends the request and hands
+//! back the answer; the simulation does the same in memory.
+
+use crate::clock::{Clock, NS_PER_MS};
+use crate::config::Config;
+use crate::stats::{Counts, Stat};
+use crate::store::{BlobId, CellId, Store};
+
+use super::caller::{Call, Caller, RuleFacts, RuleStats, RuleUpdate};
+use super::engine::Failure;
+use super::{lease, publish, rule_reach, rule_spec, Reach};
+
+/// The process-wide value of a rule's counter (`rule`: the configuration's
+/// index), as the host keeps it: the flushed counts of every VM.
+pub type Totals<'a> = &'a dyn Fn(usize, Stat) -> u64;
+
+/// What the glue carries out after a tick or an answer.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// The call to send now.
+    pub call: Option<Call>,
+    /// Statistics to move, by the configuration's rule index.
+    pub counts: Vec<(usize, Counts)>,
+    /// What went wrong, for the log (at warn).
+    pub problems: Vec<String>,
+    /// What was published (by caller rule index): for observation, such as
+    /// the simulation's record of every range granted.
+    pub published: Vec<RuleUpdate>,
+}
+
+impl Effects {
+    fn count(&mut self, rule: usize, counts: Counts) {
+        match self.counts.iter_mut().find(|(r, _)| *r == rule) {
+            Some((_, c)) => c.merge(&counts),
+            None => self.counts.push((rule, counts)),
+        }
+    }
+}
+
+/// The calling side of one configuration in one VM.
+#[derive(Debug, Clone)]
+pub struct Calls {
+    caller: Caller,
+    /// The configuration's index of each of the caller's rules.
+    rules: Vec<usize>,
+    /// What each caller rule's requests may reach on the grid.
+    reaches: Vec<Reach>,
+    /// This VM's lease token (never 0).
+    me: u64,
+    /// Statistics last reported, per caller rule.
+    reported: Vec<RuleStats>,
+}
+
+impl Calls {
+    /// The calling side of `config`, if it has cluster rules and an engine.
+    /// `me`: this VM's lease token; `phase_permille`: its call phase
+    /// ([`Caller::with_phase`]).
+    pub fn new(config: &Config, me: u64, phase_permille: u64) -> Option<Calls> {
+        let engine = config.engine.as_ref()?;
+        let mut rules = Vec::new();
+        let mut reaches = Vec::new();
+        let mut specs = Vec::new();
+        for (i, r) in config.rules.iter().enumerate() {
+            if let (Some(spec), Some(reach)) = (rule_spec(r), rule_reach(r)) {
+                rules.push(i);
+                reaches.push(reach);
+                specs.push(spec);
+            }
+        }
+        if rules.is_empty() {
+            return None;
+        }
+        Some(Calls {
+            caller: Caller::new(engine, specs).with_phase(phase_permille),
+            reported: vec![RuleStats::default(); rules.len()],
+            rules,
+            reaches,
+            me: me.max(1),
+        })
+    }
+
+    /// The caller (its statistics, whether a call is in flight).
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// The configuration's index of caller rule `i`.
+    pub fn rule_index(&self, i: usize) -> Option<usize> {
+        self.rules.get(i).copied()
+    }
+
+    /// One tick of this VM: if it holds the lease (monotonic clock), read
+    /// the rules' facts, let the caller plan (wall clock), publish what
+    /// changed, and return the call to send. The clock is read only as far
+    /// as needed (a VM without the lease reads the monotonic clock alone).
+    pub fn on_tick<S: Store>(
+        &mut self,
+        store: S,
+        clock: &mut impl Clock,
+        totals: Totals<'_>,
+    ) -> Effects {
+        let mut out = Effects::default();
+        if !lease::hold(&mut store.cell(CellId::Caller), self.me, clock.mono()) {
+            return out;
+        }
+        let facts: Vec<RuleFacts> = self
+            .rules
+            .iter()
+            .map(|&i| RuleFacts {
+                arrived_total: totals(i, Stat::Requests),
+                waiting: store
+                    .load(CellId::Waiting(i))
+                    .ok()
+                    .and_then(|(v, _)| v)
+                    .map_or(0, |[n, _]| n),
+            })
+            .collect();
+        let now = clock.wall();
+        let (call, updates) = self.caller.tick(now, &facts);
+        self.publish(store, now, &updates, totals, &mut out);
+        out.call = call;
+        out.published = updates;
+        self.report(now, &mut out);
+        out
+    }
+
+    /// The answer to the call in flight at wall time `now`: `(status, body)`,
+    /// or the failure the host reported (it refused to send the call, no
+    /// answer, a timeout).
+    pub fn on_answer<S: Store>(
+        &mut self,
+        store: S,
+        now: u64,
+        answer: Result<(u16, &[u8]), Failure>,
+        totals: Totals<'_>,
+    ) -> Effects {
+        let mut out = Effects::default();
+        let updates = self.caller.on_answer(now, answer);
+        self.publish(store, now, &updates, totals, &mut out);
+        out.published = updates;
+        self.report(now, &mut out);
+        out
+    }
+
+    /// Writes each update into its rule's grants; `slots_unused` = granted -
+    /// taken - still usable.
+    fn publish<S: Store>(
+        &self,
+        store: S,
+        now: u64,
+        updates: &[RuleUpdate],
+        totals: Totals<'_>,
+        out: &mut Effects,
+    ) {
+        for u in updates {
+            let (Some(&index), Some(reach)) = (self.rules.get(u.rule), self.reaches.get(u.rule))
+            else {
+                continue;
+            };
+            let usable = publish(
+                &mut store.blob(BlobId::Grants(index)),
+                &mut store.cell(CellId::Cursor(index)),
+                reach,
+                now,
+                u.mode,
+                u.grant_rate_per_s,
+                &u.ranges,
+            );
+            match usable {
+                Ok(usable) => {
+                    let granted = self.caller.stats(u.rule).map_or(0, |s| s.granted);
+                    let taken = totals(index, Stat::SlotsTaken);
+                    let mut c = Counts::NONE;
+                    c.record(
+                        Stat::SlotsUnused,
+                        granted.saturating_sub(taken).saturating_sub(usable),
+                    );
+                    out.count(index, c);
+                }
+                Err(_) => out.problems.push(format!(
+                    "rule {index}: could not publish grants to shared data"
+                )),
+            }
+        }
+    }
+
+    /// The caller's counters since the last report, and the time in fallback.
+    fn report(&mut self, now: u64, out: &mut Effects) {
+        for (i, &index) in self.rules.iter().enumerate() {
+            let (Some(stats), Some(last)) = (self.caller.stats(i), self.reported.get_mut(i)) else {
+                continue;
+            };
+            let mut c = Counts::NONE;
+            for (stat, new, old) in [
+                (Stat::EngineCalls, stats.calls, last.calls),
+                (Stat::EngineFailures, stats.failures, last.failures),
+                (Stat::SlotsGranted, stats.granted, last.granted),
+            ] {
+                c.add(
+                    stat,
+                    i32::try_from(new.saturating_sub(old)).unwrap_or(i32::MAX),
+                );
+            }
+            c.record(Stat::FallbackMs, stats.fallback_total_ns(now) / NS_PER_MS);
+            out.count(index, c);
+            *last = stats;
+        }
+    }
+}

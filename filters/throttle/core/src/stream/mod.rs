@@ -1,0 +1,263 @@
+//! One request's life, decided here and carried out by the glue: what to do
+//! with its headers (continue, hold, or answer), what its response carries,
+//! and what its end gives back. Each callback returns its answer as data
+//! with the counters to move.
+//!
+//! The headers' decision is a pipeline of stages, each in its own file and
+//! each answering one [`Outcome`]:
+//!
+//! 1. the rate: `rate.rs` (the process schedule, per key if keyed) or
+//!    `cluster.rs` (a slot of the cluster's grid, or the fallback while the
+//!    engine fails);
+//! 2. the concurrency gate, `gate.rs` (a rule with `concurrency`; a request
+//!    held by the rate takes its slot later, at release: see
+//!    [`crate::worker`]).
+//!
+//! After each stage, `enforce.rs` carries the outcome out: on to the next
+//! stage, hold, or reject. It alone knows dry-run (as Envoy's local rate
+//! limit does `if (!enforced())` after its decision): dry-run rules make
+//! every decision and count it (`would_queue`, `would_reject`; `admitted`
+//! only for what would have been admitted), but hold and reject nothing.
+//! `response.rs` adds the response's headers and gives slots back.
+//!
+//! Layers inside: a stage (`rate.rs`, `cluster.rs`, `gate.rs`) reads the
+//! request's context and answers an [`Outcome`] (`outcome.rs`); it never
+//! touches the [`Worker`], which reuses the stages for what it decides on
+//! tick. `enforce.rs` and `response.rs` carry out on the worker.
+//!
+//! A new stage (a priority class, an adaptive rate) is one file here that
+//! answers an [`Outcome`], one line in [`Stream::on_request`], and its
+//! configuration.
+
+mod cluster;
+mod enforce;
+mod gate;
+mod outcome;
+mod rate;
+mod response;
+#[cfg(test)]
+mod tests;
+
+pub use cluster::retry_grants;
+pub use outcome::{Outcome, Wait};
+pub use response::{EndDecision, ResponseDecision};
+
+use crate::clock::Clock;
+use crate::cluster::Grants;
+use crate::config::{Config, Rule};
+use crate::keys::KeyHasher;
+use crate::matcher::{Facts, Request};
+use crate::reply::Reply;
+use crate::stats::{Counts, Stat};
+use crate::store::{BlobId, CellId, Initial, Store};
+use crate::worker::Worker;
+
+use enforce::Next;
+
+/// What the request-headers callback does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let the request go on now.
+    Continue,
+    /// Pause it: it is in the worker's queue or at a gate, and a tick will
+    /// resume or answer it (the glue makes sure the worker ticks).
+    Hold,
+    /// Answer it now with this reply.
+    Reply(Reply),
+}
+
+/// The answer to a request's headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// The rule that applied (None: no rule matched).
+    pub rule: Option<usize>,
+    /// The rule's counters to move.
+    pub counts: Counts,
+}
+
+impl Decision {
+    fn pass() -> Self {
+        Decision {
+            verdict: Verdict::Continue,
+            rule: None,
+            counts: Counts::NONE,
+        }
+    }
+}
+
+/// The state of one request (one HTTP context), across its callbacks.
+#[derive(Debug, Default)]
+pub struct Stream {
+    id: u32,
+    rule: Option<usize>,
+    /// It was held (by the rate or at a gate) at some point.
+    held: bool,
+    /// Its rule has a gate, so it may hold a slot to give back.
+    gated: bool,
+    /// Dry-run: what would have happened (only kept when clients see it).
+    note: Option<String>,
+    /// What the rate stage left for the rate-limit headers.
+    rate: Option<rate::Seen>,
+    /// The filter answered it itself (the reply carried the headers).
+    replied: bool,
+}
+
+/// What the decisions need besides the request: the configuration, the
+/// key hasher, and the process-wide cells.
+#[derive(Clone, Copy)]
+pub struct Env<'a, S> {
+    pub config: &'a Config,
+    pub hasher: &'a KeyHasher,
+    pub store: S,
+}
+
+/// What every stage of one request's decision sees.
+struct Ctx<'a, S> {
+    env: Env<'a, S>,
+    index: usize,
+    rule: &'a Rule,
+    /// The monotonic time of the decision.
+    now: u64,
+    /// The worker may hold one more request (always, under dry-run).
+    can_hold: bool,
+}
+
+/// The shared values rule `index`'s stages need before its first request
+/// (so that every update carries a compare-and-swap token). Key tables are
+/// not listed: a slot is written with a token of 0 the first time.
+pub fn initial_values(index: usize, rule: &Rule) -> Vec<Initial> {
+    let mut out = Vec::new();
+    if rule.schedule.is_some() {
+        out.push(Initial::Cell(CellId::Rate(index)));
+    }
+    if rule.concurrency.is_some() {
+        out.push(Initial::Cell(CellId::Gate(index)));
+    }
+    if rule.cluster.is_some() {
+        out.extend(
+            [
+                CellId::Cursor(index),
+                CellId::Waiting(index),
+                CellId::Fallback(index),
+            ]
+            .map(Initial::Cell),
+        );
+        out.push(Initial::Blob(
+            BlobId::Grants(index),
+            Grants::default().encode(),
+        ));
+    }
+    out
+}
+
+impl Stream {
+    pub fn new(id: u32) -> Self {
+        Stream {
+            id,
+            ..Default::default()
+        }
+    }
+
+    /// The rule that applied.
+    pub fn rule(&self) -> Option<usize> {
+        self.rule
+    }
+
+    /// The rule that applies to a request (None: none matches).
+    fn pick<'c, R: Request>(config: &'c Config, req: &mut Facts<R>) -> Option<(usize, &'c Rule)> {
+        let index = if config.first_rule_takes_all() {
+            0
+        } else {
+            config.rules.iter().position(|r| r.matcher.matches(req))?
+        };
+        Some((index, config.rules.get(index)?))
+    }
+
+    /// The request's headers arrived: pick the rule, then run its stages.
+    /// `clock` is read only if a rule applies (the wall clock only for
+    /// cluster rules).
+    pub fn on_request<S: Store, R: Request>(
+        &mut self,
+        env: Env<'_, S>,
+        worker: &mut Worker,
+        req: &mut Facts<R>,
+        clock: &mut impl Clock,
+    ) -> Decision {
+        let Some((index, rule)) = Self::pick(env.config, req) else {
+            return Decision::pass();
+        };
+        self.rule = Some(index);
+        // Set before any stage: a request held by the rate takes its gate
+        // slot later, on tick, and must still give it back.
+        self.gated = rule.concurrency.is_some();
+        let mut d = Decision {
+            verdict: Verdict::Continue,
+            rule: Some(index),
+            counts: Counts::of(&[(Stat::Requests, 1)]),
+        };
+        let cx = Ctx {
+            env,
+            index,
+            rule,
+            now: clock.mono(),
+            can_hold: enforce::can_hold(env.config, rule, worker),
+        };
+        let outcome = if rule.cluster.is_some() {
+            cluster::take(&cx, clock, &mut d.counts)
+        } else {
+            let (outcome, seen) = rate::admit_rate(&cx, req);
+            self.rate = seen;
+            outcome
+        };
+        if self.enforce(&cx, outcome, worker, req, &mut d) == Next::Done {
+            return d;
+        }
+        if let Some(limit) = rule.concurrency {
+            let outcome = gate::enter(&cx, limit);
+            if outcome == Outcome::Go {
+                enforce::take_slot(worker, self.id, index, &mut d.counts);
+            }
+            if self.enforce(&cx, outcome, worker, req, &mut d) == Next::Done {
+                return d;
+            }
+        }
+        enforce::went_through(&mut d.counts);
+        d
+    }
+
+    /// The request's headers arrived while the worker's state was busy (the
+    /// glue found it borrowed; cannot happen in one thread): decided without
+    /// it, failing closed. Counted as contention, then rejected (under
+    /// dry-run: would be rejected, and it goes on). Reads no clock.
+    pub fn on_busy<S: Store, R: Request>(
+        &mut self,
+        env: Env<'_, S>,
+        req: &mut Facts<R>,
+    ) -> Decision {
+        let Some((index, rule)) = Self::pick(env.config, req) else {
+            return Decision::pass();
+        };
+        self.rule = Some(index);
+        let mut d = Decision {
+            verdict: Verdict::Continue,
+            rule: Some(index),
+            counts: Counts::of(&[(Stat::Requests, 1)]),
+        };
+        let cx = Ctx {
+            env,
+            index,
+            rule,
+            now: 0,
+            can_hold: false,
+        };
+        // Contention touches no worker state: a scratch one stands in.
+        self.enforce(&cx, Outcome::Contention, &mut Worker::new(), req, &mut d);
+        d
+    }
+
+    /// Whether the request's body or trailers must wait (it is held).
+    pub fn is_held(&self, worker: &Worker) -> bool {
+        self.held && worker.holds(self.id)
+    }
+}

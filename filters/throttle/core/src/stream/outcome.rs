@@ -1,0 +1,28 @@
+//! The one answer every stage gives about a request (the rate, the cluster's
+//! grid, the gate, and the worker's retries of them), carried out by
+//! [`super::enforce`] (or, on tick, by the worker).
+
+/// What a stage decided for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Within the stage's limit: on to the next stage, or continue.
+    Go,
+    /// Its turn is at this monotonic time: hold it until then (a rate
+    /// schedule's turn, a grid slot's time).
+    Hold { until: u64 },
+    /// It has no turn yet: wait, until a deadline at most.
+    Wait(Wait),
+    /// Answer now with the rule's rejection and this `retry-after`.
+    Reject { retry_after_s: u64 },
+    /// The shared state could not be read or updated: fail closed.
+    Contention,
+}
+
+/// What a request without a turn waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Cluster scope: grants from the engine (counted in the rule's waiting cell).
+    Grants { deadline: u64 },
+    /// A concurrency slot: this gate ticket's turn.
+    Gate { ticket: u64, deadline: u64 },
+}

@@ -1,0 +1,904 @@
+//! The request's decision and the worker's ticks together, on the in-memory
+//! store, exact to the nanosecond: hold and release; rejection; dry-run;
+//! rate and concurrency together; cancelled, gone and timed out; the gate's
+//! slots and tickets; contention; cluster rules waiting for grants.
+//! (`wasm/src/tests.rs` tests the glue around the same calls on a fake host.)
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::clock::{Clock, Fixed, NS_PER_MS};
+use crate::cluster::{self, Mode};
+use crate::config::{self, Config};
+use crate::keys::KeyHasher;
+use crate::matcher::{Facts, FakeRequest};
+use crate::reply::Reply;
+use crate::stats::Stat;
+use crate::store::{BlobId, CellId, Store};
+use crate::testing::{MemCells, MemStore};
+use crate::worker::{TickAction, Worker};
+
+use super::{Env, Stream, Verdict};
+
+const MS: u64 = NS_PER_MS;
+/// Monotonic time of `at(0)`.
+const T0: u64 = 1_000_000 * MS;
+/// Wall time of `at(0)`: the middle of an hour (cluster claims stop near its edge).
+const WALL0: u64 = 1_800_000_000 * 1_000_000_000 + 1_800 * 1_000_000_000;
+
+/// A clock that counts its reads.
+struct Counting<'a> {
+    at: Fixed,
+    reads: &'a mut usize,
+}
+
+impl Clock for Counting<'_> {
+    fn mono(&mut self) -> u64 {
+        *self.reads += 1;
+        self.at.mono
+    }
+    fn wall(&mut self) -> u64 {
+        *self.reads += 1;
+        self.at.wall
+    }
+}
+
+/// One worker over the in-memory store, driven as the glue drives it.
+struct Proc {
+    config: Config,
+    hasher: KeyHasher,
+    cells: RefCell<MemCells>,
+    worker: Worker,
+    streams: HashMap<u32, Stream>,
+    clock: Fixed,
+    clock_reads: usize,
+    /// Counters and gauges by (rule, stat), as the host would hold them.
+    totals: BTreeMap<(usize, Stat), i64>,
+    /// Samples (histograms, gauge levels) by rule, in order.
+    samples: Vec<(usize, Stat, u64)>,
+    /// Streams resumed, in order, with the wait each was resumed after.
+    resumed: Vec<(u32, u64)>,
+    replies: HashMap<u32, Reply>,
+    /// Streams gone at their turn.
+    gone: HashSet<u32>,
+    /// A gate slot went back and a waiter may go (the glue wakes the workers).
+    woke: bool,
+}
+
+impl Proc {
+    fn new(json: &str) -> Proc {
+        Proc {
+            config: config::parse(json.as_bytes()).expect("a valid configuration"),
+            hasher: KeyHasher::new((1, 2)),
+            cells: RefCell::default(),
+            worker: Worker::new(),
+            streams: HashMap::new(),
+            clock: Fixed {
+                mono: T0,
+                wall: WALL0,
+            },
+            clock_reads: 0,
+            totals: BTreeMap::new(),
+            samples: Vec::new(),
+            resumed: Vec::new(),
+            replies: HashMap::new(),
+            gone: HashSet::new(),
+            woke: false,
+        }
+    }
+
+    /// Both clocks at `ms` past the start.
+    fn at(&mut self, ms: u64) {
+        self.at_ns(ms * MS);
+    }
+
+    fn at_ns(&mut self, ns: u64) {
+        self.clock = Fixed {
+            mono: T0 + ns,
+            wall: WALL0 + ns,
+        };
+    }
+
+    fn count(&mut self, rule: usize, counts: &crate::stats::Counts) {
+        for (stat, delta) in counts.iter() {
+            *self.totals.entry((rule, stat)).or_default() += i64::from(delta);
+        }
+        self.samples
+            .extend(counts.samples().iter().map(|&(stat, v)| (rule, stat, v)));
+    }
+
+    fn request(&mut self, id: u32, req: FakeRequest) -> Verdict {
+        let env = Env {
+            config: &self.config,
+            hasher: &self.hasher,
+            store: MemStore(&self.cells),
+        };
+        let mut clock = Counting {
+            at: self.clock,
+            reads: &mut self.clock_reads,
+        };
+        let stream = self.streams.entry(id).or_insert_with(|| Stream::new(id));
+        let d = stream.on_request(env, &mut self.worker, &mut Facts::new(req), &mut clock);
+        if let Some(rule) = d.rule {
+            self.count(rule, &d.counts);
+        } else {
+            assert!(d.counts.is_empty());
+        }
+        if let Verdict::Reply(r) = &d.verdict {
+            self.replies.insert(id, r.clone());
+        }
+        d.verdict
+    }
+
+    fn get(&mut self, id: u32) -> Verdict {
+        self.request(id, FakeRequest::get("/"))
+    }
+
+    /// The response's headers (with its end if `end`): the headers added.
+    fn respond(&mut self, id: u32, end: bool) -> Vec<(&'static str, String)> {
+        let env = Env {
+            config: &self.config,
+            hasher: &self.hasher,
+            store: MemStore(&self.cells),
+        };
+        let now = self.clock.mono;
+        let stream = self.streams.get_mut(&id).expect("a stream");
+        let out = stream.on_response_headers(env, &mut self.worker, || now, end);
+        let rule = stream.rule();
+        self.woke |= out.wake;
+        if let Some(rule) = rule {
+            self.count(rule, &out.counts);
+        }
+        out.headers
+    }
+
+    fn response_end(&mut self, id: u32) {
+        let env = Env {
+            config: &self.config,
+            hasher: &self.hasher,
+            store: MemStore(&self.cells),
+        };
+        let stream = self.streams.get_mut(&id).expect("a stream");
+        let out = stream.on_response_end(env, &mut self.worker);
+        let rule = stream.rule();
+        self.woke |= out.wake;
+        if let Some(rule) = rule {
+            self.count(rule, &out.counts);
+        }
+    }
+
+    fn done(&mut self, id: u32) {
+        let env = Env {
+            config: &self.config,
+            hasher: &self.hasher,
+            store: MemStore(&self.cells),
+        };
+        let mut stream = self.streams.remove(&id).expect("a stream");
+        let out = stream.on_done(env, &mut self.worker);
+        self.woke |= out.wake;
+        if let Some(rule) = stream.rule() {
+            self.count(rule, &out.counts);
+        }
+    }
+
+    /// A tick at the current time, carried out as the glue does.
+    fn tick(&mut self) {
+        let mut clock = self.clock;
+        let plan = self
+            .worker
+            .plan_tick(&self.config, MemStore(&self.cells), &mut clock);
+        self.carry_out(plan);
+    }
+
+    /// A wake (a gate slot went back somewhere in the process).
+    fn wake(&mut self) {
+        self.woke = false;
+        let plan = self
+            .worker
+            .plan_gate(&self.config, MemStore(&self.cells), self.clock.mono);
+        self.carry_out(plan);
+    }
+
+    fn carry_out(&mut self, plan: crate::worker::TickPlan) {
+        for (rule, counts) in &plan.counts {
+            self.count(*rule, counts);
+        }
+        for action in plan.actions {
+            let store = MemStore(&self.cells);
+            match action {
+                TickAction::Resume {
+                    id,
+                    rule,
+                    waited_ns,
+                } => {
+                    self.worker.resuming(id, waited_ns);
+                    let ok = !self.gone.contains(&id);
+                    let c = self.worker.resumed(&self.config, store, id, ok);
+                    self.count(rule, &c);
+                    if ok {
+                        self.resumed.push((id, waited_ns));
+                    }
+                }
+                TickAction::Reply { id, rule, reply } => {
+                    let ok = !self.gone.contains(&id);
+                    let c = self.worker.replied(id, ok);
+                    self.count(rule, &c);
+                    if ok {
+                        self.replies.insert(id, reply);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every counter and gauge of rule 0 that is not zero; `requests` is
+    /// checked to equal the decisions' total, then left out.
+    fn stats(&self) -> BTreeMap<&'static str, i64> {
+        let all: BTreeMap<&'static str, i64> = self
+            .totals
+            .iter()
+            .filter(|((rule, _), v)| *rule == 0 && **v != 0)
+            .map(|((_, s), v)| (s.name(), *v))
+            .collect();
+        let get = |name: &str| all.get(name).copied().unwrap_or(0);
+        // Held requests rejected later, on tick (queued = released + cancelled
+        // + gone + timed_out + held + those): not new requests.
+        let rejected_later = get("queued")
+            - get("released")
+            - get("cancelled")
+            - get("gone")
+            - get("timed_out")
+            - get("held");
+        let decided = get("admitted")
+            + get("queued")
+            + get("would_queue")
+            + get("would_reject")
+            + get("rejected")
+            - rejected_later;
+        assert_eq!(
+            get("requests"),
+            decided,
+            "requests counts every decision: {all:?}"
+        );
+        all.into_iter().filter(|(n, _)| *n != "requests").collect()
+    }
+
+    fn held_until(&mut self) -> Option<u64> {
+        self.worker.queue.next_release().map(|t| t - T0)
+    }
+}
+
+fn s(pairs: &[(&'static str, i64)]) -> BTreeMap<&'static str, i64> {
+    pairs.iter().copied().collect()
+}
+
+fn reject(retry_after: &str) -> Reply {
+    Reply {
+        status: 429,
+        grpc_status: None,
+        headers: vec![
+            ("retry-after", retry_after.to_string()),
+            ("content-type", "text/plain".to_string()),
+        ],
+        body: "throttled: retry later\n",
+        details: "throttle_rejected",
+    }
+}
+
+const RATE: &str = r#"{"rules": [{"name": "r", "rate": "10/s", "max_queue_delay": "250ms"}]}"#;
+
+#[test]
+fn turns_are_exact_and_beyond_max_queue_delay_is_rejected_at_once() {
+    let mut p = Proc::new(RATE);
+    assert_eq!(p.get(10), Verdict::Continue);
+    // One every 100 ms: held until exactly 100 and 200 ms.
+    assert_eq!(p.get(11), Verdict::Hold);
+    assert_eq!(p.held_until(), Some(100 * MS));
+    assert_eq!(p.get(12), Verdict::Hold);
+    // The fourth's turn (300 ms) is beyond 250 ms: rejected now, taking no turn.
+    assert_eq!(p.get(13), Verdict::Reply(reject("1")));
+    assert!(
+        p.respond(13, true).is_empty(),
+        "the reply carried its headers"
+    );
+    p.done(13);
+    // 1 ns before 50 ms the next turn (300 ms) is 250 ms + 1 ns away; at 50 ms, exactly 250 ms.
+    p.at_ns(50 * MS - 1);
+    assert!(matches!(p.get(14), Verdict::Reply(_)));
+    p.at(50);
+    assert_eq!(p.get(15), Verdict::Hold);
+    assert_eq!(
+        p.stats(),
+        s(&[("admitted", 1), ("queued", 3), ("rejected", 2), ("held", 3)])
+    );
+}
+
+#[test]
+fn a_held_request_is_released_at_its_turn_with_its_wait() {
+    let mut p = Proc::new(RATE);
+    p.get(10);
+    assert_eq!(p.get(11), Verdict::Hold);
+    p.at_ns(100 * MS - 1);
+    p.tick();
+    assert!(p.resumed.is_empty(), "not a nanosecond early");
+    // The tick runs 4 ms late: released then, its wait as it was.
+    p.at(104);
+    p.tick();
+    assert_eq!(p.resumed, vec![(11, 104 * MS)]);
+    assert_eq!(p.samples, vec![(0, Stat::WaitMs, 104)]);
+    assert!(!p.worker.needs_ticks());
+    assert_eq!(
+        p.respond(11, true),
+        vec![("x-throttle-wait-ms", "104".to_string())]
+    );
+    assert_eq!(
+        p.stats(),
+        s(&[("admitted", 1), ("queued", 1), ("released", 1)])
+    );
+}
+
+#[test]
+fn grpc_requests_get_resource_exhausted_without_a_newline() {
+    let cfg = r#"{"rules": [{"name": "g", "rate": "1/s", "max_queue_delay": "0s"}], "rate_limit_headers": true}"#;
+    let mut p = Proc::new(cfg);
+    let grpc = || FakeRequest::get("/").with_header("content-type", "application/grpc");
+    assert_eq!(p.request(10, grpc()), Verdict::Continue);
+    assert_eq!(
+        p.request(11, grpc()),
+        Verdict::Reply(Reply {
+            status: 429,
+            grpc_status: Some(8),
+            headers: vec![
+                ("retry-after", "1".to_string()),
+                ("ratelimit-policy", "\"g\";q=1;w=1".to_string()),
+                ("ratelimit", "\"g\";r=0;t=1".to_string())
+            ],
+            body: "throttled: retry later",
+            details: "throttle_rejected",
+        })
+    );
+    assert!(p.respond(11, true).is_empty(), "not added twice");
+}
+
+#[test]
+fn rate_limit_headers_are_computed_when_the_response_leaves() {
+    let cfg = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "1s"}], "rate_limit_headers": true}"#;
+    let mut p = Proc::new(cfg);
+    p.get(10);
+    p.get(11);
+    // As this request left the schedule (tat = 100 ms): one interval owed, 9
+    // left; the whole quota is back in 100 ms (rounded up: 1 s).
+    assert_eq!(
+        p.respond(10, true),
+        vec![
+            ("ratelimit-policy", "\"api\";q=10;w=1".to_string()),
+            ("ratelimit", "\"api\";r=9;t=1".to_string())
+        ]
+    );
+    // The held one's response leaves 350 ms later: the schedule has moved on.
+    p.at(100);
+    p.tick();
+    p.at(350);
+    assert_eq!(
+        p.respond(11, true),
+        vec![
+            ("x-throttle-wait-ms", "100".to_string()),
+            ("ratelimit-policy", "\"api\";q=10;w=1".to_string()),
+            ("ratelimit", "\"api\";r=10;t=0".to_string())
+        ]
+    );
+}
+
+#[test]
+fn legacy_names_when_asked() {
+    let cfg = r#"{"rules": [{"name": "api", "rate": "30/m"}], "rate_limit_headers": "legacy"}"#;
+    let mut p = Proc::new(cfg);
+    p.get(10);
+    assert_eq!(
+        p.respond(10, true),
+        vec![
+            ("x-ratelimit-limit", "30".to_string()),
+            ("x-ratelimit-remaining", "29".to_string()),
+            ("x-ratelimit-reset", "2".to_string())
+        ]
+    );
+}
+
+/// At 0 ms under [`RATE`]: stream 10 admitted, stream 11 held behind it.
+fn one_admitted_one_held() -> Proc {
+    let mut p = Proc::new(RATE);
+    assert_eq!(p.get(10), Verdict::Continue);
+    assert_eq!(p.get(11), Verdict::Hold);
+    p
+}
+
+#[test]
+fn a_client_that_leaves_while_queued_is_cancelled_and_never_resumed() {
+    let mut p = one_admitted_one_held();
+    p.done(11);
+    assert!(!p.worker.needs_ticks());
+    p.at(200);
+    p.tick();
+    assert!(p.resumed.is_empty());
+    // Its turn stays taken: the next request's is at 200 ms.
+    assert_eq!(p.get(12), Verdict::Continue);
+    assert_eq!(p.get(13), Verdict::Hold);
+    assert_eq!(p.held_until(), Some(300 * MS));
+    assert_eq!(
+        p.stats(),
+        s(&[
+            ("admitted", 2),
+            ("queued", 2),
+            ("cancelled", 1),
+            ("held", 1)
+        ])
+    );
+}
+
+#[test]
+fn a_stream_gone_at_its_turn_is_counted_gone() {
+    let mut p = one_admitted_one_held();
+    p.gone.insert(11);
+    p.at(100);
+    p.tick();
+    assert!(p.resumed.is_empty());
+    assert!(p.worker.waited.is_empty(), "no wait kept for a gone stream");
+    assert!(p.samples.is_empty(), "no wait recorded for a gone stream");
+    assert_eq!(p.stats(), s(&[("admitted", 1), ("queued", 1), ("gone", 1)]));
+}
+
+#[test]
+fn envoy_answering_a_held_request_counts_as_timed_out_not_cancelled() {
+    let mut p = one_admitted_one_held();
+    // stream_idle_timeout: Envoy's 504 passes through the response callback.
+    p.at(50);
+    assert!(p.respond(11, true).is_empty());
+    p.done(11);
+    assert_eq!(
+        p.stats(),
+        s(&[("admitted", 1), ("queued", 1), ("timed_out", 1)])
+    );
+    p.at(100);
+    p.tick();
+    assert!(p.resumed.is_empty());
+}
+
+#[test]
+fn a_full_worker_queue_rejects_what_it_would_hold() {
+    let cfg = r#"{"max_held_per_worker": 1, "rules": [{"name": "r", "rate": "10/s", "max_queue_delay": "1s"}]}"#;
+    let mut p = Proc::new(cfg);
+    p.get(10);
+    assert_eq!(p.get(11), Verdict::Hold);
+    // Its turn (200 ms) is within max_queue_delay, but the queue is full:
+    // retry-after counts the whole wait.
+    assert_eq!(p.get(12), Verdict::Reply(reject("1")));
+    assert_eq!(p.held_until(), Some(100 * MS), "the rejection took no turn");
+    assert_eq!(
+        p.stats(),
+        s(&[("admitted", 1), ("queued", 1), ("rejected", 1), ("held", 1)])
+    );
+}
+
+#[test]
+fn requests_matching_no_rule_pass_untouched_and_read_no_clock() {
+    let cfg = r#"{"rules": [{"name": "admin", "rate": "1/s", "max_queue_delay": "0s",
+                  "match": {"path_prefix": "/admin"}}]}"#;
+    let mut p = Proc::new(cfg);
+    assert_eq!(
+        p.request(10, FakeRequest::get("/public")),
+        Verdict::Continue
+    );
+    assert_eq!(p.clock_reads, 0, "no rule, no clock");
+    assert!(p.totals.is_empty());
+    assert_eq!(
+        p.request(11, FakeRequest::get("/%61dmin/x")),
+        Verdict::Continue
+    );
+    assert_eq!(p.clock_reads, 1, "the monotonic clock, once");
+    assert!(matches!(
+        p.request(12, FakeRequest::get("//admin")),
+        Verdict::Reply(_)
+    ));
+    assert_eq!(p.stats(), s(&[("admitted", 1), ("rejected", 1)]));
+}
+
+#[test]
+fn requests_are_keyed_by_principal() {
+    let cfg = r#"{"rules": [{"name": "p", "rate": "1/h", "max_queue_delay": "0s", "key": {"source": "principal"}}]}"#;
+    let mut p = Proc::new(cfg);
+    let from = |who: Option<&str>| FakeRequest {
+        principal: who.map(|w| format!("spiffe://cluster.local/ns/default/{w}")),
+        ..FakeRequest::get("/")
+    };
+    assert_eq!(p.request(10, from(Some("sa/a"))), Verdict::Continue);
+    assert_eq!(p.request(11, from(Some("sa/b"))), Verdict::Continue);
+    assert!(matches!(
+        p.request(12, from(Some("sa/a"))),
+        Verdict::Reply(_)
+    ));
+    // No identity: the rule's unkeyed schedule.
+    assert_eq!(p.request(13, from(None)), Verdict::Continue);
+    assert!(matches!(p.request(14, from(None)), Verdict::Reply(_)));
+}
+
+#[test]
+fn broken_shared_data_fails_closed() {
+    let mut p = Proc::new(RATE);
+    p.cells.borrow_mut().broken = true;
+    assert_eq!(p.get(10), Verdict::Reply(reject("1")));
+    assert_eq!(p.stats(), s(&[("rejected", 1), ("contention", 1)]));
+}
+
+#[test]
+fn endless_lost_races_fail_closed() {
+    let mut p = Proc::new(RATE);
+    // Another worker wins every compare-and-swap (64 attempts).
+    p.cells.borrow_mut().lost_races = 64;
+    assert_eq!(p.get(10), Verdict::Reply(reject("1")));
+    // One race fewer and the request goes.
+    p.cells.borrow_mut().lost_races = 63;
+    assert_eq!(p.get(11), Verdict::Continue);
+    assert_eq!(
+        p.stats(),
+        s(&[("admitted", 1), ("rejected", 1), ("contention", 1)])
+    );
+}
+
+// ------------------------------------------------------------------ the gate
+
+const GATE: &str = r#"{"rules": [{"name": "c", "concurrency": 1, "max_queue_delay": "1s"}]}"#;
+
+#[test]
+fn the_gate_lets_one_in_and_hands_the_slot_over_on_response_end() {
+    let mut p = Proc::new(GATE);
+    assert_eq!(p.get(10), Verdict::Continue);
+    assert_eq!(p.get(11), Verdict::Hold);
+    assert_eq!(
+        p.stats(),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("held", 1),
+            ("in_flight", 1)
+        ])
+    );
+    // Headers without end: the slot is still in use; the body's end returns it.
+    p.respond(10, false);
+    assert!(!p.woke);
+    p.response_end(10);
+    assert!(p.woke, "a waiter's turn came: the workers are woken");
+    p.at(3);
+    p.wake();
+    assert_eq!(p.resumed, vec![(11, 3 * MS)]);
+    assert_eq!(
+        p.stats(),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("released", 1),
+            ("in_flight", 1)
+        ])
+    );
+    p.response_end(11);
+    p.done(10);
+    p.done(11);
+    assert_eq!(p.stats().get("in_flight"), None, "returned once only");
+    assert_eq!(p.cells.borrow().get(CellId::Gate(0)), Some([2, 2]));
+}
+
+#[test]
+fn a_slot_goes_back_when_the_stream_ends_without_a_response() {
+    let mut p = Proc::new(GATE);
+    p.get(10);
+    p.done(10);
+    assert_eq!(p.stats(), s(&[("admitted", 1)]));
+    assert_eq!(p.get(11), Verdict::Continue, "the slot is free again");
+}
+
+#[test]
+fn a_waiter_that_leaves_abandons_its_ticket_until_its_turn() {
+    let mut p = Proc::new(GATE);
+    p.get(10);
+    p.get(11);
+    p.get(12);
+    p.done(11);
+    assert!(
+        p.worker.needs_ticks(),
+        "the abandoned ticket waits for its turn"
+    );
+    // 10's response ends: ticket 1 (gone) is counted done at its turn, 12 goes.
+    p.respond(10, true);
+    p.tick();
+    assert_eq!(p.resumed, vec![(12, 0)]);
+    assert_eq!(p.cells.borrow().get(CellId::Gate(0)), Some([3, 2]));
+    assert_eq!(
+        p.stats(),
+        s(&[
+            ("admitted", 1),
+            ("queued", 2),
+            ("released", 1),
+            ("cancelled", 1),
+            ("in_flight", 1)
+        ])
+    );
+}
+
+#[test]
+fn a_waiter_past_max_queue_delay_is_rejected_on_tick() {
+    let cfg = r#"{"rules": [{"name": "c", "concurrency": 1, "max_queue_delay": "100ms"}]}"#;
+    let mut p = Proc::new(cfg);
+    p.get(10);
+    p.request(
+        11,
+        FakeRequest::get("/").with_header("content-type", "application/grpc"),
+    );
+    p.at_ns(100 * MS - 1);
+    p.tick();
+    assert!(p.replies.is_empty(), "not a nanosecond early");
+    p.at(100);
+    p.tick();
+    let r = p.replies.get(&11).expect("rejected");
+    assert_eq!((r.status, r.grpc_status), (429, Some(8)));
+    assert_eq!(
+        p.stats(),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("rejected", 1),
+            ("in_flight", 1)
+        ])
+    );
+}
+
+#[test]
+fn rate_and_concurrency_together_take_the_slot_at_release() {
+    let cfg =
+        r#"{"rules": [{"name": "rc", "rate": "10/s", "concurrency": 1, "max_queue_delay": "1s"}]}"#;
+    let mut p = Proc::new(cfg);
+    assert_eq!(p.get(10), Verdict::Continue);
+    assert_eq!(p.get(11), Verdict::Hold);
+    // At 100 ms 11's rate turn comes, but 10 still holds the slot: it waits at the gate.
+    p.at(100);
+    p.tick();
+    assert!(p.resumed.is_empty());
+    p.respond(10, true);
+    p.tick();
+    assert_eq!(p.resumed, vec![(11, 100 * MS)]);
+    assert_eq!(
+        p.stats(),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("released", 1),
+            ("in_flight", 1)
+        ])
+    );
+    // Gone at its turn gives its slot back.
+    p.at(200);
+    p.get(12);
+    p.respond(11, true);
+    p.gone.insert(12);
+    p.at(300);
+    p.tick();
+    assert_eq!(p.stats().get("gone"), Some(&1));
+    assert_eq!(
+        p.stats().get("in_flight"),
+        None,
+        "the gone stream's slot went back"
+    );
+}
+
+// ------------------------------------------------------------------ dry-run
+
+#[test]
+fn dry_run_decides_counts_and_stays_invisible_by_default() {
+    let cfg = r#"{"dry_run": true, "rules": [{"name": "d", "rate": "10/s", "max_queue_delay": "150ms"}]}"#;
+    let mut p = Proc::new(cfg);
+    for id in 10..14 {
+        assert_eq!(p.get(id), Verdict::Continue);
+        assert!(p.respond(id, true).is_empty(), "{id}: a trial is invisible");
+    }
+    // 1 admitted, 1 would queue (100 ms), 2 would be rejected (200, 300 ms > 150 ms):
+    // the counters add up to the requests.
+    assert_eq!(
+        p.stats(),
+        s(&[("admitted", 1), ("would_queue", 1), ("would_reject", 2)])
+    );
+    assert!(!p.worker.needs_ticks() && p.replies.is_empty());
+    // Only what would have gone took a turn: the next is 200 ms away.
+    assert_eq!(
+        p.cells.borrow().get(CellId::Rate(0)),
+        Some([0, T0 + 200 * MS])
+    );
+}
+
+#[test]
+fn dry_run_headers_show_each_decision_when_asked() {
+    let cfg = r#"{"dry_run": true, "dry_run_headers": true, "rate_limit_headers": true,
+                  "rules": [{"name": "d", "rate": "10/s", "max_queue_delay": "150ms"}]}"#;
+    let mut p = Proc::new(cfg);
+    let note = |p: &mut Proc, id| {
+        p.get(id);
+        let headers = p.respond(id, true);
+        assert!(headers.iter().any(|(n, _)| *n == "ratelimit"));
+        headers
+            .into_iter()
+            .find(|(n, _)| *n == "x-throttle-dry-run")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(note(&mut p, 10), None);
+    assert_eq!(note(&mut p, 11).as_deref(), Some("queued; wait_ms=100"));
+    assert_eq!(
+        note(&mut p, 12).as_deref(),
+        Some("rejected; status=429; retry_after=1")
+    );
+}
+
+#[test]
+fn dry_run_at_the_gate_goes_at_once_but_keeps_in_flight_true() {
+    let cfg = r#"{"rules": [{"name": "c", "concurrency": 1, "dry_run": true}]}"#;
+    let mut p = Proc::new(cfg);
+    assert_eq!(p.get(10), Verdict::Continue);
+    assert_eq!(p.get(11), Verdict::Continue);
+    assert_eq!(
+        p.stats(),
+        s(&[("admitted", 1), ("would_queue", 1), ("in_flight", 2)])
+    );
+    p.respond(10, true);
+    p.respond(11, true);
+    assert_eq!(p.stats().get("in_flight"), None);
+}
+
+#[test]
+fn dry_run_of_rate_and_gate_counts_each_request_once() {
+    let cfg = r#"{"dry_run": true, "dry_run_headers": true,
+                  "rules": [{"name": "rc", "rate": "10/s", "concurrency": 1, "max_queue_delay": "150ms"}]}"#;
+    let mut p = Proc::new(cfg);
+    // 10 goes; 11 would queue for the rate, then for the gate (the later note
+    // wins, the count is one); 12 would be rejected by the rate and never
+    // reaches the gate.
+    for id in 10..13 {
+        assert_eq!(p.get(id), Verdict::Continue);
+    }
+    let note = |p: &mut Proc, id| {
+        p.respond(id, false)
+            .into_iter()
+            .find(|(n, _)| *n == "x-throttle-dry-run")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(
+        note(&mut p, 11).as_deref(),
+        Some("queued; waiting for a concurrency slot")
+    );
+    assert_eq!(
+        note(&mut p, 12).as_deref(),
+        Some("rejected; status=429; retry_after=1")
+    );
+    assert_eq!(
+        p.stats(),
+        s(&[
+            ("admitted", 1),
+            ("would_queue", 1),
+            ("would_reject", 1),
+            ("in_flight", 2)
+        ])
+    );
+}
+
+#[test]
+fn dry_run_contention_would_reject_and_goes_on() {
+    let cfg =
+        r#"{"dry_run": true, "dry_run_headers": true, "rules": [{"name": "d", "rate": "10/s"}]}"#;
+    let mut p = Proc::new(cfg);
+    p.cells.borrow_mut().broken = true;
+    assert_eq!(p.get(10), Verdict::Continue);
+    assert_eq!(
+        p.respond(10, true),
+        vec![("x-throttle-dry-run", "rejected; contention".to_string())]
+    );
+    assert_eq!(p.stats(), s(&[("contention", 1), ("would_reject", 1)]));
+}
+
+// ------------------------------------------------------------ cluster scope
+
+const CLUSTER: &str = r#"{"engine": {"cluster": "e"},
+    "rules": [{"name": "c", "rate": "100/s", "max_queue_delay": "1s", "scope": "cluster",
+               "expected_replicas": 2, "dry_run": DRY}]}"#;
+
+fn cluster(dry_run: bool) -> Proc {
+    Proc::new(&CLUSTER.replace("DRY", &dry_run.to_string()))
+}
+
+/// What the calling VM publishes: `mode`, and slots `[a, b)` of the grid.
+fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
+    let rule = &p.config.rules[0];
+    let reach = cluster::rule_reach(rule).unwrap();
+    let store = MemStore(&p.cells);
+    cluster::publish(
+        &mut store.blob(BlobId::Grants(0)),
+        &mut store.cell(CellId::Cursor(0)),
+        &reach,
+        p.clock.wall,
+        mode,
+        0,
+        ranges,
+    )
+    .unwrap();
+}
+
+fn waiting(p: &Proc) -> u64 {
+    p.cells
+        .borrow()
+        .get(CellId::Waiting(0))
+        .map_or(0, |[n, _]| n)
+}
+
+#[test]
+fn a_cluster_request_waits_for_grants_and_takes_the_first_one_at_its_time() {
+    let mut p = cluster(false);
+    assert_eq!(p.get(10), Verdict::Hold);
+    assert_eq!(waiting(&p), 1);
+    p.at(5);
+    p.tick();
+    assert!(p.resumed.is_empty(), "no grant yet: still waiting");
+    // The engine grants slots 2 ms and 4 ms of wall time ahead (100/s: a slot per 10 ms).
+    let grid = cluster::rule_reach(&p.config.rules[0]).unwrap().grid;
+    let k = grid.slot_at_or_after(p.clock.wall + 2 * MS);
+    publish(&p, Mode::Grid, &[(k, k + 2)]);
+    let wait = grid.slot_time(k) - p.clock.wall;
+    p.tick();
+    assert_eq!(waiting(&p), 0, "it left the waiting count");
+    assert!(p.resumed.is_empty());
+    assert_eq!(
+        p.held_until(),
+        Some(5 * MS + wait),
+        "held until its slot's time exactly"
+    );
+    p.at_ns(5 * MS + wait);
+    p.tick();
+    assert_eq!(p.resumed, vec![(10, 5 * MS + wait)]);
+    assert_eq!(
+        p.stats(),
+        s(&[("queued", 1), ("released", 1), ("slots_taken", 1)])
+    );
+}
+
+#[test]
+fn a_retry_in_fallback_may_hold_only_what_is_left_of_max_queue_delay() {
+    let mut p = cluster(false);
+    assert_eq!(p.get(10), Verdict::Hold);
+    // The engine fails: local pacing at one request per 10 ms. The
+    // fallback schedule is already 450 ms ahead (others paced locally).
+    publish(
+        &p,
+        Mode::Local {
+            interval_ns: 10 * MS,
+        },
+        &[],
+    );
+    p.cells
+        .borrow_mut()
+        .cells
+        .insert(CellId::Fallback(0), ([0, T0 + 600 * MS + 450 * MS], 1));
+    // After 600 ms of waiting, 400 ms are left: a turn 450 ms away is too far.
+    p.at(600);
+    p.tick();
+    assert_eq!(p.replies.get(&10).map(|r| r.status), Some(429));
+    assert_eq!(waiting(&p), 0);
+    // A first attempt may still hold the full second.
+    assert_eq!(p.get(11), Verdict::Hold);
+    assert_eq!(p.held_until(), Some(600 * MS + 450 * MS));
+}
+
+#[test]
+fn a_cluster_dry_run_never_waits_and_gives_its_waiting_place_back() {
+    let mut p = cluster(true);
+    p.config.dry_run_headers = true;
+    assert_eq!(p.get(10), Verdict::Continue);
+    assert_eq!(waiting(&p), 0);
+    assert_eq!(
+        p.respond(10, true),
+        vec![("x-throttle-dry-run", "queued; wait_ms=1000".to_string())]
+    );
+    assert_eq!(p.stats(), s(&[("would_queue", 1)]));
+}
