@@ -1,11 +1,11 @@
 # The adaptive-pacing benchmark (perf/adaptive/): the backend emulator whose
-# capacity changes while it runs, Vegeta open-loop load, and the arms (no
-# limiter, Envoy adaptive_concurrency default and tuned, admission_control, the
-# throttle at a static high and low rate, the adaptive throttle). See
-# perf/adaptive/README.md.
+# capacity changes while it runs, Vegeta open-loop load (harness/vegeta.py), and
+# the arms (no limiter, Envoy adaptive_concurrency default and tuned,
+# admission_control, the throttle at a static high and low rate, the adaptive
+# throttle). Runs write perf/reports/adaptive/<run-id>/ and link
+# perf/reports/adaptive/latest. See perf/adaptive/README.md.
 .PHONY: perf-adaptive perf-adaptive-quick perf-adaptive-setup
 
-PERF_ADAPTIVE_QUICK_DIR := perf/results/adaptive-quick
 # perf-adaptive: extra arguments, e.g. PERF_ADAPTIVE_ARGS='--scenarios S1 S3 --arms none throttle-low'
 PERF_ADAPTIVE_ARGS ?=
 
@@ -13,12 +13,11 @@ perf-adaptive-setup: ## Install what the adaptive benchmark needs (Vegeta v12.13
 	@bash perf/adaptive/setup.sh
 
 perf-adaptive: setup perf-adaptive-setup build ## Adaptive pacing benchmark, every scenario x arm (~25 min): summary.md, report.html, charts
-	$(PY) -m perf.adaptive.run --set full --out perf/results/adaptive-latest $(PERF_ADAPTIVE_ARGS)
-	PERF_ADAPTIVE_DIR=perf/results/adaptive-latest $(PYTEST) -m perf perf/adaptive/tests -q
+	$(PY) -m perf.adaptive.run --set full $(PERF_ADAPTIVE_ARGS)
+	PERF_ADAPTIVE_DIR=perf/reports/adaptive/latest $(PYTEST) -m perf perf/tests/test_adaptive_report.py -q
 
 perf-adaptive-quick: setup perf-adaptive-setup build ## The same, one short scenario and three arms (~1 min, CI): checks the tools, asserts no figure
-	rm -rf $(PERF_ADAPTIVE_QUICK_DIR)
-	$(PY) -m perf.adaptive.run --set quick --out $(PERF_ADAPTIVE_QUICK_DIR)
-	PERF_ADAPTIVE_DIR=$(PERF_ADAPTIVE_QUICK_DIR) $(PYTEST) -m perf perf/adaptive/tests -q
+	$(PY) -m perf.adaptive.run --set quick
+	PERF_ADAPTIVE_DIR=perf/reports/adaptive/latest $(PYTEST) -m perf perf/tests/test_adaptive_report.py -q
 
 CI_EXTRA += perf-adaptive-quick

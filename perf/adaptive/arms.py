@@ -1,6 +1,6 @@
 """The Envoy configuration of each arm (perf/adaptive/scenarios.yaml): the shipped
-envoy/baseline.yaml (no filter) or envoy/demo.yaml (the throttle) through the
-harness's `render`, with a 1.5 s route timeout and the arm's one filter before
+envoy/baseline.yaml (no filter) or envoy/demo.yaml (the throttle) through
+`harness.configs.render`, with a 1.5 s route timeout and the arm's one filter before
 the router."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.procs import render, throttle_filter
+from harness.configs import hcm, render, throttle_filter
 
 ROUTE_TIMEOUT = "1.5s"
 NATIVE = {
@@ -21,12 +21,6 @@ NATIVE = {
         "type.googleapis.com/envoy.extensions.filters.http.admission_control.v3.AdmissionControl",
     ),
 }
-
-
-def _hcm(cfg: dict[str, Any]) -> dict[str, Any]:
-    listener = cfg["static_resources"]["listeners"][0]
-    hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
-    return hcm
 
 
 def throttle_plugin(arm: dict[str, Any], max_queue_delay: str) -> dict[str, Any]:
@@ -43,13 +37,13 @@ def envoy_config(arm: dict[str, Any], *, listen_port: int, admin_port: int, upst
                      plugin=json.dumps(throttle_plugin(arm, max_queue_delay)))
     else:
         cfg = render("baseline.yaml", listen_port=listen_port, admin_port=admin_port, upstream_port=upstream_port)
-    hcm = _hcm(cfg)
-    for vh in hcm["route_config"]["virtual_hosts"]:
+    manager = hcm(cfg)
+    for vh in manager["route_config"]["virtual_hosts"]:
         for route in vh["routes"]:
             route["route"]["timeout"] = ROUTE_TIMEOUT
     if "filter" in arm:
         name, type_url = NATIVE[arm["filter"]]
-        hcm["http_filters"].insert(0, {"name": name, "typed_config": {"@type": type_url, **arm["config"]}})
+        manager["http_filters"].insert(0, {"name": name, "typed_config": {"@type": type_url, **arm["config"]}})
     elif "throttle" not in arm:
         pass
     elif throttle_filter(cfg) is None:

@@ -25,9 +25,16 @@ import json
 import math
 import random
 import signal
+import sys
+import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from harness.net import free_port, http_get
+from harness.procs import ROOT, Child
 
 WINDOW_S = 0.1
 CV = 0.3
@@ -269,6 +276,43 @@ def main(argv: list[str] | None = None) -> int:
         settings.apply(s)
     asyncio.run(serve(args.port, settings, schedule, args.seed))
     return 0
+
+
+
+class Process(Child):
+    """The emulator as our own process (python -m perf.adaptive.emulator), stopped by PID."""
+
+    def __init__(self, schedule: list[dict[str, Any]], seed: int = 1):
+        self.port = free_port()
+        self.schedule = schedule
+        self.seed = seed
+        self.log_path = Path(tempfile.mkstemp(prefix="emulator-", suffix=".log")[1])
+
+    def __enter__(self) -> Process:
+        self.start_and_wait([sys.executable, "-m", "perf.adaptive.emulator", "--port", str(self.port),
+                             "--schedule", json.dumps(self.schedule), "--seed", str(self.seed)],
+                            self._up, f"emulator on :{self.port}", 15, cwd=ROOT)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _up(self) -> bool:
+        try:
+            return http_get(f"http://127.0.0.1:{self.port}/_health", timeout=0.5)[0] == 200
+        except OSError:
+            return False
+
+    def begin(self) -> float:
+        """Starts the schedule's clock and the record; the wall-clock time it did."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/_start", data=b"{}", method="POST")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            r.read()
+        return time.time()
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(http_get(f"http://127.0.0.1:{self.port}/_record", timeout=10)[2])
+        return out
 
 
 if __name__ == "__main__":

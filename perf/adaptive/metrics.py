@@ -14,12 +14,29 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from perf.adaptive.load import Attempt
+from harness.vegeta import Request
 
 SLO_S = 1.0
 WINDOW_S = 0.1
 HOLD_S = 5.0
 BAND = 0.10
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One request as its client saw it, times in seconds from the backend's start."""
+
+    start: float
+    latency: float
+    code: int  # 0: no answer (timeout, reset)
+    shed_upstream: bool  # the backend's own 429 (its x-emulator: shed header came through)
+    request: int  # which client request (retries share it)
+    attempt: int  # 0 first, 1.. retries
+
+
+def from_vegeta(requests: list[Request], t0: float) -> list[Attempt]:
+    """Vegeta's requests as attempts (`t0`: wall-clock time of the backend's start)."""
+    return [Attempt(r.sent - t0, r.latency_s, r.code, "x-emulator" in r.headers, r.seq, 0) for r in requests]
 
 
 @dataclass
@@ -163,6 +180,14 @@ class Run:
             cap.append(float(self.windows[k].get("capacity", 0.0)))
         return {"t": [round((k + 1) * WINDOW_S, 1) for k in range(n)], "admitted": adm, "goodput": good,
                 "capacity": cap}
+
+
+ERROR_KEYS = ("local_429", "upstream_429", "e503", "e504", "other_5xx", "no_answer")
+
+
+def errors(phase: dict[str, Any]) -> int:
+    """Every error the clients saw in a phase (as `PhaseFigures.as_dict` keeps it)."""
+    return sum(int(phase[k]) for k in ERROR_KEYS)
 
 
 def _ms(v: float | None) -> float | None:

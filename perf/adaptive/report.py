@@ -1,68 +1,77 @@
-"""The report of an adaptive-pacing run: summary.md (per scenario, each arm's
-figures per phase, and one line per arm and scenario), a chart per scenario
-(<scenario>.png: admitted rate against the backend's capacity over time, and
-goodput, every arm) and report.html with both.
+"""The report of an adaptive-pacing run: summary.md (one line per scenario and arm, then
+per scenario every arm's figures per phase), a chart per scenario (<scenario>.png:
+admitted rate against the backend's capacity over time, and goodput, every arm) and
+report.html with both (harness.tables).
 
-  python -m perf.adaptive.report perf/results/adaptive-<run-id>
+  python -m perf.adaptive.report perf/reports/adaptive/latest
 """
 
 from __future__ import annotations
 
-import html
+import io
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from PIL import Image
+from harness.tables import html_page, markdown, num, png
 
 COLUMNS = ("arm", "phase", "capacity /s", "target /s", "admitted /s", "goodput /s (share)", "2xx p50 / p99 ms",
            "throttle 429", "upstream 429", "503", "504", "no answer", "max upstream concurrency",
            "time to adapt s", "overshoot")
-
-
-def _f(v: float | None, digits: int = 0) -> str:
-    return "–" if v is None else f"{v:.{digits}f}"
+SUMMARY = ("scenario", "arm", "lowest goodput share", "errors (throttle 429 / upstream 429 / 503 / 504 / none)",
+           "time to adapt per change", "note")
 
 
 def load_runs(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
+    """The runs of a run directory, in the order of its set (environment.json)."""
+    env_path = out / "environment.json"
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    order = {name: i for i, name in enumerate([*env.get("scenarios", []), *env.get("arms", [])])}
+    runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
+    return sorted(runs, key=lambda r: (order.get(r["scenario"], 99), order.get(r["arm"], 99)))
+
+
+def _tta(p: dict[str, Any]) -> str:
+    return "never" if p["time_to_adapt_s"] is None else num(p["time_to_adapt_s"])
 
 
 def phase_rows(run: dict[str, Any]) -> list[list[str]]:
-    rows = []
-    for p in run.get("phases", []):
-        rows.append([
-            run["arm"], f"{p['at_s']:.0f}–{p['end_s']:.0f} s", _f(p["capacity"]), _f(p["target"]),
-            _f(p["admitted_per_s"], 1), f"{p['goodput_per_s']:.1f} ({p['goodput_share']:.0%})",
-            f"{_f(p['p50_ms'])} / {_f(p['p99_ms'])}", str(p["local_429"]), str(p["upstream_429"]),
-            str(p["e503"]), str(p["e504"]), str(p["no_answer"]), str(p["upstream_concurrency_max"]),
-            _f(p["time_to_adapt_s"], 1) if p["time_to_adapt_s"] is not None else "never", str(p["overshoot"]),
-        ])
-    return rows
+    return [[run["arm"], f"{p['at_s']:.0f}–{p['end_s']:.0f} s", num(p["capacity"], ".0f"), num(p["target"], ".0f"),
+             num(p["admitted_per_s"]), f"{p['goodput_per_s']:.1f} ({p['goodput_share']:.0%})",
+             f"{num(p['p50_ms'], '.0f', '–')} / {num(p['p99_ms'], '.0f', '–')}", num(p["local_429"]),
+             num(p["upstream_429"]), num(p["e503"]), num(p["e504"]), num(p["no_answer"]),
+             num(p["upstream_concurrency_max"]), _tta(p), num(p["overshoot"])]
+            for p in run.get("phases", [])]
 
 
-def _md_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+def summary_row(run: dict[str, Any]) -> list[str]:
+    if "refused" in run:
+        return [run["scenario"], run["arm"], "–", "–", "–", f"refused: {run['refused']}"]
+    ps = run["phases"]
+    errs = [sum(p[k] for p in ps) for k in ("local_429", "upstream_429", "e503", "e504", "no_answer")]
+    tta = ", ".join(_tta(p) for p in ps[1:]) or _tta(ps[0])
+    note = ""
+    if "recovery_s" in run:
+        note = (f"back at 90% of offered goodput after {num(run['recovery_s'], missing='–')} s; "
+                f"{run['attempts'] / max(run['requests'], 1):.2f} attempts per request")
+    return [run["scenario"], run["arm"], f"{min(p['goodput_share'] for p in ps):.0%}",
+            " / ".join(map(str, errs)), tta, note]
 
 
-def chart(scenario: str, runs: list[dict[str, Any]], path: Path) -> None:
+def chart(scenario: str, runs: list[dict[str, Any]]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
-    cap_drawn = False
-    for run in runs:
-        s = run.get("series")
-        if not s:
-            continue
-        if not cap_drawn:
+    for i, run in enumerate(runs):
+        s = run["series"]
+        if i == 0:
             top.plot(s["t"], s["capacity"], color="black", linestyle="--", linewidth=1.5, label="capacity")
             top.axhline(run["offered"], color="grey", linestyle=":", linewidth=1, label="offered")
-            cap_drawn = True
         top.plot(s["t"], s["admitted"], linewidth=1.1, label=run["arm"])
         bottom.plot(s["t"], s["goodput"], linewidth=1.1, label=run["arm"])
     top.set_ylabel("admitted to the backend /s\n(1 s windows)")
@@ -72,100 +81,44 @@ def chart(scenario: str, runs: list[dict[str, Any]], path: Path) -> None:
     top.legend(fontsize=7, ncol=3, loc="upper right")
     top.grid(alpha=0.3)
     bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    # Line charts need few colours: a palette image is a third of the size.
-    with Image.open(path) as img:
-        small = img.convert("RGB").quantize(colors=64)
-    small.save(path, optimize=True)
+    raw = png(fig)
+    # Line charts need few colours: a palette image is a fifth of the size.
+    buf = io.BytesIO()
+    with Image.open(io.BytesIO(raw)) as img:
+        img.convert("RGB").quantize(colors=64).save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
 
 
 def render(out: Path) -> dict[str, Path]:
-    info = json.loads((out / "info.json").read_text()) if (out / "info.json").exists() else {}
-    order = {name: i for i, name in enumerate([*info.get("scenarios", []), *info.get("arms", [])])}
-    runs = sorted(load_runs(out), key=lambda r: (order.get(r["scenario"], 99), order.get(r["arm"], 99)))
+    runs = load_runs(out)
+    env_path = out / "environment.json"
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
     by_scenario: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         by_scenario.setdefault(r["scenario"], []).append(r)
-    md = [f"# Adaptive pacing benchmark: run {info.get('run_id', out.name)}", ""]
-    md.append(f"Envoy {info.get('envoy', '?')}, Vegeta {info.get('vegeta', '?')}, git {info.get('git', '?')}, "
-              f"{info.get('nproc', '?')} cores. Load average before: `{info.get('uptime_before', '?')}`; "
-              f"after: `{info.get('uptime_after', '?')}`.")
-    md.append("")
-    md.append("One line per arm and scenario: the worst phase's goodput share, all errors the clients saw, "
-              "and time to adapt after each change (s; `never` if not within the phase).")
-    md.append("")
-    head = ["scenario", "arm", "lowest goodput share", "errors (throttle 429 / upstream 429 / 503 / 504 / none)",
-            "time to adapt per change", "note"]
-    rows = []
+    load_start, load_end = env.get("loadavg_start"), env.get("loadavg_end")
+    md = [f"# Adaptive pacing benchmark: run {env.get('run_id', out.name)}", "",
+          f"Envoy {env.get('envoy', '?')}, Vegeta {env.get('vegeta', '?')}, git {env.get('git', '?')}, "
+          f"{env.get('cpus', '?')} cores. Load average at the start {load_start}, at the end {load_end}.", "",
+          "One line per scenario and arm: the worst phase's goodput share (2xx within 1 s against min(capacity, "
+          "offered)), every error the clients saw, and the time to adapt after each change (s; `never` if not "
+          "within the phase).", "",
+          markdown(SUMMARY, [summary_row(r) for r in runs])]
+    images: dict[str, bytes] = {}
     for scenario, rs in by_scenario.items():
-        for r in rs:
-            if "refused" in r:
-                rows.append([scenario, r["arm"], "–", "–", "–", f"refused: {r['refused']}"])
-                continue
-            ps = r["phases"]
-            errs = [sum(p[k] for p in ps) for k in ("local_429", "upstream_429", "e503", "e504", "no_answer")]
-            tta = ", ".join(_f(p["time_to_adapt_s"], 1) if p["time_to_adapt_s"] is not None else "never"
-                            for p in ps[1:]) or _f(ps[0]["time_to_adapt_s"], 1)
-            note = f"back at 90% of offered goodput after {_f(r.get('recovery_s'), 1)} s; " \
-                   f"{r['attempts'] / max(r['requests'], 1):.2f} attempts per request" if "recovery_s" in r else ""
-            rows.append([scenario, r["arm"], f"{min(p['goodput_share'] for p in ps):.0%}",
-                         " / ".join(map(str, errs)), tta, note])
-    md.append(_md_table(head, rows))
-    charts = {}
-    for scenario, rs in by_scenario.items():
-        md += ["", f"## {scenario}: {rs[0]['what']}", ""]
-        md.append(_md_table(COLUMNS, [row for r in rs if "refused" not in r for row in phase_rows(r)]))
-        for r in rs:
-            if "refused" in r:
-                md += ["", f"`{r['arm']}` refused: {r['refused']}"]
-        png = out / f"{scenario}.png"
-        chart(scenario, [r for r in rs if "refused" not in r], png)
-        charts[scenario] = png
-        md += ["", f"![{scenario}]({png.name})"]
-    md += ["", "## Arms", ""]
-    arms_seen = {r["arm"]: r["arm_what"] for r in runs}
-    md += [f"- `{a}`: {w}" for a, w in arms_seen.items()]
-    summary = out / "summary.md"
-    summary.write_text("\n".join(md) + "\n")
-    page = ["<!doctype html><meta charset=utf-8><title>adaptive pacing benchmark</title>",
-            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
-            "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}</style>"]
-    for line in md:
-        if line.startswith("# "):
-            page.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            page.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("![") and "](" in line:
-            page.append(f'<img src="{html.escape(line.split("](")[1].rstrip(")"))}" width="1000">')
-        elif line.startswith("|---"):
-            continue
-        elif line.startswith("| "):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            page.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-        elif line:
-            page.append(f"<p>{html.escape(line)}</p>")
-    body = _close_tables("\n".join(page))
-    report_html = out / "report.html"
-    report_html.write_text(body + "\n")
-    return {"summary": summary, "html": report_html, **{f"chart:{k}": v for k, v in charts.items()}}
-
-
-def _close_tables(body: str) -> str:
-    """Wraps consecutive <tr> lines in <table> elements."""
-    out, inside = [], False
-    for line in body.splitlines():
-        if line.startswith("<tr>") and not inside:
-            out.append("<table>")
-            inside = True
-        elif not line.startswith("<tr>") and inside:
-            out.append("</table>")
-            inside = False
-        out.append(line)
-    if inside:
-        out.append("</table>")
-    return "\n".join(out)
+        ran = [r for r in rs if "refused" not in r]
+        md += ["", f"## {scenario}: {rs[0]['what']}", "", markdown(COLUMNS, [row for r in ran for row in phase_rows(r)])]
+        md += [f"\n`{r['arm']}` refused: {r['refused']}" for r in rs if "refused" in r]
+        if ran:
+            name = f"{scenario}.png"
+            images[name] = chart(scenario, ran)
+            (out / name).write_bytes(images[name])
+            md += ["", f"![{scenario}]({name})"]
+    md += ["", "## Arms", ""] + [f"- `{a}`: {w}" for a, w in {r["arm"]: r["arm_what"] for r in runs}.items()]
+    text = "\n".join(md) + "\n"
+    (out / "summary.md").write_text(text)
+    (out / "report.html").write_text(html_page(f"adaptive pacing {env.get('run_id', out.name)}", text, images))
+    return {"summary": out / "summary.md", "html": out / "report.html"}
 
 
 if __name__ == "__main__":

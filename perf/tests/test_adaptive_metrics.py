@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf.adaptive.load import Attempt
-from perf.adaptive.metrics import Run, phases, quantile, recovery
+from perf.adaptive.metrics import Attempt, Run, errors, from_vegeta, phases, quantile, recovery
 
 
 def windows(per_100ms: list[int], capacity: float = 100.0) -> list[dict]:
@@ -65,6 +64,20 @@ def test_errors_are_told_apart_by_code_and_origin():
 def test_overshoot_counts_what_came_above_capacity_in_5_s():
     r = Run([], windows([15] * 30 + [10] * 70), 10)
     assert r.overshoot(0, 100) == 150  # 30 windows of 5 above 10
+
+
+def test_vegeta_requests_become_attempts_from_the_backends_start():
+    from harness.vegeta import Request, parse_csv
+
+    rows = parse_csv('1000000000500000000,429,2000000,0,2,,,,7,GET,http://x/w,eC1lbXVsYXRvcjogc2hlZA==\n'
+                     '1000000001000000000,0,2000000000,0,0,"Get: timeout",,,8,GET,http://x/w,\n')
+    assert rows[0] == Request(sent=1000000000.5, latency_s=0.002, code=429, headers="x-emulator: shed", seq=7)
+    a = from_vegeta(rows, t0=1000000000.0)
+    assert (a[0].start, a[0].shed_upstream, a[1].code, a[1].shed_upstream) == (0.5, True, 0, False)
+
+
+def test_errors_add_up_a_phase():
+    assert errors({"local_429": 1, "upstream_429": 2, "e503": 3, "e504": 4, "other_5xx": 5, "no_answer": 6}) == 21
 
 
 def test_recovery_is_when_goodput_stays_at_90_percent_of_offered():

@@ -1,68 +1,15 @@
-"""Open-loop load for the adaptive benchmark, as one list of attempts.
-
-`vegeta_run`: Vegeta (`go install github.com/tsenart/vegeta/v12@v12.13.0`,
-perf/adaptive/setup.sh) at a constant arrival rate, client timeout 2 s,
-keep-alive, as many connections as the open loop needs (an attack whose
-responses are slow opens more rather than sending less).
-
-`retry_run`: the S9 client, since Vegeta has no retries: arrivals at a constant
-rate (asyncio, one task per request), each request tried again at once after a
-timeout, a 5xx or a 429, up to `retries` times; each attempt on a pooled
-keep-alive connection (a connection whose attempt timed out is dropped).
-
-Both return `Attempt`s with times in seconds from `t0` (the caller's
+"""The S9 client, since Vegeta has no retries: arrivals at a constant rate (asyncio, one
+task per request), each request tried again at once after a timeout, a 5xx or a 429, up to
+`retries` times; each attempt on a pooled keep-alive connection (a connection whose attempt
+timed out is dropped). Returns `Attempt`s with times in seconds from `t0` (the caller's
 `time.time()` when the backend's clock started)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import csv
-import subprocess
-import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from harness.procs import go_bin
-
-
-@dataclass(frozen=True)
-class Attempt:
-    start: float
-    latency: float
-    code: int  # 0: no answer (timeout, reset)
-    shed_upstream: bool  # the backend's own 429 (its x-emulator: shed header came through)
-    request: int  # which client request (retries share it)
-    attempt: int  # 0 first, 1.. retries
-
-
-def vegeta_run(url: str, rate: int, duration_s: float, t0: float, timeout_s: float = 2.0) -> list[Attempt]:
-    """One constant-rate Vegeta attack on `url`."""
-    with tempfile.TemporaryDirectory(prefix="vegeta-") as d:
-        results = Path(d) / "results.bin"
-        target = f"GET {url}\n"
-        subprocess.run(
-            [go_bin("vegeta"), "attack", f"-rate={rate}/1s", f"-duration={duration_s}s", f"-timeout={timeout_s}s",
-             "-keepalive=true", "-workers=64", "-max-workers=4096", f"-output={results}"],
-            input=target.encode(), check=True, timeout=duration_s + timeout_s + 60,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        encoded = subprocess.run([go_bin("vegeta"), "encode", "--to", "csv", str(results)], check=True,
-                                 capture_output=True, timeout=120).stdout.decode()
-    out = []
-    for row in csv.reader(encoded.splitlines()):
-        if len(row) < 9:
-            continue
-        headers = base64.b64decode(row[11]).decode("latin-1", "replace").lower() if len(row) > 11 else ""
-        out.append(Attempt(
-            start=int(row[0]) / 1e9 - t0,
-            latency=int(row[2]) / 1e9,
-            code=int(row[1]),
-            shed_upstream="x-emulator" in headers,
-            request=int(row[8]),
-            attempt=0,
-        ))
-    return out
+from perf.adaptive.metrics import Attempt
 
 
 class _Pool:
