@@ -51,6 +51,14 @@ pub enum Stat {
     EngineCalls,
     EngineFailures,
     FallbackMs,
+    AdaptiveRate,
+    AdaptiveShed,
+    AdaptiveFailed,
+    AdaptiveQueue,
+    AdaptiveDrained,
+    AdaptiveProbe,
+    AdaptiveKept,
+    AdaptiveRetryAfter,
 }
 
 /// A stat's name, kind and meaning.
@@ -113,10 +121,26 @@ pub const TABLE: [Spec; COUNT] = [
         "Cluster scope: of those, calls that failed (transport error, non-200, timeout, or an answer that makes no sense)."),
     spec(Stat::FallbackMs, "fallback_ms", Kind::Gauge,
         "Cluster scope: total milliseconds the rule has spent in its `on_engine_failure` fallback (rising while in fallback)."),
+    spec(Stat::AdaptiveRate, "adaptive_rate", Kind::Gauge,
+        "Adaptive: the rate paced at (in observe mode, the rate it would pace at), in requests per second x 1000; set by the learning VM every ~100 ms."),
+    spec(Stat::AdaptiveShed, "adaptive_shed", Kind::Counter,
+        "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance."),
+    spec(Stat::AdaptiveFailed, "adaptive_failed", Kind::Counter,
+        "Adaptive: cuts because of other 5xx, resets or upstream timeouts beyond the tolerance."),
+    spec(Stat::AdaptiveQueue, "adaptive_queue", Kind::Counter,
+        "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind)."),
+    spec(Stat::AdaptiveDrained, "adaptive_drained", Kind::Counter,
+        "Adaptive: drains ended (the queue a cut found is gone): back to the capacity measured."),
+    spec(Stat::AdaptiveProbe, "adaptive_probe", Kind::Counter,
+        "Adaptive: probes above the rate."),
+    spec(Stat::AdaptiveKept, "adaptive_kept", Kind::Counter,
+        "Adaptive: probes the upstream delivered (their rate kept)."),
+    spec(Stat::AdaptiveRetryAfter, "adaptive_retry_after", Kind::Counter,
+        "Adaptive: rounds in which the upstream's `Retry-After` held probes back."),
 ];
 
 /// Number of stats.
-pub const COUNT: usize = 20;
+pub const COUNT: usize = 28;
 
 impl Stat {
     /// Every stat, in table order.
@@ -141,6 +165,14 @@ impl Stat {
         Stat::EngineCalls,
         Stat::EngineFailures,
         Stat::FallbackMs,
+        Stat::AdaptiveRate,
+        Stat::AdaptiveShed,
+        Stat::AdaptiveFailed,
+        Stat::AdaptiveQueue,
+        Stat::AdaptiveDrained,
+        Stat::AdaptiveProbe,
+        Stat::AdaptiveKept,
+        Stat::AdaptiveRetryAfter,
     ];
 
     /// The stat's entry in [`TABLE`].

@@ -7,6 +7,9 @@
 //! issue 21): `README.md` in this folder.
 
 pub mod controller;
+pub mod deadline;
+pub mod learner;
+pub mod retry_after;
 pub mod tally;
 
 #[cfg(any(test, feature = "testing"))]
@@ -14,11 +17,6 @@ pub mod sim;
 
 #[cfg(test)]
 mod tests;
-
-/// Whether the filter acts on a rule's `adaptive` block. Until the learned
-/// rate is wired into the request path (phase 2 of issue 21), the validator
-/// refuses such a configuration rather than accept it and ignore it.
-pub const WIRED: bool = false;
 
 /// Whether the learned rate paces, or is only reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,4 +39,5 @@ pub struct Settings {
 pub use controller::{
     interval_of_rate, rate_of_interval, Controller, Reason, Reasons, Tuning, Update, MICRO,
 };
+pub use learner::{add_tally, take_tally, Learners, ROUND_NS};
 pub use tally::{Class, Observation, Outcome, Tally};

@@ -27,8 +27,6 @@ use crate::schedule::Schedule;
 pub use crate::units::RateWindow;
 
 pub use validate::parse;
-#[cfg(test)]
-use validate::parse_with;
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,22 +17,13 @@ mod adaptive;
 
 /// Parses and validates a configuration. Returns every problem found.
 pub fn parse(bytes: &[u8]) -> Result<Config, Vec<ConfigError>> {
-    parse_with(bytes, crate::adaptive::WIRED)
-}
-
-/// [`parse`], accepting a rule's `adaptive` block only if the filter acts
-/// on it (`adaptive_wired`; tests check the block's own rules with `true`).
-pub(crate) fn parse_with(bytes: &[u8], adaptive_wired: bool) -> Result<Config, Vec<ConfigError>> {
     let (value, duplicates) = strict_json::parse(bytes).map_err(|e| {
         vec![ConfigError {
             field: "(config)".into(),
             reason: format!("invalid JSON: {e}"),
         }]
     })?;
-    let mut v = Validator {
-        adaptive_wired,
-        ..Validator::default()
-    };
+    let mut v = Validator::default();
     for path in duplicates {
         v.error(
             &path,
@@ -48,8 +39,6 @@ pub(crate) fn parse_with(bytes: &[u8], adaptive_wired: bool) -> Result<Config, V
 #[derive(Default)]
 struct Validator {
     errors: Vec<ConfigError>,
-    /// Whether a rule's `adaptive` block is accepted (see [`parse_with`]).
-    adaptive_wired: bool,
 }
 
 fn join(path: &str, name: &str) -> String {

@@ -79,13 +79,6 @@ impl Validator {
         if self.errors.len() != before {
             return None;
         }
-        if !self.adaptive_wired {
-            self.error(
-                path,
-                "not supported by this build yet: the filter does not pace at a learned rate until the adaptive stage is wired in (issue 21)",
-            );
-            return None;
-        }
         Some(Settings {
             // The highest rate has the shortest interval.
             min_interval_ns: max_rate?,
