@@ -12,7 +12,7 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(6);
-    println!("| scenario | phase | target /s | seed | time to adapt s | within ±10% | range | goodput | p99 ms | upstream 429 after 2 s | timeouts | throttle 429s |");
+    println!("| scenario | phase | target /s | seed | time to adapt s | within ±10% | range | goodput | p99 ms | upstream 429 after 2 s | timeouts or 504 | throttle 429s |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (label, pacer) in [
         ("adaptive", learner(500.0, Mode::Enforce)),
@@ -38,7 +38,7 @@ fn main() {
                         f.goodput_per_s / p.target_per_s * 100.0,
                         f.p99_ms,
                         p.upstream_429_after_2s * 100.0,
-                        f.timeouts,
+                        f.timeouts + f.gateway_504,
                         f.local_429,
                     );
                 }

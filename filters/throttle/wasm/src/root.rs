@@ -185,9 +185,13 @@ impl<H: Host> Root<H> {
         let Some(learners) = self.learners.as_mut() else {
             return;
         };
-        for (rule, counts) in learners.on_tick(store, now) {
-            if plugin.metrics.count(self.host, rule, &counts) {
+        for round in learners.on_tick(store, now) {
+            if plugin.metrics.count(self.host, round.rule, &round.counts) {
                 self.worker.tick_to_flush(self.host);
+            }
+            if let (Some(change), Some(rule)) = (round.change, plugin.config.rules.get(round.rule))
+            {
+                self.log(Level::Debug, &format!("rule '{}': {change}", rule.name));
             }
         }
     }

@@ -449,10 +449,17 @@ impl Controller {
             }
             self.chunk = (now, Tally::EMPTY);
         }
-        while self
-            .reference
-            .front()
-            .is_some_and(|(at, _)| at.saturating_add(self.tune.reference_ns) < now)
+        // The reference expires (the upstream may have become slower for
+        // good), but not while a queue is being drained: a queue that lasts
+        // longer than the reference's memory would become the reference.
+        // (A slower upstream is told apart by the drain's verify step.)
+        let draining = matches!(self.phase, Phase::Drain { .. });
+        while !draining
+            && self.reference.len() > 1
+            && self
+                .reference
+                .front()
+                .is_some_and(|(at, _)| at.saturating_add(self.tune.reference_ns) < now)
         {
             self.reference.pop_front();
         }
@@ -528,7 +535,14 @@ impl Controller {
             }
             if done >= t.min_samples && share > self.tolerated_permille {
                 let good = w.good_rate();
-                let target = pct(self.rate, 90).min(pct(good, t.cruise_pct));
+                let mut target = pct(self.rate, 90).min(pct(good, t.cruise_pct));
+                if w.tally.shed < w.tally.failed {
+                    // Failures (5xx, resets) come from a queue or a broken
+                    // backend as often as from too many requests: what was
+                    // answered well may understate the capacity. At most
+                    // halve per cut; the queue test does the rest.
+                    target = target.max(self.rate / 2);
+                }
                 if w.tally.shed > 0 {
                     self.shed_ceiling = Some(good);
                 }
@@ -545,8 +559,16 @@ impl Controller {
             //    fell behind. Pace below what it delivers until its queue
             //    is gone. (Not while probing: a probe queues a little on
             //    purpose, and takes it back itself if it was too much.)
-            let probing = matches!(self.phase, Phase::Up { .. } | Phase::Down { .. });
-            if let Some((w, recent)) = self.growing(now).filter(|_| !probing) {
+            //    Unless the upstream now delivers clearly less than before
+            //    the probe: then it lost capacity meanwhile.
+            let before_probe = match self.phase {
+                Phase::Up { before, .. } | Phase::Down { before, .. } => Some(before),
+                _ => None,
+            };
+            if let Some((w, recent)) = self
+                .growing(now)
+                .filter(|(_, recent)| before_probe.is_none_or(|b| recent.good_rate() < pct(b, 90)))
+            {
                 // The upstream was busy all through the window (its queue
                 // grew): what it answered well is its capacity; the later
                 // half, should the window reach back before a change.
@@ -815,6 +837,12 @@ impl Controller {
             return;
         }
         let exit = |c: &mut Controller, reasons: &mut Reasons| {
+            // The reference measured before the queue holds for its full
+            // memory from now (the drain froze it).
+            let reference = c.reference_latency_ns();
+            if reference > 0 {
+                c.reference.push_back((now, reference));
+            }
             let cruise = pct(c.capacity, t.cruise_pct);
             c.set_rate(cruise.max(c.rate));
             c.phase = Phase::Cruise;
@@ -863,6 +891,24 @@ impl Controller {
                 if drain > pct(self.rate, 105) {
                     self.set_rate(drain);
                 }
+            }
+            // What is still queued, by Little's law: the latency above the
+            // reference times the capacity. Beyond the budget it is drained
+            // within `drain_ns`.
+            let excess_ns = self
+                .sums(now.saturating_sub(short), now)
+                .tally
+                .mean_latency_us()
+                .unwrap_or(0)
+                .saturating_mul(1_000)
+                .saturating_sub(self.reference_latency_ns());
+            let queued = count_in(self.capacity, excess_ns);
+            let beyond = queued.saturating_sub(count_in(self.capacity, t.queue_budget_ns));
+            let drain = pct(self.capacity, t.drain_pct)
+                .saturating_sub(per_s(beyond, t.drain_ns))
+                .max(pct(self.capacity, t.drain_floor_pct));
+            if drain < pct(self.rate, 95) {
+                self.set_rate(drain);
             }
         }
         // Over a long window, a queue drained at this rate falls by the

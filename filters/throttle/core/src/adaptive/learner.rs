@@ -120,6 +120,17 @@ pub fn write_interval<C: SharedCell>(
     None
 }
 
+/// What one round of the learner did for one rule.
+#[derive(Debug)]
+pub struct Round {
+    pub rule: usize,
+    /// The rate gauge and the counters of what moved it.
+    pub counts: Counts,
+    /// If the rate moved (or a reason was counted): from what to what, why,
+    /// and the answers of the round.
+    pub change: Option<String>,
+}
+
 /// One adaptive rule as the learner sees it.
 #[derive(Debug)]
 struct Learned {
@@ -187,8 +198,9 @@ impl Learners {
     }
 
     /// One tick of this VM: every [`ROUND_NS`], if it holds the lease, one
-    /// round of every adaptive rule. Returns the statistics to count, by rule.
-    pub fn on_tick<S: Store>(&mut self, store: S, now: u64) -> Vec<(usize, Counts)> {
+    /// round of every adaptive rule. Returns, by rule, the statistics to
+    /// count and, if the rate moved, what moved it (for a debug log).
+    pub fn on_tick<S: Store>(&mut self, store: S, now: u64) -> Vec<Round> {
         if self
             .last_round
             .is_some_and(|t| now < t.saturating_add(ROUND_NS) && now >= t)
@@ -220,14 +232,38 @@ impl Learners {
             });
             let u = c.update(now, &tally, tat.saturating_sub(now));
             let mut counts = Counts::NONE;
+            let mut why = Vec::new();
             for reason in u.reasons.iter() {
                 counts.inc(stat_of(reason));
+                why.push(reason.name());
             }
+            let before = rate_of_interval(current);
+            let change = (u.interval_ns != current || !why.is_empty()).then(|| {
+                format!(
+                    "adaptive rate {:.1}/s -> {:.1}/s ({}; {} sent, {} good, {} shed, {} failed, {} late, in flight {}, {} ms latency, reference {} ms){}",
+                    before as f64 / super::MICRO as f64,
+                    u.rate as f64 / super::MICRO as f64,
+                    if why.is_empty() { "phase".to_string() } else { why.join(", ") },
+                    tally.sent,
+                    tally.good,
+                    tally.shed,
+                    tally.failed,
+                    tally.late,
+                    c.in_flight(),
+                    tally.mean_latency_us().unwrap_or(0) / 1_000,
+                    c.reference_latency_ns() / NS_PER_MS,
+                    if r.mode == Mode::Observe { " [observe]" } else { "" },
+                )
+            });
             counts.record(Stat::AdaptiveRate, u.rate / 1_000);
             if r.mode == Mode::Enforce && u.interval_ns != current {
                 let _ = write_interval(&mut cell, configured, u.interval_ns, now);
             }
-            out.push((r.index, counts));
+            out.push(Round {
+                rule: r.index,
+                counts,
+                change,
+            });
         }
         out
     }
@@ -372,7 +408,9 @@ mod tests {
             now += ROUND_NS;
             assert!(add_tally(&mut store.blob(BlobId::Tally(0)), &shed));
             let out = a.on_tick(store, now);
-            if out.iter().any(|(_, c)| c.get(Stat::AdaptiveShed) > 0) {
+            if out.iter().any(|r| r.counts.get(Stat::AdaptiveShed) > 0) {
+                let change = out[0].change.as_deref().unwrap_or_default();
+                assert!(change.contains("(shed"), "{change}");
                 break;
             }
         }

@@ -69,6 +69,9 @@ pub struct World {
     pub max_queue_delay_ns: u64,
     /// Clients give up after this long (and may retry).
     pub client_timeout_ns: u64,
+    /// Envoy's route timeout: a request upstream this long is answered 504
+    /// by Envoy (the learner sees the 504; the backend still does the work).
+    pub route_timeout_ns: Option<u64>,
     /// Retries per request after a timeout, 5xx or 429 (at once).
     pub retries: u32,
     /// Coefficient of variation of service times, percent.
@@ -92,6 +95,7 @@ impl World {
             pacer,
             max_queue_delay_ns: 500 * NS_PER_MS,
             client_timeout_ns: 2 * NS_PER_S,
+            route_timeout_ns: None,
             retries: 0,
             cv_pct: 30,
             seed: 1,
@@ -122,6 +126,8 @@ pub struct Bucket {
     pub upstream_429: u64,
     pub local_429: u64,
     pub timeouts: u64,
+    /// Envoy's 504s (the route's timeout).
+    pub gateway_504: u64,
     /// Latencies of the 2xx answers, µs.
     pub ok_latency_us: Vec<u64>,
     /// The backend's capacity, per second.
@@ -214,8 +220,9 @@ struct Sim<'a> {
     shed: BinaryHeap<Reverse<(u64, u64)>>,
     tokens: f64,
     tokens_at: u64,
-    /// Clients' deadlines of requests upstream (a client that gives up
-    /// while its request is upstream is observed as cancelled then).
+    /// Deadlines of requests upstream: the client's (a client that gives
+    /// up while its request is upstream is observed as cancelled then) or
+    /// the route's, if sooner (observed as Envoy's 504).
     upstream_deadlines: BinaryHeap<Reverse<(u64, u64)>>,
     /// Requests upstream whose client is gone (dead work).
     gone: HashSet<u64>,
@@ -405,7 +412,12 @@ impl<'a> Sim<'a> {
         self.tally.sent();
         self.bucket(at).sent += 1;
         self.report.upstream_arrivals += 1;
-        self.upstream_deadlines.push(Reverse((r.deadline, id)));
+        let route = self
+            .w
+            .route_timeout_ns
+            .map_or(u64::MAX, |t| at.saturating_add(t));
+        self.upstream_deadlines
+            .push(Reverse((r.deadline.min(route), id)));
         let p = self.phase(at);
         if let Some(limit) = p.limit_per_s {
             let burst = (limit as f64 / 10.0).max(1.0);
@@ -454,9 +466,22 @@ impl<'a> Sim<'a> {
                 if let Some(Reverse((_, id))) = self.upstream_deadlines.pop() {
                     // Still upstream when its client gives up: Envoy resets
                     // the stream (the learner sees a cancel); the backend
-                    // still does the work.
+                    // still does the work. The route's timeout first:
+                    // Envoy answers 504.
                     if let Some(r) = self.upstream.get(&id).copied() {
-                        if self.gone.insert(id) {
+                        let route = self.w.route_timeout_ns.map(|t| r.sent_at.saturating_add(t));
+                        if route == Some(at) && at < r.deadline && self.gone.insert(id) {
+                            self.observe(
+                                r,
+                                at,
+                                Outcome::Answered {
+                                    status: 504,
+                                    retry_after_s: None,
+                                },
+                            );
+                            self.bucket(at).gateway_504 += 1;
+                            self.client_failed(at, r, Fail::Answered);
+                        } else if self.gone.insert(id) {
                             self.observe(r, at, Outcome::Cancelled);
                             self.client_failed(at, r, Fail::Timeout);
                         }
@@ -626,6 +651,7 @@ pub struct Figures {
     pub upstream_429: u64,
     pub local_429: u64,
     pub timeouts: u64,
+    pub gateway_504: u64,
     pub sent: u64,
     /// Of the 2xx answers, ms.
     pub p50_ms: f64,
@@ -662,6 +688,7 @@ impl Report {
             upstream_429: sum(|b| b.upstream_429),
             local_429: sum(|b| b.local_429),
             timeouts: sum(|b| b.timeouts),
+            gateway_504: sum(|b| b.gateway_504),
             sent: sum(|b| b.sent),
             p50_ms: q(0.5),
             p99_ms: q(0.99),
@@ -830,6 +857,9 @@ pub fn anchors(pacer: Pacer, seed: u64) -> Vec<Scenario> {
     let world = |phases, secs, delay_ms: u64| {
         let mut w = World::new(phases, secs, pacer);
         w.max_queue_delay_ns = delay_ms * NS_PER_MS;
+        // As the benchmark's Envoy (perf/adaptive/arms.py): a request
+        // upstream 1.5 s is answered 504, its work goes on.
+        w.route_timeout_ns = Some(1_500 * NS_PER_MS);
         w.seed = seed;
         w
     };

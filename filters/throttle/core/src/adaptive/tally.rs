@@ -42,9 +42,12 @@ pub enum Class {
     Good,
     /// The upstream shed it: 429 or 503.
     Shed,
-    /// Any other 5xx, or no answer (reset, connection failure, timeout).
+    /// Any other 5xx but 504, or no answer (reset, connection failure).
     Failed,
-    /// Served, but after the request's own deadline.
+    /// Served, but after the request's own deadline; or 504 (a timeout:
+    /// Envoy's route timeout, or a gateway's behind it). Latency, not
+    /// failure: a queue longer than the timeout says "too slow", and the
+    /// few answered in time say nothing of the capacity.
     Late,
     /// The client left first.
     Cancelled,
@@ -57,6 +60,7 @@ impl Observation {
             Outcome::Cancelled => Class::Cancelled,
             Outcome::Failed => Class::Failed,
             Outcome::Answered { status, .. } if status == 429 || status == 503 => Class::Shed,
+            Outcome::Answered { status: 504, .. } => Class::Late,
             Outcome::Answered { status, .. } if (500..600).contains(&status) => Class::Failed,
             Outcome::Answered { .. } => {
                 let took = self.done_at.saturating_sub(self.sent_at);
@@ -276,7 +280,8 @@ mod tests {
             (answered(429, 1, None), Class::Shed),
             (answered(503, 1, None), Class::Shed),
             (answered(500, 1, None), Class::Failed),
-            (answered(504, 1, None), Class::Failed),
+            (answered(504, 1, None), Class::Late),
+            (answered(502, 1, None), Class::Failed),
         ];
         for (o, want) in cases {
             assert_eq!(o.class(), want, "{o:?}");

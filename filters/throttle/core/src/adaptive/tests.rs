@@ -24,7 +24,7 @@ fn adaptive(name: &str, seed: u64) -> (Report, Vec<PhaseFigures>) {
 
 /// Errors the clients saw: timeouts, the throttle's own 429s and the backend's.
 fn errors(p: &PhaseFigures) -> u64 {
-    p.figures.timeouts + p.figures.local_429 + p.figures.upstream_429
+    p.figures.timeouts + p.figures.gateway_504 + p.figures.local_429 + p.figures.upstream_429
 }
 
 /// The first round after `at_s` whose reasons include `r`, in seconds after it.
@@ -382,5 +382,97 @@ fn rates_and_intervals_convert_without_exceeding_the_rate() {
     assert_eq!(rate_of_interval(0), 1_000_000_000 * MICRO);
     for r in [1, 277, 3 * MICRO, 999_999 * MICRO, 1_000_000 * MICRO] {
         assert!(rate_of_interval(interval_of_rate(r)) <= r);
+    }
+}
+
+#[test]
+fn failures_at_most_halve_the_rate_per_cut() {
+    // A backlog longer than the route's timeout: nearly every answer is
+    // Envoy's 504, the few good ones say nothing of the capacity.
+    let mut c = Controller::new(
+        interval_of_rate(200 * MICRO),
+        1,
+        u64::MAX,
+        Tuning::default(),
+    );
+    let ok = Tally {
+        arrivals: 20,
+        sent: 20,
+        good: 20,
+        latency_us: 20 * 100_000,
+        latency_sq_ms2: 20 * 10_000,
+        ..Tally::EMPTY
+    };
+    let timeouts = Tally {
+        good: 1,
+        failed: 19,
+        latency_us: 1_400_000,
+        latency_sq_ms2: 1_960_000,
+        ..ok
+    };
+    let mut now = 0;
+    for _ in 0..30 {
+        now += 100 * NS_PER_MS;
+        c.update(now, &ok, 0);
+    }
+    let mut cuts = 0;
+    for _ in 0..30 {
+        now += 100 * NS_PER_MS;
+        let before = c.rate();
+        if c.update(now, &timeouts, 0).reasons.has(Reason::Failed) {
+            cuts += 1;
+            assert!(
+                c.rate() >= before / 2,
+                "{} -> {}: at most halved, not cut to what was answered well",
+                before,
+                c.rate()
+            );
+        }
+    }
+    assert!(cuts >= 1);
+}
+
+#[test]
+fn a_queue_drained_for_longer_than_the_reference_lasts_does_not_become_it() {
+    // 100 ms without a queue for 5 s; then the upstream falls behind
+    // (requests in flight and latency grow), and the queue takes 15 s to
+    // drain (latency 800 ms falling 5 ms per round): longer than the
+    // reference's 10 s memory.
+    let mut c = Controller::new(
+        interval_of_rate(200 * MICRO),
+        1,
+        u64::MAX,
+        Tuning::default(),
+    );
+    let round = |sent: u64, done: u64, latency_ms: u64| Tally {
+        arrivals: sent,
+        sent,
+        good: done,
+        latency_us: done * latency_ms * 1_000,
+        latency_sq_ms2: done * (latency_ms * latency_ms + 100),
+        ..Tally::EMPTY
+    };
+    let mut now = 0;
+    let mut tick = |c: &mut Controller, t: Tally| {
+        now += 100 * NS_PER_MS;
+        c.update(now, &t, 0)
+    };
+    for _ in 0..50 {
+        tick(&mut c, round(20, 20, 100));
+    }
+    let mut queue = false;
+    for i in 0..10 {
+        queue |= tick(&mut c, round(20, 10, 150 + 50 * i))
+            .reasons
+            .has(Reason::Queue);
+    }
+    assert!(queue, "the queue was seen");
+    for i in 0..150 {
+        tick(&mut c, round(9, 10, 800 - 5 * i));
+        assert!(
+            c.reference_latency_ns() <= 110 * NS_PER_MS,
+            "round {i}: reference {} ms",
+            c.reference_latency_ns() / NS_PER_MS
+        );
     }
 }
