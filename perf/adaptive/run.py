@@ -89,6 +89,21 @@ def refusal(log: str) -> str:
     return log.strip().splitlines()[-1] if log.strip() else "envoy exited"
 
 
+def learner_lines(log: str, t0: float) -> list[str]:
+    """The learner's moves in an Envoy log: `<seconds since t0 (the scenario's start)> <what>`."""
+    out: list[str] = []
+    for line in log.splitlines():
+        if "adaptive rate " not in line:
+            continue
+        stamp = line[1:24]  # [2026-11-25 17:29:22.123]
+        try:
+            t = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + float(stamp[19:])
+        except ValueError:
+            continue
+        out.append(f"{t - t0:8.3f} {line.split('rule ', 1)[-1]}")
+    return out
+
+
 def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any]) -> dict[str, Any]:
     """One scenario against one arm; its result (figures, series, counters)."""
     duration = float(sc["duration"])
@@ -96,7 +111,9 @@ def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any
     with emulator.Process(sc["phases"]) as emu:
         cfg = envoy_config(arm, listen_port=free_port(), admin_port=free_port(), upstream_port=emu.port,
                            max_queue_delay=sc.get("max_queue_delay", "300ms"))
-        envoy = Envoy(cfg)
+        learns = "adaptive" in arm.get("throttle", {})
+        # The adaptive arm logs each move of its learner (wasm debug lines).
+        envoy = Envoy(cfg, extra_args=["--component-log-level", "wasm:debug"] if learns else [])
         try:
             envoy.start()
         except RuntimeError:
@@ -120,6 +137,8 @@ def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any
             result["envoy_stats"] = envoy_stats(envoy)
         finally:
             envoy.stop()
+        if learns:
+            result["learner_log"] = learner_lines(envoy.log(), t0)
     windows = record["windows"][: round(duration / metrics.WINDOW_S)]
     r = metrics.Run(attempts, windows, duration)
     offered = float(sc["offered"])
@@ -176,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         for arm in arms:
             t = time.monotonic()
             res = run_one(scenario, spec["scenarios"][scenario], arm, spec["arms"][arm])
+            if "learner_log" in res:
+                lines = res.pop("learner_log")
+                (out / "runs" / f"{scenario}--{arm}.learner.log").write_text("\n".join(lines) + "\n")
             (out / "runs" / f"{scenario}--{arm}.json").write_text(json.dumps(res, indent=1))
             what = res.get("refused") or " | ".join(
                 f"{p['at_s']:.0f}s good {p['goodput_share']:.0%} err {metrics.errors(p)}" for p in res["phases"])
