@@ -333,6 +333,10 @@ pub struct Controller {
     /// that caused the last cut for answers.
     tolerated_permille: u64,
     last_cut_permille: Option<u64>,
+    /// Cuts in a row that did not lower the share of shed answers: a 429
+    /// is the upstream asking for less, so two such cuts (not one) are
+    /// needed before the shedding is taken as not the load's.
+    futile_sheds: u32,
     /// The capacity measured when the upstream last fell behind, averaged
     /// with the one before when they agree (within 15%).
     capacity: u64,
@@ -374,6 +378,7 @@ impl Controller {
             shed_ceiling: None,
             tolerated_permille: tune.overload_permille,
             last_cut_permille: None,
+            futile_sheds: 0,
             capacity: 0,
             phase: Phase::Cruise,
         }
@@ -524,13 +529,21 @@ impl Controller {
             if done >= t.min_samples {
                 if let Some(before) = self.last_cut_permille.take() {
                     // The first judgement after a cut: overload answers the
-                    // cut did not lower do not come from the load.
+                    // cut did not lower do not come from the load (failures
+                    // at once; shed answers after two such cuts in a row).
                     if share.saturating_mul(10) >= before.saturating_mul(7) {
-                        self.tolerated_permille =
-                            self.tolerated_permille.max(share.saturating_mul(3) / 2);
+                        let shed = w.tally.shed >= w.tally.failed;
+                        self.futile_sheds = self.futile_sheds.saturating_add(u32::from(shed));
+                        if !shed || self.futile_sheds >= 2 {
+                            self.tolerated_permille =
+                                self.tolerated_permille.max(share.saturating_mul(3) / 2);
+                        }
+                    } else {
+                        self.futile_sheds = 0;
                     }
                 } else if share <= t.overload_permille {
                     self.tolerated_permille = t.overload_permille;
+                    self.futile_sheds = 0;
                 }
             }
             if done >= t.min_samples && share > self.tolerated_permille {
