@@ -615,7 +615,11 @@ impl Controller {
                     .saturating_sub(per_s(beyond, t.drain_ns))
                     .max(pct(capacity, t.drain_floor_pct));
                 reasons.add(Reason::Queue);
-                self.cut(now, ahead_ns, drain, false);
+                // At most to a quarter at once: a backend (or a machine)
+                // that stalls for a moment answers next to nothing in the
+                // later half, which is no measure of its capacity. A deeper
+                // drop is cut again once the first cut shows.
+                self.cut(now, ahead_ns, drain.max(self.rate / 4), false);
                 self.phase = Phase::Drain {
                     since: now,
                     from: now.saturating_add(ahead_ns),
@@ -722,7 +726,15 @@ impl Controller {
                     (until, until.saturating_add(reference))
                 } else {
                     // Short: what it sends too much is taken back after.
-                    let len = t.probe_len_ns.max(reference.saturating_mul(2));
+                    // Long enough to send twice the answers a judgement
+                    // needs at the probe's rate (at low rates 400 ms holds
+                    // too few to ever keep a probe).
+                    let enough =
+                        interval_of_rate(target).saturating_mul(t.min_samples.saturating_mul(2));
+                    let len = t
+                        .probe_len_ns
+                        .max(reference.saturating_mul(2))
+                        .max(enough.min(5 * NS_PER_S));
                     let until = start.saturating_add(len);
                     (
                         until,

@@ -476,3 +476,64 @@ fn a_queue_drained_for_longer_than_the_reference_lasts_does_not_become_it() {
         );
     }
 }
+
+#[test]
+fn from_the_minimum_it_climbs_to_the_demand() {
+    // Started (or cut by a stall) at 10/s with room for 500/s and 350/s
+    // offered: probes at low rates last long enough to be judged.
+    for seed in SEEDS {
+        let (r, _) = scenario("S10", learner(10.0, Mode::Enforce), seed).run();
+        let t = r
+            .learned()
+            .iter()
+            .position(|&l| l >= 0.9 * 350.0)
+            .map(|i| i as f64 / 10.0);
+        assert!(
+            t.is_some_and(|t| t <= 20.0),
+            "seed {seed}: at 90% of the demand after {t:?} s"
+        );
+    }
+}
+
+#[test]
+fn a_stall_cuts_at_most_to_a_quarter() {
+    // 250/s answered in 100 ms; then answers slow down and stop while
+    // requests keep going out (the backend, or the machine, stalls): the
+    // later half of the queue test's window has next to no answers.
+    let mut c = Controller::new(
+        interval_of_rate(250 * MICRO),
+        interval_of_rate(1_000 * MICRO),
+        interval_of_rate(MICRO),
+        Tuning::default(),
+    );
+    let round = |sent: u64, good: u64, latency_ms: u64| Tally {
+        arrivals: 20,
+        sent,
+        good,
+        latency_us: good * latency_ms * 1_000,
+        latency_sq_ms2: good * (latency_ms * latency_ms + 100),
+        ..Tally::EMPTY
+    };
+    let mut now = 0;
+    for _ in 0..50 {
+        now += 100 * NS_PER_MS;
+        c.update(now, &round(20, 20, 100), 0);
+    }
+    let before = c.rate();
+    let mut cut = false;
+    for i in 0..8u64 {
+        now += 100 * NS_PER_MS;
+        let t = match i {
+            0 => round(20, 12, 150),
+            1 => round(20, 2, 300),
+            _ => round(20, 0, 0),
+        };
+        cut |= c.update(now, &t, 0).reasons.has(Reason::Queue);
+        assert!(
+            c.rate() >= before / 4,
+            "round {i}: {} from {before}",
+            c.rate()
+        );
+    }
+    assert!(cut, "the stall looks like a queue");
+}
