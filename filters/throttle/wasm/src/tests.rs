@@ -834,25 +834,24 @@ fn adaptive_rules_learn_from_answers_and_pace_at_the_learned_rate() {
             }
         }
     }
-    // Half the answers are 429s: the first learner round (100 ms) cuts to
-    // just under the good half, ~48/s; the rest of the 2 s is paced at it.
+    // Half the answers are 429s at any rate: the first learner round
+    // (100 ms) cuts to just under the good half, ~48/s; a 429 share that a
+    // cut does not lower costs one more cut, then is tolerated (the rate
+    // stays above the 10/s floor instead of walking down to it).
     assert!(sent >= 10, "the first round went at once at 200/s: {sent}");
     let rate = w.metric("api", "adaptive_rate");
+    let cuts = w.metric("api", "adaptive_shed");
     assert!(
-        (40_000..50_000).contains(&rate),
-        "cut to just under the 50/s answered well: {rate} mreq/s {:?}",
-        w.stats("api")
-    );
-    assert!(
-        w.metric("api", "adaptive_shed") >= 1,
-        "{:?}",
+        (10_000..50_000).contains(&rate) && (1..=2).contains(&cuts),
+        "{cuts} cuts to {rate} mreq/s {:?}",
         w.stats("api")
     );
     assert!(w.metric("api", "adaptive_retry_after") >= 1);
     let released = w.metric("api", "released");
     assert!(
-        (80..=120).contains(&(sent + released)),
-        "~50/s over 2 s went upstream: {sent} at once + {released} released, {held} held"
+        (20..=110).contains(&(sent + released)),
+        "at most the 50/s answered well over 2 s went upstream, at least the 10/s floor: \
+         {sent} at once + {released} released, {held} held"
     );
     // The interval is in the rule's cell: new requests pace at it (two at
     // once: the second waits one learned interval, longer than 5 ms of 200/s).
