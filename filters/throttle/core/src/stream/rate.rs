@@ -67,7 +67,9 @@ pub(super) fn admit_rate<S: Store, R: Request>(
         }
         (None, None) => {
             let mut deadline = || {
-                rule.adaptive?;
+                if !learned {
+                    return None;
+                }
                 let raw = req.raw();
                 let envoy = raw.header("x-envoy-expected-rq-timeout-ms");
                 let grpc = raw.header("grpc-timeout");

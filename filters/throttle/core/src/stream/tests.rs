@@ -973,3 +973,36 @@ fn adaptive_rules_tally_their_traffic_and_pace_at_the_learned_rate() {
     assert_eq!(taken.len(), 1);
     assert_eq!(p.worker.tallies[0], crate::adaptive::Tally::EMPTY);
 }
+
+/// Deadline admission: an adaptive rule in enforce mode answers at once a
+/// request whose turn would come after its own deadline, without taking a
+/// slot; the same request with time to spare, or under observe mode, waits.
+#[test]
+fn adaptive_rules_refuse_at_once_what_would_be_held_past_its_deadline() {
+    for mode in ["enforce", "observe"] {
+        let mut p = Proc::new(&format!(
+            r#"{{"rules": [{{"name": "api", "rate": "10/s", "max_queue_delay": "1s",
+                 "adaptive": {{"min_rate": "1/s", "max_rate": "100/s", "mode": "{mode}"}}}}]}}"#
+        ));
+        p.at(0);
+        assert_eq!(p.get(1), Verdict::Continue);
+        // Its turn is at 100 ms; it will not wait 50.
+        let hurried = FakeRequest::get("/").with_header("x-envoy-expected-rq-timeout-ms", "50");
+        let v = p.request(2, hurried);
+        if mode == "observe" {
+            assert_eq!(v, Verdict::Hold, "observe mode changes nothing");
+            continue;
+        }
+        assert_eq!(
+            v,
+            Verdict::Reply(reject("1")),
+            "turn at 100 ms, deadline 50 ms"
+        );
+        // No slot taken: the next one with time to spare gets 100 ms.
+        let patient = FakeRequest::get("/").with_header("grpc-timeout", "2S");
+        assert_eq!(p.request(3, patient), Verdict::Hold);
+        p.at(100);
+        p.tick();
+        assert_eq!(p.resumed, vec![(3, 100 * MS)]);
+    }
+}
