@@ -126,7 +126,7 @@ pub const TABLE: [Spec; COUNT] = [
     spec(Stat::AdaptiveShed, "adaptive_shed", Kind::Counter,
         "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance."),
     spec(Stat::AdaptiveFailed, "adaptive_failed", Kind::Counter,
-        "Adaptive: cuts because of other 5xx, resets or upstream timeouts beyond the tolerance."),
+        "Adaptive: cuts because of 5xx other than 503 and 504, or resets, beyond the tolerance (a 504 counts as latency)."),
     spec(Stat::AdaptiveQueue, "adaptive_queue", Kind::Counter,
         "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind)."),
     spec(Stat::AdaptiveDrained, "adaptive_drained", Kind::Counter,

@@ -326,7 +326,7 @@ pub const ADAPTIVE: Field = field(
     "adaptive",
     Kind::Object(ADAPTIVE_FIELDS),
     Default::Absent,
-    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); not with `scope: \"cluster\"`. Not wired into the filter yet: a configuration with `adaptive` is refused until it is (issue 21).",
+    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); not with `scope: \"cluster\"`. See \"Adaptive pacing\".",
 );
 pub const RULE_FIELDS: &[Field] = &[
     NAME,
