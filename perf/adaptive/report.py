@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,28 @@ def summary_row(run: dict[str, Any]) -> list[str]:
             " / ".join(map(str, errs)), tta, note]
 
 
-def chart(scenario: str, runs: list[dict[str, Any]]) -> bytes:
+LEARNER_LINE = re.compile(r"^\s*(-?[\d.]+) .*adaptive rate ([\d.]+)/s -> ([\d.]+)/s")
+
+
+def learned_series(log: str) -> tuple[list[float], list[float]]:
+    """The learner's rate over time from its log (runs/<scenario>--<arm>.learner.log): a step
+    series from 0 s, the rate it started at first."""
+    ts: list[float] = []
+    rates: list[float] = []
+    for line in log.splitlines():
+        m = LEARNER_LINE.match(line)
+        if not m:
+            continue
+        t, before, after = float(m[1]), float(m[2]), float(m[3])
+        if not ts:
+            ts, rates = [0.0], [before]
+        ts.append(max(t, ts[-1]))
+        rates.append(after)
+    return ts, rates
+
+
+def chart(scenario: str, runs: list[dict[str, Any]], learned: dict[str, tuple[list[float], list[float]]]
+          | None = None) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,8 +94,13 @@ def chart(scenario: str, runs: list[dict[str, Any]]) -> bytes:
         if i == 0:
             top.plot(s["t"], s["capacity"], color="black", linestyle="--", linewidth=1.5, label="capacity")
             top.axhline(run["offered"], color="grey", linestyle=":", linewidth=1, label="offered")
-        top.plot(s["t"], s["admitted"], linewidth=1.1, label=run["arm"])
+        (line,) = top.plot(s["t"], s["admitted"], linewidth=1.1, label=run["arm"])
         bottom.plot(s["t"], s["goodput"], linewidth=1.1, label=run["arm"])
+        ts, rates = (learned or {}).get(run["arm"], ([], []))
+        if ts:
+            end = s["t"][-1] if s["t"] else ts[-1]
+            top.step([*ts, max(end, ts[-1])], [*rates, rates[-1]], where="post", color=line.get_color(),
+                     linestyle="--", linewidth=0.8, label=f"{run['arm']} learned rate")
     top.set_ylabel("admitted to the backend /s\n(1 s windows)")
     bottom.set_ylabel("goodput /s\n(2xx within 1 s)")
     bottom.set_xlabel("seconds")
@@ -111,7 +138,9 @@ def render(out: Path) -> dict[str, Path]:
         md += [f"\n`{r['arm']}` refused: {r['refused']}" for r in rs if "refused" in r]
         if ran:
             name = f"{scenario}.png"
-            images[name] = chart(scenario, ran)
+            logs = {r["arm"]: out / "runs" / f"{scenario}--{r['arm']}.learner.log" for r in ran}
+            learned = {arm: learned_series(p.read_text()) for arm, p in logs.items() if p.exists()}
+            images[name] = chart(scenario, ran, learned)
             (out / name).write_bytes(images[name])
             md += ["", f"![{scenario}]({name})"]
     md += ["", "## Arms", ""] + [f"- `{a}`: {w}" for a, w in {r["arm"]: r["arm_what"] for r in runs}.items()]
