@@ -12,7 +12,7 @@ PERF_ADAPTIVE_ARGS ?=
 perf-adaptive-setup: ## Install what the adaptive benchmark needs (Vegeta v12.13.0, go install)
 	@bash perf/adaptive/setup.sh
 
-perf-adaptive: setup perf-adaptive-setup build ## Adaptive pacing benchmark, every scenario x arm (~25 min): summary.md, report.html, charts
+perf-adaptive: setup perf-adaptive-setup build ## Adaptive pacing benchmark, every scenario x arm (~30 min): summary.md, report.html, charts
 	$(PY) -m perf.adaptive.run --set full $(PERF_ADAPTIVE_ARGS)
 	PERF_ADAPTIVE_DIR=perf/reports/adaptive/latest $(PYTEST) -m perf perf/tests/test_adaptive_report.py -q
 
