@@ -23,9 +23,11 @@ PLUGIN_KUSTOMIZATIONS = sorted(
     if re.search(r"^kind: WasmPlugin$|filters\.http\.wasm\.v3\.Wasm",
                  "".join(f.read_text() for f in p.parent.glob("*.yaml")), re.M))
 # Everything `kustomize build` must render and the validators must accept: the overlays, the
-# monitoring stack, the engine, and the waypoint Gateway example (not used by an overlay).
+# monitoring stack, the engine, and the examples not used by an overlay (the waypoint Gateway
+# plugin, the adaptive plugin for reviews).
 KUSTOMIZATIONS = [f"k8s/overlays/{o}" for o in OVERLAYS] + ["k8s/monitoring", "k8s/engine",
-                                                           "istio/wasmplugin-waypoint-gateway"]
+                                                           "istio/wasmplugin-waypoint-gateway",
+                                                           "istio/wasmplugin-sidecar-adaptive"]
 TOOLS_JSON = ROOT / "build" / "k8s" / "tools.json"
 # The image the tests configure, as an operator would (`tools/wasm_image.py set-url`). The
 # `.test` domain never resolves (RFC 6761); Istio's fetcher is pointed at the local registry.
