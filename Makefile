@@ -11,7 +11,7 @@ CARGO_W := cargo build --release --target wasm32-wasip1 -p throttle-wasm
 # Tests are selected by their pytest markers only (pyproject.toml, tests/README.md).
 # A test without a tier marker is pure; `make check` runs exactly those.
 # (tests/docs/test_tooling.py checks that this names every tier of tests/support/tiers.py.)
-PURE := not (integration or reliability or k8s or lab or perf)
+PURE := not (integration or reliability or k8s or lab or istio or perf)
 export PURE
 
 .DEFAULT_GOAL := help

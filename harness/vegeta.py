@@ -1,18 +1,20 @@
-"""Vegeta: open-loop load at a constant arrival rate, beside `harness.fortio` (which is
-closed-loop per connection: when answers slow down, Fortio sends less; Vegeta keeps the
-rate and opens more connections). `go install github.com/tsenart/vegeta/v12@v12.13.0`
-(`make perf-adaptive-setup`).
+"""Vegeta: open-loop load at a constant arrival rate, beside `harness.fortio` (closed loop).
 
-A `Load` is what `vegeta attack` is asked (a rate and a duration, one GET target, a
-per-request timeout); `run()` waits for it, `start()` runs it in the background
-(`Running.result()`); both give a `Result`: every request, from Vegeta's own results
-(`vegeta encode --to csv`): when it was sent, how long it took, its status (0: no
-answer) and its response headers."""
+A `Load` is what `vegeta attack` is asked (a rate, a duration, headers; each request has a
+timeout); `run()` waits for it, `start()` runs it in the background (`Running.result()`), and
+both give a `Result`: every request's start, status and latency (from `vegeta encode --to
+csv`), and its response headers. An open loop keeps sending at its rate whatever the answers
+take: it opens more connections (up to `max_workers`) rather than sending less, as independent
+clients would.
+
+Vegeta v12.13.0 (`go install github.com/tsenart/vegeta/v12@v12.13.0`) is installed by the
+benchmark families that use it (perf/priority/setup.sh, perf/adaptive/setup.sh)."""
 
 from __future__ import annotations
 
 import base64
 import csv
+import os
 import subprocess
 import tempfile
 import time
@@ -26,49 +28,75 @@ VERSION = "v12.13.0"
 
 
 @dataclass(frozen=True)
-class Request:
-    """One request of an attack. `sent` is wall-clock seconds (Unix time)."""
+class Hit:
+    """One request: when it started (Unix ns), its status (0: no answer), its latency (ns), its
+    response's header lines in lower case ("name: value\n..."), its number in the attack."""
 
-    sent: float
-    latency_s: float
-    code: int  # 0: no answer (timeout, refused, reset)
-    headers: str  # the response's header lines, lower case ("name: value\n...")
-    seq: int
+    start_ns: int
+    code: int
+    latency_ns: int
+    headers: str = ""
+    seq: int = 0
+
+    @property
+    def sent(self) -> float:
+        """When it started, wall-clock seconds (Unix time)."""
+        return self.start_ns / 1e9
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_ns / 1e9
 
 
 @dataclass(frozen=True)
 class Result:
-    requests: list[Request]
+    hits: tuple[Hit, ...]
+
+    @classmethod
+    def from_csv(cls, text: str) -> Result:
+        """`vegeta encode --to csv`: timestamp (ns), code, latency (ns), bytes out, bytes in,
+        error, body (base64), attack, seq, method, url, headers (base64)."""
+        hits = [Hit(int(row[0]), int(row[1]), int(row[2]),
+                    base64.b64decode(row[11]).decode("latin-1", "replace").lower() if len(row) > 11 else "",
+                    int(row[8]) if len(row) > 8 and row[8] else 0)
+                for row in csv.reader(text.splitlines()) if len(row) >= 3]
+        return cls(tuple(sorted(hits, key=lambda h: h.start_ns)))
 
     @property
+    def requests(self) -> int:
+        return len(self.hits)
+
     def codes(self) -> dict[int, int]:
         out: dict[int, int] = {}
-        for r in self.requests:
-            out[r.code] = out.get(r.code, 0) + 1
+        for h in self.hits:
+            out[h.code] = out.get(h.code, 0) + 1
         return out
+
+    def latencies_ms(self, code: int | None = None) -> list[float]:
+        """Latencies in ms, sorted, of the requests answered `code` (all if None)."""
+        return sorted(h.latency_ns / 1e6 for h in self.hits if code is None or h.code == code)
 
 
 @dataclass(frozen=True)
 class Load:
-    """The arguments of one `vegeta attack` on one GET target."""
+    """The arguments of one `vegeta attack` of GET `url`."""
 
     url: str
-    rate: float  # requests per second, constant
+    rate: float  # requests per second
     duration_s: float
-    timeout_s: float = 2.0
-    keepalive: bool = True
-    workers: int = 64  # initial workers; more are added (up to max_workers) to keep the rate
-    max_workers: int = 4096
     headers: Sequence[str] = ()  # "name: value"
+    timeout_s: float = 5.0
+    workers: int = 32  # connections opened at the start
+    max_workers: int = 2000  # at most this many at once (each one request in flight)
+    keepalive: bool = True
 
-    def argv(self, targets: Path, out: Path) -> list[str]:
-        cmd = [go_bin("vegeta"), "attack", f"-targets={targets}", f"-rate={self.rate:g}/1s",
-               f"-duration={self.duration_s:g}s",
-               f"-timeout={self.timeout_s:g}s", f"-keepalive={str(self.keepalive).lower()}",
-               f"-workers={self.workers}", f"-max-workers={self.max_workers}", f"-output={out}"]
+    def argv(self, out: Path) -> list[str]:
+        cmd = [go_bin("vegeta"), "attack", f"-rate={self.rate:g}/1s", f"-duration={self.duration_s:g}s",
+               f"-timeout={self.timeout_s:g}s", f"-keepalive={str(self.keepalive).lower()}", f"-workers={self.workers}",
+               f"-max-workers={self.max_workers}", f"-output={out}"]
         return cmd + [a for h in self.headers for a in ("-header", h)]
 
-    def run(self, *, timeout_s: float | None = None) -> Result:
+    def run(self, timeout_s: float | None = None) -> Result:
         return self.start().result(timeout_s)
 
     def start(self) -> Running:
@@ -76,52 +104,39 @@ class Load:
 
 
 class Running:
-    """A `vegeta attack` started in the background; the process is ours (stopped by PID)."""
+    """A `vegeta attack` in the background; the process is ours (stopped by PID)."""
 
     def __init__(self, load: Load):
         self.load = load
-        self.dir = Path(tempfile.mkdtemp(prefix="vegeta-"))
-        self.out = self.dir / "results.bin"
-        self.targets = self.dir / "targets.txt"
-        self.targets.write_text(f"GET {load.url}\n")
+        fd, path = tempfile.mkstemp(prefix="vegeta-", suffix=".bin")
+        os.close(fd)
+        self.out = Path(path)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(load.argv(self.targets, self.out), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(load.argv(self.out), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"GET {load.url}\n".encode())
+        self.proc.stdin.close()
+        self.proc.stdin = None  # the targets are written: communicate() only reads
 
     def result(self, timeout_s: float | None = None) -> Result:
-        """Waits for the end (by default the duration, one request's timeout and a margin)
-        and decodes Vegeta's results."""
-        if timeout_s is None:
-            timeout_s = self.load.duration_s + self.load.timeout_s + 30
+        """Waits for the end (by default the duration and one request's timeout, plus 30 s)
+        and reads every request's result."""
+        limit = timeout_s if timeout_s is not None else self.load.duration_s + self.load.timeout_s + 30
         try:
-            _, err = self.proc.communicate(timeout=max(1.0, self.started + timeout_s - time.monotonic()))
+            _, err = self.proc.communicate(timeout=max(1.0, self.started + limit - time.monotonic()))
+            if self.proc.returncode != 0:
+                raise RuntimeError(f"vegeta attack failed (rc {self.proc.returncode}): "
+                                   f"{err.decode(errors='replace')[-2000:]}")
+            encoded = subprocess.run([go_bin("vegeta"), "encode", "--to", "csv", str(self.out)],
+                                     check=True, capture_output=True, timeout=120).stdout.decode()
+            return Result.from_csv(encoded)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise TimeoutError(f"vegeta attack on {self.load.url} ran past {timeout_s:.0f} s") from None
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"vegeta attack failed (rc {self.proc.returncode}): "
-                               f"{(err or b'').decode(errors='replace')[-2000:]}")
-        try:
-            encoded = subprocess.run([go_bin("vegeta"), "encode", "--to", "csv", str(self.out)], check=True,
-                                     capture_output=True, timeout=120).stdout.decode()
-            return Result(parse_csv(encoded))
+            raise TimeoutError(f"vegeta attack of {self.load.url} ran past {limit:.0f} s") from None
         finally:
             self.out.unlink(missing_ok=True)
-            self.targets.unlink(missing_ok=True)
-            self.dir.rmdir()
 
     def kill(self) -> None:
         stop(self.proc)
-
-
-def parse_csv(text: str) -> list[Request]:
-    """Vegeta's CSV encoding: timestamp (ns), code, latency (ns), bytes out, bytes in, error,
-    body (base64), attack, seq, method, URL, headers (base64)."""
-    out = []
-    for row in csv.reader(text.splitlines()):
-        if len(row) < 9:
-            continue
-        headers = base64.b64decode(row[11]).decode("latin-1", "replace").lower() if len(row) > 11 else ""
-        out.append(Request(sent=int(row[0]) / 1e9, latency_s=int(row[2]) / 1e9, code=int(row[1]),
-                           headers=headers, seq=int(row[8])))
-    return out
+        self.out.unlink(missing_ok=True)

@@ -1,8 +1,10 @@
 # Benchmarks (perf/): the throttle against plain Envoy, Envoy's native
 # local_ratelimit and nginx limit_req, in one run. See perf/README.md.
 # Every run writes perf/reports/<family>/<run-id>/ and links perf/reports/<family>/latest to it.
-.PHONY: perf perf-quick perf-setup perf-noop perf-cpu perf-cpu-quick perf-cluster
+.PHONY: perf perf-quick perf-setup perf-noop perf-cpu perf-cpu-quick perf-cluster perf-icount perf-icount-quick
 
+# perf-icount: extra arguments, e.g. PERF_ICOUNT_ARGS='--wasm before=git:9cbb678 --only noop unkeyed-before unkeyed-after'
+PERF_ICOUNT_ARGS ?=
 # perf-cpu: extra arguments, e.g. PERF_CPU_ARGS='--wasm before=git:8f14453 --wasm after=/path/to/throttle.wasm --skip smoothness'
 PERF_CPU_ARGS ?=
 
@@ -28,8 +30,14 @@ perf-cpu-quick: setup perf-setup build perf-noop ## The same, short (< 2 min, CI
 	$(PY) -m perf.cpu.run --profile quick
 	$(PY) -m pytest perf/tests/test_cpu.py -q
 
-perf-cluster: setup setup-engine perf-setup build ## Three proxies, one rate: process vs cluster scope vs Envoy's native global rate limit (~3 min)
+perf-icount: setup setup-engine perf-setup build perf-noop ## Instructions per request under valgrind (callgrind): every variant, before (main) vs after (~25 min)
+	$(PY) -m perf.icount.run --profile full $(PERF_ICOUNT_ARGS)
+
+perf-icount-quick: setup setup-engine perf-setup build perf-noop ## The same, short (~2 min, CI): checks the tool works, asserts nothing about cost
+	$(PY) -m perf.icount.run --profile quick
+
+perf-cluster: setup setup-engine perf-setup build ## Three proxies, one rate: process vs cluster scope vs Envoy's native global rate limit, steady and under faults, low rates, idle, bursts (~7 min)
 	$(PY) -m perf.bench.run --set cluster
 	PERF_RUN_DIR=perf/reports/cluster/latest $(PYTEST) -m perf -q
 
-CI_EXTRA += perf-quick perf-cpu-quick
+CI_EXTRA += perf-quick perf-cpu-quick perf-icount-quick

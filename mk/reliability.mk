@@ -34,6 +34,6 @@ reliability-ci: build envoy-versions
 	echo "reliability-ci: passed on Envoy 1.36 and 1.40 in $$(( $$(date +%s) - start )) s"
 
 fuzz-long: ## Property tests of the core with 100,000 cases each (PROPTEST_CASES)
-	PROPTEST_CASES=100000 cargo test --locked --release -p throttle-core --test properties
+	PROPTEST_CASES=100000 cargo test --locked --release -p throttle-core --test properties --test nginx_differential
 
 CI_EXTRA += reliability-ci

@@ -29,6 +29,7 @@ step() {
 step "rustfmt" cargo fmt --all -- --check
 step "clippy (host, all targets)" cargo clippy --locked -q --workspace --all-targets -- -D warnings
 step "clippy (wasm32-wasip1)" cargo clippy --locked -q --release --target wasm32-wasip1 --workspace -- -D warnings
+step "clippy (wasm32-wasip1, test-clock)" cargo clippy --locked -q --release --target wasm32-wasip1 -p throttle-wasm --features test-clock -- -D warnings
 step "rustdoc" env RUSTDOCFLAGS="-D warnings" cargo doc --locked -q -p throttle-core --no-deps
 step "core and glue tests (unit + property)" cargo test --locked -q --workspace
 step "ruff" "$PY" -m ruff check --quiet .

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the benchmarks (perf/) need on top of tools/setup.sh, on
 # Debian 12: nginx (upstream and limit_req anchor), apache2-utils (ab),
-# chromium (renders the HTML report to PNG in a test), and matplotlib (pinned
-# in requirements.txt). Idempotent; apt and PyPI only.
+# chromium (renders the HTML report to PNG in a test), valgrind (callgrind:
+# instructions per request, perf/icount) and matplotlib (pinned in
+# requirements.txt). Idempotent; apt and PyPI only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,7 @@ missing=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v ab >/dev/null || missing+=(apache2-utils)
 command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
+command -v callgrind_control >/dev/null || missing+=(valgrind)
 if [ ${#missing[@]} -gt 0 ]; then
   step "apt: ${missing[*]}"
   SUDO=""
@@ -31,4 +33,5 @@ step "versions"
 { nginx -v 2>&1 || /usr/sbin/nginx -v 2>&1; } | head -1
 ab -V | head -1
 chromium --version 2>/dev/null | tail -1
+valgrind --version
 .venv/bin/python -c 'import matplotlib; print("matplotlib", matplotlib.__version__)'

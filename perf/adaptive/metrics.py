@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.vegeta import Request
+from harness.vegeta import Hit
 
 SLO_S = 1.0
 WINDOW_S = 0.1
@@ -34,7 +34,7 @@ class Attempt:
     attempt: int  # 0 first, 1.. retries
 
 
-def from_vegeta(requests: list[Request], t0: float) -> list[Attempt]:
+def from_vegeta(requests: Sequence[Hit], t0: float) -> list[Attempt]:
     """Vegeta's requests as attempts (`t0`: wall-clock time of the backend's start)."""
     return [Attempt(r.sent - t0, r.latency_s, r.code, "x-emulator" in r.headers, r.seq, 0) for r in requests]
 

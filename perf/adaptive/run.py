@@ -130,8 +130,9 @@ def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any
                                            timeout_s=seconds(sc.get("client_timeout", "1s")),
                                            retries=int(sc.get("retries", 3)))
             else:
-                got = vegeta.Load(url, rate=float(sc["offered"]), duration_s=duration, timeout_s=2.0).run()
-                attempts = metrics.from_vegeta(got.requests, t0)
+                got = vegeta.Load(url, rate=float(sc["offered"]), duration_s=duration, timeout_s=2.0,
+                                  workers=64, max_workers=4096).run()
+                attempts = metrics.from_vegeta(got.hits, t0)
             time.sleep(0.5)
             record = emu.record()
             result["envoy_stats"] = envoy_stats(envoy)

@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt
 
 from harness.tables import Table, html_page, markdown, num, numbers, png, read_csv
 from perf.cluster.bench import cluster_table
+from perf.cluster.holds import holds_table
 
 ACCURACY_TARGET_PCT = 0.5
 PASS_THROUGH_TARGET = 0.95
@@ -317,8 +318,8 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
     """Writes summary.md and report.html into out_dir; returns their paths.
     meta[label] may give "baseline" (label of the row to compare with) and
     "setting_qps" (the limiter's rate; rows without one are pass-through).
-    cluster = {"rows": [...], "timeseries": {...}} of `kind: cluster` scenarios
-    (perf/cluster/bench.py) adds their table and charts."""
+    cluster = {"rows": [...], "timeseries": {...}, "cases": [...]} of `kind: cluster`
+    scenarios (perf/cluster/bench.py, perf/cluster/holds.py) adds their tables and charts."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = numbers(csv_rows, text=("label", "tool"))
@@ -332,6 +333,8 @@ def render(csv_rows: list[dict], timeseries: dict, out_dir: Path, *, meta: dict 
     crow = numbers((cluster or {}).get("rows", []), text=("label", "variant", "calls_per_proxy_s", "shares"))
     if crow:
         tabs.append(cluster_table(crow))
+    if (cluster or {}).get("cases"):
+        tabs.append(holds_table((cluster or {})["cases"]))
     summary = out_dir / "summary.md"
     summary.write_text(summary_md(title, tabs, info))
     labels = [r["label"] for r in rows]

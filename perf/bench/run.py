@@ -8,6 +8,7 @@ warm-up, and writes self-describing results to perf/reports/bench/<run-id>/
   timeseries.json     the rate the upstream saw per 100 ms window, per run
   memory.json         Envoy RSS idle and with held requests
   cluster.csv, cluster.json  kind: cluster scenarios (three proxies, one rate; perf/cluster/bench.py)
+  cases.csv           their cases, one variant per column in the report (perf/cluster/holds.py)
   summary.md, report.html  (perf/bench/report.py)
 
   python -m perf.bench.run --set quick    # or standard; --only LABEL... to pick some
@@ -33,6 +34,7 @@ from harness.tables import num, read_csv, write_csv
 from perf.bench import loadgen, memory, report
 from perf.bench.scenario import Scenario, ScenarioError, load_set
 from perf.cluster import bench as cluster_bench
+from perf.cluster import holds
 
 CSV_COLUMNS = ("label", "tool", "conns", "offered_qps", "achieved_qps", "errors",
                "p50", "p75", "p90", "p99", "p99.9", "proxy_rss_mb", "proxy_cpu_s")
@@ -85,10 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     (out / "memory.json").write_text(json.dumps({r["label"]: r for r in by_kind["memory"]}, indent=1))
     (out / "info.json").write_text(json.dumps(info, indent=1))
     if by_kind["cluster"]:
-        write_csv(out / "cluster.csv", cluster_bench.CLUSTER_COLUMNS, [r["row"] for r in by_kind["cluster"]])
+        steady = [r for r in by_kind["cluster"] if "row" in r]
+        write_csv(out / "cluster.csv", cluster_bench.CLUSTER_COLUMNS, [r["row"] for r in steady])
+        rows = read_csv(out / "cluster.csv")
+        # The cases (perf/cluster/holds.py), with the latency of steady load within the rate from the rows.
+        figures = [f for r in by_kind["cluster"] for f in r.get("figures", [])] + holds.steady_figures(rows)
+        write_csv(out / "cases.csv", holds.CASE_COLUMNS, figures)
         (out / "cluster.json").write_text(json.dumps({
-            "rows": read_csv(out / "cluster.csv"),
-            "timeseries": {r["label"]: r["timeseries"] for r in by_kind["cluster"]}}, indent=1))
+            "rows": rows, "cases": figures,
+            "timeseries": {r["label"]: r["timeseries"] for r in steady}}, indent=1))
     paths = report.render_run(out)  # from the files just written: a run and its re-render are one report
     print()
     print(paths["summary"].read_text())
@@ -104,8 +111,12 @@ def run_one(s: Scenario, web: nginx.Nginx) -> dict:
             result = run_memory(s, web)
         elif s.kind == "cluster":
             result = cluster_bench.run(s)
-            print("    " + "  ".join(f"{k}={num(result['row'][k], '.3f')}" for k in cluster_bench.CLUSTER_COLUMNS[1:]),
-                  flush=True)
+            if "figures" in result:
+                for f in result["figures"]:
+                    print(f"    {f['variant']}: {f['row']}: {f['figure']} = {f['value']}", flush=True)
+            else:
+                print("    " + "  ".join(f"{k}={num(result['row'][k], '.3f')}"
+                                         for k in cluster_bench.CLUSTER_COLUMNS[1:]), flush=True)
         else:
             result = run_load(s, web)
             print("    " + "  ".join(f"{k}={num(result['row'][k], '.3f')}" for k in CSV_COLUMNS[2:]), flush=True)

@@ -19,11 +19,23 @@ from harness.procs import NOOP_WASM
 from harness.units import per_second, seconds
 
 HERE = Path(__file__).resolve().parent
+ENGINE_CONFIG = HERE.parent.parent / "engine" / "config" / "throttle.yaml"
 SCENARIOS = HERE / "scenarios"
 SETS = HERE / "sets.yaml"
 NEVER_REACHED = 100_000  # a limiter set at or above this rate is "never reached" here
-# kind: cluster: the longest duration, warm-up and max_queue_delay (s) and their defaults.
-CLUSTER_TIMES = {"duration": (120.0, None), "warmup": (60.0, "2s"), "max_queue_delay": (60.0, "1s")}
+# kind: cluster: the longest of each duration (s) and its default (None: no default).
+CLUSTER_TIMES = {"duration": (120.0, None), "warmup": (60.0, "2s"), "max_queue_delay": (60.0, "1s"),
+                 "restart_at": (60.0, None), "warm": (60.0, "3s"), "idle": (60.0, "3s")}
+# kind: cluster: each case's fields besides proxies and concurrency, (required, optional); `load`
+# (the default) is one variant under a steady load (perf/cluster/bench.py), the others run each
+# of `variants` in turn (perf/cluster/holds.py).
+CLUSTER_CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "load": (("variant", "rate", "load", "duration"), ("split", "warmup", "max_queue_delay")),
+    "restart": (("variants", "rate", "load", "duration", "restart_at"), ("split", "warmup", "max_queue_delay")),
+    "low_rates": (("variants", "rates", "load", "duration"), ("split", "warmup", "max_queue_delay")),
+    "sporadic": (("variants", "rate", "periods", "duration"), ("max_queue_delay",)),
+    "burst": (("variants", "rate", "requests"), ("warm", "warm_qps", "idle", "burst", "max_queue_delay")),
+}
 
 
 class ScenarioError(ValueError):
@@ -142,21 +154,46 @@ def _envoy(env: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _cluster(c: dict[str, Any], where: str) -> dict[str, Any]:
-    """kind: cluster: N proxies sharing one rate (perf/cluster/bench.py)."""
+    """kind: cluster: N proxies sharing one rate (perf/cluster/bench.py, perf/cluster/holds.py)."""
+    case = c.get("case", "load")
+    required, optional = CLUSTER_CASES[case]
+    for key in required:
+        _check(key in c, f"{where}: cluster.{key}", f"required with case {case}")
+    for key in c:
+        _check(key in (*required, *optional, "case", "proxies", "concurrency"), f"{where}: cluster.{key}",
+               f"not used by case {case}")
     proxies = c.get("proxies", 3)
     split = c.get("split", [1] * proxies)
     _check(len(split) == proxies and sum(split) > 0, f"{where}: cluster.split",
            f"expected {proxies} weights >= 0 (one per proxy) with a positive sum")
-    out: dict[str, Any] = {"variant": c["variant"], "rate": c["rate"], "load": float(c["load"]), "split": split,
-                           "proxies": proxies, "concurrency": c.get("concurrency", 2)}
+    out: dict[str, Any] = {k: c[k] for k in required + optional if k in c and k not in CLUSTER_TIMES}
+    out.update(case=case, split=split, proxies=proxies, concurrency=c.get("concurrency", 2))
+    if "load" in out:
+        out["load"] = float(out["load"])
     for key, (top, default) in CLUSTER_TIMES.items():
-        out[key] = seconds(c[key] if default is None else c.get(key, default))
-        _check(out[key] <= top, f"{where}: cluster.{key}", f"expected at most {top:g} s")
-    _check(out["warmup"] < out["duration"], f"{where}: cluster.warmup", "must be shorter than the duration")
-    _check(c["variant"] != "process" or c["rate"] * 60 % proxies == 0, f"{where}: cluster.rate",
+        if key in required or (key in optional and default is not None):
+            out[key] = seconds(c[key] if key in c or default is None else default)
+            _check(out[key] <= top, f"{where}: cluster.{key}", f"expected at most {top:g} s")
+    if "warmup" in out:
+        _check(out["warmup"] < out["duration"], f"{where}: cluster.warmup", "must be shorter than the duration")
+    if "restart_at" in out:
+        _check(out.get("warmup", 0) < out["restart_at"] < out["duration"] - 3, f"{where}: cluster.restart_at",
+               "must fall after the warm-up and at least 3 s before the end (the excess is counted to t + 3 s)")
+    if "periods" in out:
+        out["periods"] = [seconds(p) for p in out["periods"]]
+        _check(all(0 < p <= out["duration"] for p in out["periods"]), f"{where}: cluster.periods",
+               "expected durations above 0 and at most the duration")
+    if "requests" in out:
+        _check(out["requests"] % proxies == 0, f"{where}: cluster.requests", f"expected a multiple of {proxies}")
+    if case == "burst":
+        out.setdefault("burst", 0)
+        out.setdefault("warm_qps", 20)
+    variants = out.get("variants", [out.get("variant")])
+    rates = out.get("rates", [out.get("rate")])
+    _check("process" not in variants or all(r * 60 % proxies == 0 for r in rates),
+           f"{where}: cluster.{'rates' if 'rates' in out else 'rate'}",
            f"process scope gives each proxy rate/{proxies} (per minute): make rate x 60 a multiple of {proxies}")
     return out
-
 
 def load_all() -> dict[str, Scenario]:
     return {p.stem: parse(p) for p in sorted(SCENARIOS.glob("*.yaml"))}

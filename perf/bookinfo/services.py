@@ -78,7 +78,10 @@ def commands(addrs: dict[str, str], port: int = PORT, bind: str = "0.0.0.0", pro
                             str(port_of["details"])], {"DETAILS_TCP_NODELAY": "1"}),
         # sun.net.httpserver.nodelay: without it the JDK server writes headers and body in two
         # segments with Nagle on, and a keep-alive client waits ~40 ms for the delayed ACK.
-        "reviews": Command([_tool("java", "install a JDK 17"), "-Dsun.net.httpserver.nodelay=true", "-Xss512k",
+        # sun.net.inetaddr.ttl=0: ratings' name is looked up at each new connection (the JDK keeps
+        # an answer 30 s), as the other services do; the mesh lab moves names between topologies.
+        "reviews": Command([_tool("java", "install a JDK 17"), "-Dsun.net.httpserver.nodelay=true",
+                            "-Dsun.net.inetaddr.ttl=0", "-Xss512k",
                             "-XX:+UseSerialGC",
                             "-cp", str(REVIEWS_CLASSES), "Reviews", str(port_of["reviews"])],
                            {**down("ratings"), "ENABLE_RATINGS": "true", "STAR_COLOR": "black",

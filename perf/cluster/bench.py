@@ -26,6 +26,7 @@ from harness import windows
 from harness.cluster import ClusterLab, Measurement, plugin_config, split
 from harness.tables import Table, num
 from perf.bench.scenario import Scenario
+from perf.cluster import holds
 
 CLUSTER_COLUMNS = ("label", "variant", "rate", "load", "offered_qps", "upstream_qps", "error_pct", "worst_1s_pct",
                    "worst_100ms", "bound_100ms", "rejected", "failures", "p50", "p90", "p99", "p99.9",
@@ -34,8 +35,11 @@ WINDOW_S = 0.1
 
 
 def run(s: Scenario) -> dict[str, Any]:
-    """Runs one `kind: cluster` scenario; returns {"row", "timeseries", "measurement", ...}."""
+    """Runs one `kind: cluster` scenario; returns {"row", "timeseries", "measurement", ...}, or
+    for a case other than `load`, holds.run's {"figures", ...}."""
     c = s.cluster
+    if c["case"] != "load":
+        return holds.run(s)
     rate = float(c["rate"])
     n = c["proxies"]
     mqd = c["max_queue_delay"]
@@ -45,8 +49,7 @@ def run(s: Scenario) -> dict[str, Any]:
     else:
         scope = c["variant"]
         # process: rate / n each, per minute when that is not a whole number per second.
-        per_proxy = f"{rate:g}/s" if scope == "cluster" else (
-            f"{rate / n:g}/s" if rate % n == 0 else f"{rate * 60 / n:g}/m")
+        per_proxy = holds.per_proxy_rate(scope, rate, n)
         plugin = plugin_config(per_proxy, scope=scope, max_queue_delay=f"{mqd * 1000:.0f}ms",
                                expected_replicas=n)
         lab = ClusterLab(plugin, proxies=n, concurrency=c["concurrency"], log_level="warn", service_metrics=True)

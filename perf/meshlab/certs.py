@@ -21,15 +21,21 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {' '.join(args)}: {r.stderr.strip()}")
 
 
-def make_certs(directory: Path, identities: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """Writes ca.pem and <id>.pem/<id>-key.pem; returns {id: {cert, key, ca, san}}."""
+def make_certs(directory: Path, identities: tuple[str, ...],
+               ca: tuple[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """Writes ca.pem and <id>.pem/<id>-key.pem; returns {id: {cert, key, ca, san}}. The CA is a
+    fresh one, or `ca` = (cert PEM, key PEM): istiod's, so that its proxies trust these."""
     if shutil.which("openssl") is None:
         raise RuntimeError("openssl CLI not found: install openssl (apt-get install openssl)")
     directory.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/O=meshlab/CN=meshlab root CA",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             cwd=directory)
+    if ca is not None:
+        (directory / "ca.pem").write_text(ca[0])
+        (directory / "ca-key.pem").write_text(ca[1])
+    else:
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                 "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/O=meshlab/CN=meshlab root CA",
+                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                 cwd=directory)
     out = {}
     for ident in identities:
         san = spiffe(ident)

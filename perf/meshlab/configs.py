@@ -1,19 +1,12 @@
-"""Envoy configuration templates for the mesh lab, one function per proxy role.
+"""Envoy configurations written by hand for the mesh lab: only the node proxy, standing in for
+ztunnel (ambient mode's node proxy, which is not obtainable here). Sidecars and the waypoint take
+their configuration from a real istiod (perf/meshlab/istiod.py).
 
-Roles (Istio names in brackets):
-- sidecar            a workload's sidecar: captured HTTP in on 15001, mTLS (HTTP/1.1) out to the
-                     callee's sidecar [virtualOutbound]; mTLS in on 15006, optional throttle, app
-                     [virtualInbound]
-- node_proxy         ambient node proxy: captured TCP in on 15001, HBONE out [ztunnel outbound];
-                     HBONE in on 15008, TCP to the app [ztunnel inbound]
-- waypoint           HBONE in (15008) -> internal listener with HCM (+ throttle) -> HBONE out
-                     [Istio waypoint: connect_terminate -> main_internal -> connect_originate]
+- node_proxy   captured TCP in on 15001, HBONE out [ztunnel outbound]; HBONE in on 15008, TCP to
+               the app [ztunnel inbound]
 
-HBONE = HTTP/2 CONNECT over mutual TLS on port 15008, the :authority naming the
-destination. The node proxies here are Envoy, not ztunnel.
-
-Every timeout on a throttled path exceeds the throttle's max_queue_delay
-(route timeout 15 s, no request timeout), as filters/throttle/README.md requires.
+HBONE = HTTP/2 CONNECT over mutual TLS 1.3 on port 15008, the :authority naming the destination:
+the pod's address, or the Service's address when the tunnel goes to the Service's waypoint.
 """
 
 from __future__ import annotations
@@ -21,7 +14,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from harness.configs import load_config, throttle_http_filter
+from harness.configs import load_config
 
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 TCP_PROXY = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
@@ -29,6 +22,8 @@ ROUTER = {"name": "envoy.filters.http.router",
           "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
 HTTP_OPTS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 HBONE_PORT = 15008
+# ztunnel speaks TLS 1.3 only, and Istio's waypoint refuses TLS 1.2 from its clients.
+TLS13 = {"tls_minimum_protocol_version": "TLSv1_3", "tls_maximum_protocol_version": "TLSv1_3"}
 
 
 def _base(admin_sock: Path) -> dict:
@@ -57,7 +52,7 @@ def downstream_tls(ident: dict, alpn: list[str], peer_san: str | list[str] | Non
     ctx = _tls_certificate(ident)
     ctx["validation_context"] = _validation(ident, peer_san)
     ctx["alpn_protocols"] = alpn
-    ctx["tls_params"] = {"tls_minimum_protocol_version": "TLSv1_2"}
+    ctx["tls_params"] = TLS13
     return {"name": "envoy.transport_sockets.tls",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
                              "require_client_certificate": True, "common_tls_context": ctx}}
@@ -67,6 +62,7 @@ def upstream_tls(ident: dict, alpn: list[str], peer_san: str, sni: str) -> dict:
     ctx = _tls_certificate(ident)
     ctx["validation_context"] = _validation(ident, peer_san)
     ctx["alpn_protocols"] = alpn
+    ctx["tls_params"] = TLS13
     return {"name": "envoy.transport_sockets.tls",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
                              "sni": sni, "common_tls_context": ctx}}
@@ -90,24 +86,6 @@ def _cluster(name: str, host: str, port: int, transport_socket: dict | None = No
             "@type": f"type.googleapis.com/{HTTP_OPTS}",
             "explicit_http_config": {"http2_protocol_options": {}}}}
     return c
-
-
-def _internal_cluster(name: str, listener: str) -> dict:
-    return {"name": name, "connect_timeout": "2s",
-            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": {"envoy_internal_address": {"server_listener_name": listener}}}}]}]},
-            "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
-                                                 "max_requests": 100000}]}}
-
-
-def _hcm(stat_prefix: str, cluster: str, http_filters: list[dict]) -> dict:
-    return {"name": "envoy.filters.network.http_connection_manager",
-            "typed_config": {"@type": HCM, "stat_prefix": stat_prefix, "codec_type": "AUTO",
-                             "stream_idle_timeout": "300s", "request_timeout": "0s",
-                             "route_config": {"name": stat_prefix, "virtual_hosts": [{
-                                 "name": "all", "domains": ["*"],
-                                 "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster, "timeout": "15s"}}]}]},
-                             "http_filters": [*http_filters, ROUTER]}}
 
 
 def _connect_terminate_hcm(stat_prefix: str, cluster: str) -> dict:
@@ -140,51 +118,6 @@ def _listener(name: str, host: str, port: int, filters: list[dict], transport_so
     return {"name": name, "address": _addr(host, port), "filter_chains": [chain]}
 
 
-# --- sidecar (one Envoy per workload: outbound on 15001, inbound on 15006) ---------------------
-
-SIDECAR_INBOUND_PORT = 15006
-INBOUND_STAT = "inbound_0.0.0.0_9080"
-OUTBOUND_STAT = "outbound_0.0.0.0_9080"
-
-
-def outbound_cluster_name(service: str) -> str:
-    return f"outbound|9080||{service}.default.svc.cluster.local"
-
-
-def sidecar(admin: Path, certs: dict, me: str, addr: str, calls: dict[str, str], callers: tuple[str, ...],
-            throttle: dict | None = None, out_port: int = 15001, app_port: int = 9080) -> dict:
-    """A workload's sidecar, Istio's listeners in small:
-    - outbound (if the workload calls anyone): HCM on 127.0.0.1:`out_port`, where the node's iptables
-      REDIRECT sends the workload's connections; routes by Host (the service's address, as the app
-      dials it) to `outbound|9080||<service>...` = mTLS (ALPN istio-http/1.1) to that workload's
-      sidecar inbound port. `calls` = {service: its address};
-    - inbound (if anyone calls it, `callers`): `virtualInbound` HCM on `addr`:15006, mutual TLS
-      accepting only the callers' SPIFFE identities, the throttle if given, then the app on
-      127.0.0.1:`app_port`."""
-    cfg = _base(admin)
-    ls, cs = cfg["static_resources"]["listeners"], cfg["static_resources"]["clusters"]
-    if calls:
-        vhosts = [{"name": f"{svc}.default.svc.cluster.local:9080",
-                   "domains": [f"{a}:{app_port}", a, f"{svc}:{app_port}", svc],
-                   "routes": [{"match": {"prefix": "/"}, "route": {"cluster": outbound_cluster_name(svc),
-                                                                   "timeout": "15s"}}]}
-                  for svc, a in calls.items()]
-        hcm = _hcm(OUTBOUND_STAT, "", [])
-        hcm["typed_config"]["route_config"] = {"name": "9080", "virtual_hosts": vhosts}
-        ls.append(_listener("virtualOutbound", "127.0.0.1", out_port, [hcm]))
-        for svc, a in calls.items():
-            cs.append(_cluster(outbound_cluster_name(svc), a, SIDECAR_INBOUND_PORT,
-                               upstream_tls(certs[me], ["istio-http/1.1", "istio"], certs[svc]["san"],
-                                            f"outbound_.9080_._.{svc}.default.svc.cluster.local")))
-    if callers:
-        filters = [throttle_http_filter(throttle)] if throttle else []
-        tls = downstream_tls(certs[me], ["istio-http/1.1", "istio"], [certs[c]["san"] for c in callers])
-        ls.append(_listener("virtualInbound", addr, SIDECAR_INBOUND_PORT,
-                            [_hcm(INBOUND_STAT, "inbound|9080||", filters)], tls))
-        cs.append(_cluster("inbound|9080||", "127.0.0.1", app_port))
-    return cfg
-
-
 # --- ambient: node proxies (Envoy speaking HBONE, standing in for ztunnel) -----------------
 
 ORIGINAL_DST = {"name": "envoy.filters.listener.original_dst", "typed_config": {
@@ -197,7 +130,8 @@ def node_proxy(admin: Path, certs: dict, me: str, addr: str, routes: dict[str, t
     - outbound capture on 127.0.0.1:`out_port`: the iptables REDIRECT sends the workload's connections
       here; `original_dst` recovers where each was going, and a filter chain per destination turns it
       into one HTTP/2 CONNECT stream (HBONE, mTLS on 15008) to that workload's node proxy, or to its
-      waypoint. `routes` = {service: (service address, HBONE peer address, HBONE peer SAN)};
+      waypoint. `routes` = {service: (the address the caller dials, which is also the tunnel's
+      :authority, HBONE peer address, HBONE peer SAN)};
     - inbound (`inbound`): terminates HBONE on `addr`:15008 and connects each tunnel to the app on
       127.0.0.1:`app_port`."""
     cfg = _base(admin)
@@ -216,28 +150,4 @@ def node_proxy(admin: Path, certs: dict, me: str, addr: str, routes: dict[str, t
         ls.append(_listener("inbound_hbone", addr, HBONE_PORT, [_connect_terminate_hcm("inbound_hbone", "inbound_app")],
                             downstream_tls(certs[me], ["h2"])))
         cs.append(_cluster("inbound_app", "127.0.0.1", app_port))
-    return cfg
-
-
-def waypoint(admin: Path, certs: dict, addr: str, dest_node_addr: str, dest_san: str, authority: str,
-             throttle: dict | None = None) -> dict:
-    """Waypoint: HBONE in -> internal listener `main_internal` running the HTTP filters (the
-    throttle) -> internal listener `connect_originate` -> HBONE to the destination node proxy."""
-    cfg = _base(admin)
-    cfg["bootstrap_extensions"] = [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}]
-    filters = [throttle_http_filter(throttle)] if throttle else []
-    main = _hcm("main_internal", "connect_originate", filters)
-    ls = cfg["static_resources"]["listeners"]
-    ls.append(_listener("connect_terminate", addr, HBONE_PORT,
-                        [_connect_terminate_hcm("connect_terminate", "main_internal")],
-                        downstream_tls(certs["waypoint"], ["h2"])))
-    ls.append({"name": "main_internal", "internal_listener": {}, "filter_chains": [{"filters": [main]}]})
-    ls.append({"name": "connect_originate", "internal_listener": {},
-               "filter_chains": [{"filters": [_tcp_tunnel("connect_originate", "hbone_dest", authority)]}]})
-    cs = cfg["static_resources"]["clusters"]
-    cs.append(_internal_cluster("main_internal", "main_internal"))
-    cs.append(_internal_cluster("connect_originate", "connect_originate"))
-    cs.append(_cluster("hbone_dest", dest_node_addr, HBONE_PORT,
-                       upstream_tls(certs["waypoint"], ["h2"], dest_san, "hbone"), h2=True))
     return cfg

@@ -6,24 +6,37 @@ the requests Fortio recorded (every one made the whole fan-out):
 - every service: its own count grew by >= n; without a mesh none of them came from loopback, with
   a mesh >= n did (they came through the service's local proxy, not straight from the caller);
 - sidecar: the caller's sidecar sent >= n requests on `outbound|9080||<callee>...`, and the callee's
-  sidecar received >= n on its inbound HCM;
+  sidecar received >= n on its inbound HCM (istiod's names);
 - ambient: the caller's node proxy tunnelled the call (`tcp.outbound_<callee>`: a connection, and
   >= n x MIN_REQUEST_BYTES received from the caller during the run: L4 sees bytes, not requests),
   and the callee's node proxy terminated HBONE (a CONNECT stream) and sent >= n x
   MIN_REQUEST_BYTES to its app during the run;
-- waypoint: additionally, calls to the target went through the waypoint's HCM (>= n requests) and
-  on to the target's node over HBONE (a tunnel, and the bytes).
+- waypoint: additionally, calls to the target went through the waypoint's HCM and its cluster for
+  the target's Service (>= n requests) and on to the target's node over HBONE (a tunnel, and the
+  bytes).
 Pooled connections and tunnels are made during the warm-up, so their counts are checked as totals.
 """
 
 from __future__ import annotations
 
-from perf.meshlab import configs
+from perf.meshlab.lab import NAMESPACE
 from perf.meshlab.topologies import edges
 
 STATS_REGEX = (r"(upstream_rq_total|downstream_rq_total|downstream_cx_total|downstream_cx_rx_bytes_total"
                r"|upstream_cx_tx_bytes_total)$")
 MIN_REQUEST_BYTES = 16  # "GET / HTTP/1.1\r\n" alone: a lower bound on any request's bytes
+# The stat names of istiod's configurations: Istio ends each stat prefix with ";" (its tag
+# extraction's separator). A sidecar's cluster for a Service port; its inbound HTTP stats (and the
+# waypoint's, for the Service it serves); the waypoint's cluster for the Service, and its HBONE out.
+INBOUND_STAT = "inbound_0.0.0.0_9080;"
+
+
+def outbound_cluster_name(service: str) -> str:
+    return f"outbound|9080||{service}.{NAMESPACE}.svc.cluster.local;"
+
+
+def waypoint_cluster_name(service: str) -> str:
+    return f"inbound-vip|9080|http|{service}.{NAMESPACE}.svc.cluster.local;"
 
 
 def deltas(before: dict, after: dict) -> dict:
@@ -63,9 +76,9 @@ def check(mode: str, target: str, before: dict, after: dict, n: int) -> list[str
             problems.append(f"{hop}: {dst} got {got.get('from_loopback', 0)} of its requests through its local "
                             f"proxy, expected >= {n} (the call bypassed the mesh)")
         if mode == "sidecar":
-            need(f"sidecar-{src}", f"cluster.{configs.outbound_cluster_name(dst)}.upstream_rq_total", n,
+            need(f"sidecar-{src}", f"cluster.{outbound_cluster_name(dst)}.upstream_rq_total", n,
                  f"{hop} (caller's sidecar outbound)")
-            need(f"sidecar-{dst}", f"http.{configs.INBOUND_STAT}.downstream_rq_total", n,
+            need(f"sidecar-{dst}", f"http.{INBOUND_STAT}.downstream_rq_total", n,
                  f"{hop} (callee's sidecar inbound)")
         elif mode in ("ambient", "waypoint"):
             need(f"node-{src}", f"tcp.outbound_{dst}.downstream_cx_total", 1, f"{hop} (caller's node proxy)",
@@ -73,10 +86,12 @@ def check(mode: str, target: str, before: dict, after: dict, n: int) -> list[str
             need(f"node-{src}", f"tcp.outbound_{dst}.downstream_cx_rx_bytes_total", n * MIN_REQUEST_BYTES,
                  f"{hop} (caller's node proxy, bytes from the caller)")
             if mode == "waypoint" and dst == target:
-                need("waypoint", "http.main_internal.downstream_rq_total", n, f"{hop} (waypoint HCM)")
-                need("waypoint", "cluster.hbone_dest.upstream_rq_total", 1, f"{hop} (waypoint -> {dst}'s node)",
-                     total=True)
-                need("waypoint", "cluster.hbone_dest.upstream_cx_tx_bytes_total", n * MIN_REQUEST_BYTES,
+                need("waypoint", f"http.{INBOUND_STAT}.downstream_rq_total", n, f"{hop} (waypoint HCM)")
+                need("waypoint", f"cluster.{waypoint_cluster_name(dst)}.upstream_rq_total", n,
+                     f"{hop} (waypoint -> {dst})")
+                need("waypoint", "cluster.connect_originate;.upstream_rq_total", 1,
+                     f"{hop} (waypoint -> {dst}'s node, HBONE)", total=True)
+                need("waypoint", "cluster.connect_originate;.upstream_cx_tx_bytes_total", n * MIN_REQUEST_BYTES,
                      f"{hop} (waypoint -> {dst}'s node, bytes)")
             need(f"node-{dst}", "http.inbound_hbone.downstream_rq_total", 1, f"{hop} (callee's node proxy, HBONE)",
                  total=True)

@@ -17,16 +17,27 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
+from harness import netns
 from harness.envoy import Envoy
 from harness.procs import stop
+
+if TYPE_CHECKING:
+    from perf.meshlab.istiod import LabMesh
 
 SUBNET = "10.254.7"  # /24, only inside the lab's namespaces
 # One node per workload, as with one pod per node and anti-affinity; the waypoint has its own node.
 NODE_ADDRS = {"client": f"{SUBNET}.1", "productpage": f"{SUBNET}.2", "details": f"{SUBNET}.3",
               "reviews": f"{SUBNET}.4", "ratings": f"{SUBNET}.5", "waypoint": f"{SUBNET}.6"}
 ALL_NODES = tuple(NODE_ADDRS)
+CP_ADDR = f"{SUBNET}.7"  # the control plane's node (perf/meshlab/istiod.py), when there is one
+NAMESPACE = "default"  # the Kubernetes namespace of the services: their names and SPIFFE identities
+
+
+def service_host(service: str) -> str:
+    """The name a workload dials a service by; each node's /etc/hosts says where it is."""
+    return f"{service}.{NAMESPACE}.svc.cluster.local"
 CAPTURE_PORT = 9080   # the services' port: outbound connections to it are captured
 OUTBOUND_PORT = 15001  # where a node's proxy takes captured outbound connections
 
@@ -56,33 +67,39 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
 
 
-class Node:
-    """One namespace with one address on the lab bridge."""
+class Node(netns.Node):
+    """One namespace with one address on the lab bridge (harness/netns.py's node: processes as
+    another user, /etc/hosts), and the lab's traffic capture."""
 
     def __init__(self, lab: Lab, name: str, addr: str):
-        self.lab, self.name, self.addr = lab, name, addr
-        self.ns = f"{lab.prefix}{name}"
+        super().__init__(lab, name, addr)  # type: ignore[arg-type]  # the lab is the node's network
+        self.lab = lab
 
-    def popen(self, cmd: list[str], log: IO[bytes], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def popen(self, cmd: list[str], log: IO[bytes] | Path, env: dict[str, str] | None = None,  # type: ignore[override]
+              **kw: object) -> subprocess.Popen:
         """Starts `cmd` inside this node (`ip netns exec` execs: the PID is the process's own),
-        stopped with the lab at the latest."""
+        stopped with the lab at the latest. `log`: an open file, or a path to append to."""
+        if isinstance(log, Path):
+            return super().popen(cmd, log, env=env, **kw)  # type: ignore[arg-type]
         proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *cmd], stdout=log, stderr=subprocess.STDOUT, env=env)
         self.lab.procs.append(proc)
         return proc
 
-    def run(self, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", self.ns, *cmd], capture_output=True, text=True, errors="replace",
-                              timeout=timeout)
+    def run(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+        return super().run(cmd, timeout, env=env, check=check)
 
-    def capture(self, to_port: int = OUTBOUND_PORT) -> None:
-        """Redirects this node's outbound TCP connections to any lab address on the services' port to
-        its local proxy on `to_port`, with an iptables REDIRECT in the node's own namespace (nat
-        OUTPUT), as Istio's sidecar and ambient in-pod capture do. The proxy's own connections go to
-        other ports (15006, 15008) or to 127.0.0.1, so they are not captured again."""
-        r = self.run(["iptables", "-w", "5", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", f"{SUBNET}.0/24",
-                      "--dport", str(CAPTURE_PORT), "-j", "REDIRECT", "--to-ports", str(to_port)], timeout=30)
-        if r.returncode != 0:
-            raise RuntimeError(f"iptables REDIRECT in {self.ns}: {r.stderr.strip()}")
+    def capture(self, to_port: int = OUTBOUND_PORT, extra: tuple[str, ...] = ()) -> None:
+        """Redirects this node's outbound TCP connections to any lab address (and the `extra`
+        ranges: Service addresses) on the services' port to its local proxy on `to_port`, with an
+        iptables REDIRECT in the node's own namespace (nat OUTPUT), as ambient's in-pod capture
+        does. The proxy's own connections go to other ports (15008) or to 127.0.0.1, so they are
+        not captured again."""
+        for cidr in (f"{SUBNET}.0/24", *extra):
+            r = self.run(["iptables", "-w", "5", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", cidr,
+                          "--dport", str(CAPTURE_PORT), "-j", "REDIRECT", "--to-ports", str(to_port)], timeout=30)
+            if r.returncode != 0:
+                raise RuntimeError(f"iptables REDIRECT in {self.ns}: {r.stderr.strip()}")
 
     def uncapture(self) -> None:
         """Removes this node's capture rules (only the nat OUTPUT chain of the lab's own namespace)."""
@@ -103,8 +120,9 @@ class Lab:
     teardown also runs at interpreter exit if the `with` block is skipped."""
 
     def __init__(self, nodes: tuple[str, ...] = ALL_NODES):
-        # The application the tests run in the lab (set by whoever starts it).
+        # The application the tests run in the lab, and its control plane (set by whoever starts them).
         self.app: BookinfoApp | None = None
+        self.mesh: LabMesh | None = None
         self.prefix = f"tml-{os.getpid()}-"
         self.node_names = nodes
         self.nodes: dict[str, Node] = {}
@@ -136,16 +154,30 @@ class Lab:
         _ip("-n", sw, "link", "add", "br0", "type", "bridge")
         _ip("-n", sw, "link", "set", "br0", "up")
         for name in self.node_names:
-            node = Node(self, name, NODE_ADDRS[name])
-            ns = self._add_ns(name)
-            port = f"p-{name}"[:15]
-            # Created inside the switch namespace: nothing appears in the host namespace.
-            _ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("-n", sw, "link", "set", port, "master", "br0")
-            _ip("-n", sw, "link", "set", port, "up")
-            _ip("-n", ns, "addr", "add", f"{node.addr}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            self.nodes[name] = node
+            self.add(name, NODE_ADDRS[name])
+        self.set_hosts({service_host(n): NODE_ADDRS[n] for n in ALL_NODES})
+
+    def add(self, name: str, addr: str) -> Node:
+        """One more node at `addr` (the control plane's, perf/meshlab/istiod.py)."""
+        sw = f"{self.prefix}sw"
+        node = Node(self, name, addr)
+        ns = self._add_ns(name)
+        port = f"p-{name}"[:15]
+        # Created inside the switch namespace: nothing appears in the host namespace.
+        _ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("-n", sw, "link", "set", port, "master", "br0")
+        _ip("-n", sw, "link", "set", port, "up")
+        _ip("-n", ns, "addr", "add", f"{node.addr}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        self.nodes[name] = node
+        return node
+
+    def set_hosts(self, hosts: dict[str, str]) -> None:
+        """Where every node's /etc/hosts says the services are (node addresses without a mesh,
+        Service addresses where istiod's proxies expect them); the applications resolve the names
+        at each new connection."""
+        for node in self.nodes.values():
+            node.set_hosts(hosts)
 
     def down(self) -> None:
         """Stops every process the lab started (by PID) and removes only the namespaces it created."""
@@ -154,6 +186,7 @@ class Lab:
         self.procs.clear()
         for ns in reversed(self.created):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(netns.NETNS_ETC / ns, ignore_errors=True)
         self.created.clear()
         # Per-run keys, configs and logs; MESHLAB_KEEP=1 keeps them for debugging.
         if os.environ.get("MESHLAB_KEEP") != "1":
@@ -185,9 +218,9 @@ class NodeEnvoy(Envoy):
 
 class BookinfoApp:
     """The Bookinfo-shaped application (perf/bookinfo): each service on its own node, port 9080,
-    calling the others at their node addresses. Long-running, as a deployment is: between
-    topologies `reset_pools` makes the callers drop their pooled connections, so that none made
-    before the capture changed is reused."""
+    calling the others by name (`service_host`), as Bookinfo does. Long-running, as a deployment
+    is: between topologies `reset_pools` makes the callers drop their pooled connections, so that
+    none made before the capture (or the names' addresses) changed is reused."""
 
     PORT = CAPTURE_PORT
 
@@ -195,8 +228,7 @@ class BookinfoApp:
         from perf.bookinfo import services
 
         self.lab = lab
-        addrs = {name: lab[name].addr for name in services.SERVICES}
-        self.commands = services.commands(addrs, port=self.PORT)
+        self.commands = services.commands({name: service_host(name) for name in services.SERVICES}, port=self.PORT)
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, timeout: float = 60.0) -> BookinfoApp:

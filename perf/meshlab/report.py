@@ -209,6 +209,19 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in s.lower()).strip("-").replace("--", "-")[:80]
 
 
+def _istiod_lines(meta: dict) -> list[str]:
+    """How the sidecars and the waypoint were configured (runs from 2026-11-25 on: a real istiod)."""
+    ist = meta.get("istiod")
+    if not ist:
+        return ["- sidecars and waypoint: Envoy configurations written by hand (perf/meshlab/configs.py of the "
+                "time), Istio's listeners in small"]
+    return [f"- sidecars and waypoint: **configured by a real istiod** (harness/controlplane.py, in a node of the "
+            f"lab, up in {ist['control_plane_s']} s): `pilot-agent proxy sidecar` / `proxy waypoint` with upstream "
+            "Envoy, the settings harness/meshpatches.py names (istio/README.md); PeerAuthentication STRICT. Only "
+            "the ambient node proxies are written by hand. Proxy CPU and RSS count pilot-agent too (an istio-proxy "
+            "container runs both)"]
+
+
 def _header(meta: dict) -> list[str]:
     during = meta.get("loadavg_during") or {}
     start = meta.get("loadavg_start") or meta["loadavg_at_start"]  # the latter: runs before 2026-11-25
@@ -219,13 +232,16 @@ def _header(meta: dict) -> list[str]:
           f"- app: {APP_LABEL}; Fortio loads `details` alone (`/details/0`) or the whole fan-out through productpage "
           "(`/api/v1/products/0/page`: details, then reviews -> ratings)",
           "- nodes: one network namespace per workload (client, productpage, details, reviews, ratings) and one "
-          "for the waypoint, joined by veth to a bridge; Fortio on the client node",
+          "for the waypoint" + (", one for the control plane" if meta.get("istiod") else "")
+          + ", joined by veth to a bridge; Fortio on the client node",
           f"- Envoy {meta['envoy']}, `--concurrency 2` per proxy; Fortio {meta['fortio']} with `-r "
           f"{meta.get('fortio_resolution_s', '0.001')}` (10 µs histogram buckets); {meta['cpus']} CPUs, {load} "
           "(other work shares this machine: numbers are noisy)",
-          "- capture: in every meshed topology an iptables REDIRECT (nat OUTPUT, in each calling node's own "
-          "namespace, the client's included) sends connections to the services' port 9080 to the node's proxy "
-          "on 15001, as Istio captures; the callee's side is dialled directly (sidecar inbound 15006, HBONE 15008)",
+          *_istiod_lines(meta),
+          "- capture: sidecars have Istio's own iptables rules (`pilot-agent istio-iptables`, REDIRECT, the proxy's "
+          "uid excluded), in and out; for the ambient node proxies an iptables REDIRECT (nat OUTPUT, in each "
+          "calling node's own namespace, the client's included) sends connections to the services' port 9080 to "
+          "the node's proxy on 15001; HBONE is dialled on 15008",
           "- ambient rows: **Envoy as HBONE node proxy, not ztunnel** (ztunnel is not obtainable here). A hand "
           "calibration on this machine (issue 15, not part of the project) put a real ztunnel's latency and CPU "
           "within a few percent of this Envoy node proxy (p50 at 100 RPS / 10 connections: no mesh 0.456 ms, "
@@ -237,9 +253,10 @@ def _header(meta: dict) -> list[str]:
           f"warm-up at the case's load; the proxies are restarted for every run; the services run for the whole lab "
           "(after 10 s of full-speed load without a mesh at start, 3 s in CI, so the JVM's JIT is warm) and drop "
           f"their pooled connections whenever the topology changes; whole run took {meta['elapsed_s']} s",
-          "- throttle: the wasm filter of envoy/demo.yaml, one rule, rate below (0.5x, burst 0) or above (2x, burst = "
-          "connections, since Fortio's connections fire in step) the offered load, max_queue_delay 1s; in the "
-          "loaded service's sidecar inbound HCM, or in the HCM of the loaded service's waypoint",
+          "- throttle: the filter as a WasmPlugin (pulled by pilot-agent from the registry), one rule, rate below "
+          "(0.5x, burst 0) or above (2x, burst = connections, since Fortio's connections fire in step) the offered "
+          "load, max_queue_delay 1s; on the loaded service's sidecar inbound (`selector`, `match: SERVER`), or on "
+          "its waypoint (`targetRefs: Service`), where istiod puts it",
           "- rows with the throttle *below* the offered load are paced by design: their latency is mostly the "
           "wait in the throttle's queue, and their achieved qps is the throttle rate",
           "- proxy CPU: utime+stime (10 ms resolution) of every proxy of the topology during the measured run; RSS: "

@@ -11,21 +11,25 @@ perf/reports/meshlab/<run-id>/ (or --out).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness import fortio, procstats
+from harness.controlplane import load_tools
 from harness.procs import WASM
 from harness.results import environment, first_line, run_dir
 from harness.tables import write_csv
 from perf.bookinfo.services import PATHS
 from perf.meshlab import hops, report, topologies
 from perf.meshlab.certs import make_certs
+from perf.meshlab.istiod import IstiodProxy, LabMesh
 from perf.meshlab.lab import ALL_NODES, BookinfoApp, Lab, LabUnavailable, check_available
 
 CSV_COLUMNS = ("case", "run", "label", "tool", "conns", "offered_qps", "achieved_qps", "errors", "avg", "p50",
@@ -91,6 +95,14 @@ def throttle_stats(dep: topologies.Deployed) -> dict[str, int]:
     return out
 
 
+def proxy_pids(dep: topologies.Deployed) -> dict[str, int]:
+    """The processes each proxy is: its Envoy, and for istiod's proxies pilot-agent too (an
+    istio-proxy container runs both)."""
+    out = {p.name: p.pid for p in dep.proxies}
+    out.update({f"{p.name} agent": p.agent_pid for p in dep.proxies if isinstance(p, IstiodProxy)})
+    return out
+
+
 def snapshot(app: BookinfoApp, dep: topologies.Deployed) -> dict:
     return {"apps": app.counters(), "proxies": {p.name: p.stats_matching(hops.STATS_REGEX) for p in dep.proxies}}
 
@@ -103,7 +115,7 @@ def measure(lab: Lab, app: BookinfoApp, certs: dict, topo: topologies.Topology, 
         app.reset_pools()  # no pooled connection of the previous topology is reused
         if warmup_s:
             fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, warmup_s)
-        pids = {p.name: p.pid for p in dep.proxies}
+        pids = proxy_pids(dep)
         thr0 = throttle_stats(dep)
         before = snapshot(app, dep)
         cpu0 = {n: procstats.cpu_seconds(p) for n, p in pids.items()}
@@ -192,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     if not WASM.exists():
         print(f"perf-mesh: {WASM} missing: run `make build`", file=sys.stderr)
         return 2
+    try:
+        load_tools()
+    except FileNotFoundError as e:
+        print(f"perf-mesh: {e}", file=sys.stderr)
+        return 2
     topos = topologies.SHORT if args.short else topologies.ALL
     duration = args.duration or (3.0 if args.short else 8.0)
     warmup = args.warmup if args.warmup is not None else (1.0 if args.short else 2.0)
@@ -205,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             **environment(run_id, runtimes={name: first_line(cmd) for name, cmd in RUNTIMES.items()})}
     rows: list[dict] = []
     loads: list[list[str]] = []
-    with Lab() as lab:
-        certs = make_certs(lab.dir / "certs", ALL_NODES)
+    with Lab() as lab, lab_mesh(lab) as mesh:
+        meta["istiod"] = {"control_plane_s": mesh.started_s, "image": mesh.image_url}
+        certs = make_certs(lab.dir / "certs", ALL_NODES, ca=mesh.ca)
         app = BookinfoApp(lab).start()
         warm_up_app(lab, app, 3.0 if args.short else 10.0)
         cases: tuple[Case, ...]
@@ -256,6 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perf-mesh: check {'failed' if problems else 'passed'} ({len(rows)} runs)")
         return 1 if problems else 0
     return 0
+
+
+@contextlib.contextmanager
+def lab_mesh(lab: Lab) -> Iterator[LabMesh]:
+    """The lab's control plane (perf/meshlab/istiod.py), stopped by PID at the end."""
+    mesh = LabMesh(lab)
+    lab.mesh = mesh
+    try:
+        yield mesh.start()
+    finally:
+        mesh.stop()
+        lab.mesh = None
 
 
 def check(rows: list[dict]) -> list[str]:

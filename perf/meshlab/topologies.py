@@ -1,16 +1,20 @@
 """The topologies under comparison, on the Bookinfo-shaped application, and how each is brought up.
 
-Proxies sit where Istio puts them. Every workload dials the services' real addresses on port 9080;
-in the meshed topologies an iptables REDIRECT in each calling node's namespace sends those
-connections to the node's proxy on 15001 (the load generator's too), as Istio captures them.
+Proxies sit where Istio puts them. Every workload dials the services by name on port 9080; each
+node's /etc/hosts gives the node's address, or the Service's where an istiod-configured proxy
+expects it (as cluster DNS would). In the meshed topologies the calls are captured by iptables in
+each calling node's namespace, as Istio does (Istio's own rules for sidecars).
 
 - no mesh: the client and the services talk directly.
-- sidecar: one Envoy per workload (the client's too): outbound on every call, inbound on every
-  callee (mTLS between them); the throttle in the target service's sidecar inbound.
-- ambient L4: one Envoy node proxy per node speaking HBONE (not ztunnel): every call is an
-  HTTP/2 CONNECT tunnel over mTLS from the caller's node proxy to the callee's.
-- ambient + waypoint: as ambient, and calls to the target service go through a waypoint on its
-  own node (HBONE in, HTTP filters: the throttle, HBONE out).
+- sidecar: Istio's sidecar on every workload the request crosses (the client's too), configured by
+  a real istiod (perf/meshlab/istiod.py): outbound on every call, inbound on every callee (mutual
+  TLS, PeerAuthentication STRICT); the throttle a WasmPlugin on the target's inbound.
+- ambient L4: one Envoy node proxy per node speaking HBONE (not ztunnel; configured by hand,
+  perf/meshlab/configs.py): every call is an HTTP/2 CONNECT tunnel over mTLS from the caller's node
+  proxy to the callee's.
+- ambient + waypoint: as ambient, and calls to the target's Service go through its waypoint, an
+  istiod-configured `pilot-agent proxy waypoint` on its own node (HBONE in, HTTP filters: the
+  throttle as a WasmPlugin, HBONE out to the target's node proxy).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.controlplane import SERVICE_CIDR
 from perf.bookinfo.services import CALLS, PATHS, PORT
 from perf.meshlab import configs
-from perf.meshlab.lab import OUTBOUND_PORT, Lab, Node, NodeEnvoy
+from perf.meshlab.istiod import IstiodProxy
+from perf.meshlab.lab import OUTBOUND_PORT, Lab, Node, NodeEnvoy, service_host
 
 AMBIENT_NOTE = "Envoy as HBONE node proxy, not ztunnel"
 CLIENT = "client"
@@ -33,9 +39,9 @@ class Topology:
 
     @property
     def base_label(self) -> str:
-        return {"nomesh": "no mesh", "sidecar": "sidecar",
+        return {"nomesh": "no mesh", "sidecar": "sidecar (istiod)",
                 "ambient": f"ambient L4 ({AMBIENT_NOTE})",
-                "waypoint": f"ambient + waypoint ({AMBIENT_NOTE})"}[self.key]
+                "waypoint": f"ambient + waypoint (istiod) ({AMBIENT_NOTE})"}[self.key]
 
     def rate(self, offered_qps: float) -> int | None:
         """Throttle rate: half the offered load (below) or twice it (above)."""
@@ -101,7 +107,7 @@ class Deployed:
     """Proxies and capture rules of one topology, running in the lab; `url` is what the client loads."""
 
     url: str
-    proxies: list[NodeEnvoy]
+    proxies: list[NodeEnvoy | IstiodProxy]
     captured: list[Node] = field(default_factory=list)
 
     def stop(self) -> None:
@@ -110,63 +116,71 @@ class Deployed:
         for p in reversed(self.proxies):
             p.stop()
 
-    def proxy(self, name: str) -> NodeEnvoy:
+    def proxy(self, name: str) -> NodeEnvoy | IstiodProxy:
         return next(p for p in self.proxies if p.name == name)
 
 
-def render(topo: Topology, target: str, lab_dir: Path, certs: dict, addrs: dict[str, str], offered_qps: float,
-           conns: int, tag: str = "") -> list[tuple[str, str, dict]]:
-    """(node, proxy name, Envoy config) for every proxy of a topology when `target` is loaded. Pure:
-    used by the lab and by the `envoy --mode validate` test."""
-    rate = topo.rate(offered_qps)
-    thr = plugin(rate, topo.burst(conns)) if rate else None
+def render(topo: Topology, target: str, lab_dir: Path, certs: dict, addrs: dict[str, str],
+           vips: dict[str, str] | None = None, tag: str = "") -> list[tuple[str, str, dict]]:
+    """(node, proxy name, Envoy config) for every hand-written proxy of a topology when `target` is
+    loaded: the ambient node proxies. With a waypoint, the target's calls go to its Service address
+    (`vips`) and on to the waypoint. Pure: used by the lab and by the `envoy --mode validate` test."""
     calls, callers = calls_of(target), callers_of(target)
 
     def sock(name: str) -> Path:
         return lab_dir / f"{name}{tag}.admin"
 
     out: list[tuple[str, str, dict]] = []
-    if topo.key == "nomesh":
-        return out
-    if topo.key == "sidecar":
-        for node in involved(target):
-            name = f"sidecar-{node}"
-            out.append((node, name, configs.sidecar(
-                sock(name), certs, node, addrs[node], {c: addrs[c] for c in calls.get(node, [])},
-                callers.get(node, ()), thr if node == target else None, out_port=OUTBOUND_PORT, app_port=PORT)))
+    if topo.key in ("nomesh", "sidecar"):
         return out
     if topo.key in ("ambient", "waypoint"):
         wp = topo.key == "waypoint"
+        if wp and not vips:
+            raise ValueError("a waypoint topology needs the Services' addresses (vips)")
         for node in involved(target):
             routes = {}
             for c in calls.get(node, []):
-                via_wp = wp and c == target
-                routes[c] = (addrs[c], addrs["waypoint"] if via_wp else addrs[c],
-                             certs["waypoint" if via_wp else c]["san"])
+                if wp and c == target:
+                    assert vips is not None
+                    routes[c] = (vips[c], addrs["waypoint"], certs["waypoint"]["san"])
+                else:
+                    routes[c] = (addrs[c], addrs[c], certs[c]["san"])
             name = f"node-{node}"
             out.append((node, name, configs.node_proxy(sock(name), certs, node, addrs[node], routes,
                                                        inbound=node in callers, out_port=OUTBOUND_PORT,
                                                        app_port=PORT)))
-        if wp:
-            out.append(("waypoint", "waypoint", configs.waypoint(
-                sock("waypoint"), certs, addrs["waypoint"], addrs[target], certs[target]["san"],
-                f"{addrs[target]}:{PORT}", thr)))
         return out
     raise KeyError(topo.key)
 
 
 def deploy(lab: Lab, topo: Topology, target: str, certs: dict, offered_qps: float, conns: int,
            concurrency: int = 2) -> Deployed:
-    addrs = {name: node.addr for name, node in lab.nodes.items()}
-    dep = Deployed(f"http://{addrs[target]}:{PORT}{PATHS[target]}", [])
+    mesh = lab.mesh
+    if mesh is None and topo.key in ("sidecar", "waypoint"):
+        raise RuntimeError(f"topology {topo.key} needs the lab's control plane (perf/meshlab/istiod.py)")
+    addrs = {name: lab.nodes[name].addr for name in ("client", *CALLS, "waypoint")}
+    rate = topo.rate(offered_qps)
+    thr = plugin(rate, topo.burst(conns)) if rate else None
+    dep = Deployed(f"http://{service_host(target)}:{PORT}{PATHS[target]}", [])
     try:
-        for node, name, cfg in render(topo, target, lab.dir, certs, addrs, offered_qps, conns):
+        if mesh is not None and topo.key in ("nomesh", "ambient"):
+            mesh.reset_names()
+        if topo.key == "sidecar":
+            assert mesh is not None
+            dep.proxies.extend(mesh.sidecars(involved(target), target, thr))
+            return dep
+        vips = mesh.vips if mesh is not None else None
+        for node, name, cfg in render(topo, target, lab.dir, certs, addrs, vips):
             dep.proxies.append(NodeEnvoy(lab[node], name, cfg, concurrency=concurrency).launch())
         for p in dep.proxies:
+            assert isinstance(p, NodeEnvoy)
             p.wait_ready()
+        if topo.key == "waypoint":
+            assert mesh is not None
+            dep.proxies.append(mesh.waypoint(target, thr))
         if topo.key != "nomesh":
             for node in calls_of(target):  # every calling node, the client's included
-                lab[node].capture(OUTBOUND_PORT)
+                lab[node].capture(OUTBOUND_PORT, extra=(SERVICE_CIDR,) if topo.key == "waypoint" else ())
                 dep.captured.append(lab[node])
     except BaseException:
         dep.stop()

@@ -67,11 +67,12 @@ def test_overshoot_counts_what_came_above_capacity_in_5_s():
 
 
 def test_vegeta_requests_become_attempts_from_the_backends_start():
-    from harness.vegeta import Request, parse_csv
+    from harness.vegeta import Hit, Result
 
-    rows = parse_csv('1000000000500000000,429,2000000,0,2,,,,7,GET,http://x/w,eC1lbXVsYXRvcjogc2hlZA==\n'
-                     '1000000001000000000,0,2000000000,0,0,"Get: timeout",,,8,GET,http://x/w,\n')
-    assert rows[0] == Request(sent=1000000000.5, latency_s=0.002, code=429, headers="x-emulator: shed", seq=7)
+    rows = Result.from_csv('1000000000500000000,429,2000000,0,2,,,,7,GET,http://x/w,eC1lbXVsYXRvcjogc2hlZA==\n'
+                           '1000000001000000000,0,2000000000,0,0,"Get: timeout",,,8,GET,http://x/w,\n').hits
+    assert rows[0] == Hit(1000000000500000000, 429, 2000000, headers="x-emulator: shed", seq=7)
+    assert (rows[0].sent, rows[0].latency_s) == (1000000000.5, 0.002)
     a = from_vegeta(rows, t0=1000000000.0)
     assert (a[0].start, a[0].shed_upstream, a[1].code, a[1].shed_upstream) == (0.5, True, 0, False)
 

@@ -100,6 +100,22 @@ def _scenario(tmp_path: Path, label: str, body: str) -> Path:
      "s.yaml: cluster.split: expected 3 weights"),
     ("description: x\nkind: cluster\ncluster: {variant: process, rate: 1, load: 1, duration: 5s, proxies: 7, "
      "split: [1, 1, 1, 1, 1, 1, 1]}\n", "s.yaml: cluster.rate: process scope gives each proxy rate/7"),
+    # the cases of perf/cluster/holds.py
+    ("description: x\nkind: cluster\ncluster: {case: restart, variants: [cluster], rate: 300, load: 1, duration: 14s}\n",
+     "s.yaml: cluster.restart_at: required with case restart"),
+    ("description: x\nkind: cluster\ncluster: {case: burst, variants: [cluster], rate: 100, requests: 150, load: 1}\n",
+     "s.yaml: cluster.load: not used by case burst"),
+    ("description: x\nkind: cluster\ncluster: {case: restart, variants: [cluster], rate: 300, load: 1, duration: 8s, "
+     "restart_at: 6s}\n", "s.yaml: cluster.restart_at: must fall after the warm-up and at least 3 s before the end"),
+    ("description: x\nkind: cluster\ncluster: {case: burst, variants: [cluster], rate: 100, requests: 100}\n",
+     "s.yaml: cluster.requests: expected a multiple of 3"),
+    ("description: x\nkind: cluster\ncluster: {case: sporadic, variants: [cluster], rate: 300, periods: [0.5s, 40s], "
+     "duration: 30s}\n", "s.yaml: cluster.periods: expected durations above 0 and at most the duration"),
+    ("description: x\nkind: cluster\ncluster: {case: low_rates, variants: [process], rates: [1, 2], load: 2, "
+     "duration: 10s, proxies: 7, split: [1, 1, 1, 1, 1, 1, 1]}\n",
+     "s.yaml: cluster.rates: process scope gives each proxy rate/7"),
+    ("description: x\nkind: cluster\ncluster: {case: storm, variants: [cluster], rate: 1}\n",
+     "s.yaml: cluster.case: 'storm' is not one of"),
 ])
 def test_bad_scenarios_are_refused_naming_the_field(tmp_path, body, error):
     with pytest.raises(ScenarioError) as e:
@@ -144,3 +160,23 @@ def test_choose_takes_the_median_round_and_keeps_all():
     r = run.choose(rounds)
     assert (r["n"], r["chosen_round"], r["rounds_achieved_qps"]) == (2, 3, [300.0, 100.0, 200.0])
     assert len(r["rounds"]) == 3
+
+
+def test_holds_table_puts_each_variant_in_its_column():
+    from perf.cluster import holds
+    fig = [{"row": "burst after idle", "label": "b", "case": "burst", "variant": v, "figure": "429s", "value": x}
+           for v, x in (("native", "50"), ("cluster", "0"))]
+    fig.append({"row": "Redis restarted", "label": "r", "case": "restart", "variant": "cluster",
+                "figure": "busiest 1 s", "value": "302"})
+    steady = holds.steady_figures([{"label": "l", "variant": "process", "rate": "300", "load": "0.5", "p50": "1.25",
+                                    "p99": "2.5"},
+                                   {"label": "h", "variant": "process", "rate": "300", "load": "3", "p50": "9",
+                                    "p99": "9"}])
+    assert [f["value"] for f in steady] == ["1.2 / 2.5"]  # the row over the rate is not latency within it
+    _, _, (head, body) = holds.holds_table(fig + steady)
+    assert head == ["situation", "figure", "throttle, cluster scope", "Envoy native global rate limit",
+                    "throttle, process scope (rate / 3 each)"]
+    # the cases in CASE_ORDER (restart first), a situation named once, "—" where a variant did not run
+    assert body == [["Redis restarted", "busiest 1 s", "302", "—", "—"],
+                    ["steady: 50% of 300/s (60/30/10 split)", "p50 / p99 ms", "—", "—", "1.2 / 2.5"],
+                    ["burst after idle", "429s", "0", "50", "—"]]

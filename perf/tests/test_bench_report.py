@@ -8,6 +8,7 @@ of that real run is rendered; without it, a small synthetic input is used
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -105,6 +106,11 @@ def test_cluster_table(rendered):
     assert "| scenario | variant | rate /s | offered /s | upstream /s |" in md
     assert "| cluster" in md
     assert "<h2>Three proxies, one rate: rate seen by the upstream</h2>" in rendered["html"].read_text()
+    cases = json.loads((Path(RUN_DIR) / "cluster.json").read_text()).get("cases") if RUN_DIR else None
+    if cases:  # the cases of perf/cluster/holds.py: their table, every figure in it
+        assert "## Cluster scope under faults, low rates, sporadic traffic and bursts" in md
+        for f in cases:
+            assert f"| {f['value']} |" in md, f
 
 
 def test_html_renders_to_a_non_trivial_png(rendered):

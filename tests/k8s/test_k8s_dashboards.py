@@ -8,9 +8,11 @@ filled in) returns data. Envoy runs with two stats setups:
   bootstrap template (its stats_tags, no custom tag for the throttle) and its
   default inclusion list (bootstrap/config.go): what a sidecar or waypoint exposes;
 - `demo`: envoy/demo.yaml's own tag extractor.
-The plugin has a process-scope rule and a cluster-scope rule, the latter against
-the real engine (Redis + envoyproxy/ratelimit, harness/engine.py), so the
-"Cluster scope" panels show real calls, grants and the rate of all proxies.
+The plugin has a process-scope rule, a rule with priority classes (so the
+"Priority classes" panels show each class's share, displacement and wait) and a
+cluster-scope rule, the latter against the real engine (Redis +
+envoyproxy/ratelimit, harness/engine.py), so the "Cluster scope" panels show real
+calls, grants and the rate of all proxies.
 The mesh panels' queries must parse in the same Prometheus; they can only show
 data on a real cluster (Istio's stats filter is not in a plain Envoy).
 """
@@ -43,16 +45,20 @@ DASH_DIR = ROOT / "k8s" / "monitoring" / "dashboards"
 SHIPPED_PROM = ROOT / "k8s" / "monitoring" / "prometheus.yml"
 RATE_INTERVAL = "30s"  # what Grafana's $__rate_interval becomes; covers the whole load below
 CLUSTER_RATE = 100
-# "shared" (cluster scope, /c/...) first: the first rule whose match fits applies.
+# "shared" (cluster scope, /c/...) and "prio" (/p/...) first: the first rule whose match fits applies.
 PLUGIN = {"engine": {"cluster": "throttle_engine", "timeout": "50ms"},
           "rules": [{"name": "shared", "rate": f"{CLUSTER_RATE}/s", "max_queue_delay": "200ms", "scope": "cluster",
                      "expected_replicas": 1, "match": {"path_prefix": "/c/"}},
+                    {"name": "prio", "rate": "100/s", "max_queue_delay": "500ms", "match": {"path_prefix": "/p/"},
+                     "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                                 {"name": "batch", "min_share": 0.2, "max_queue_delay": "200ms"}]},
                     {"name": "learned", "rate": "100/s", "max_queue_delay": "200ms",
                      "adaptive": {"min_rate": "10/s", "max_rate": "1000/s"}, "match": {"path_prefix": "/a/"}},
                     {"name": "default", "rate": "200/s", "burst": 0, "max_queue_delay": "200ms",
                      "match": {"path_prefix": "/"}}],
           "max_held_per_worker": 10000, "reject_status": 429}
-RULES = ("default", "shared", "learned")
+RULES = ("default", "shared", "prio", "learned")
+CLASSFUL = {"prio"}
 CLUSTER_STATS = ("requests", "slots_taken", "slots_granted", "engine_calls", "engine_failures")
 STATS = ("admitted", "queued", "released", "rejected", "cancelled")
 
@@ -66,7 +72,7 @@ def panel_queries(d: dict) -> list[tuple[str, str]]:
 
 
 def variables(rule: str) -> dict[str, str]:
-    return {"rule": rule, "namespace": ".*", "configured_rate": str(CLUSTER_RATE)}
+    return {"rule": rule, "class": ".*", "namespace": ".*", "configured_rate": str(CLUSTER_RATE)}
 
 
 def fill(expr: str, variables: dict[str, str]) -> str:
@@ -98,6 +104,9 @@ def test_throttle_dashboard_covers_the_metrics():
     for stat in (*CLUSTER_STATS, "fallback_ms"):
         assert f"(rate(throttle_{stat}{{" in exprs, stat
     assert "throttle_slots_unused{" in exprs and "vector($configured_rate)" in exprs
+    for stat in ("admitted", "released", "rejected", "displaced"):
+        assert f"(rate(throttle_class_{stat}{{" in exprs, stat
+    assert "sum by (throttle_rule, throttle_class, le) (rate(throttle_class_wait_ms_bucket{" in exprs
 
 
 def test_mesh_dashboard_uses_istio_standard_metrics():
@@ -238,19 +247,24 @@ def scraped(request, tools, wasm, upstream, engine):
             # The cluster rule: 150/s offered against 100/s for the whole "cluster" (one proxy here).
             shared = fortio.Load(f"{envoy.url}/c/", connections=20, qps=150, duration_s=6,
                                  allow_initial_errors=True).start()
+            # The rule with classes, 100/s: critical 60/s, batch 120/s (its floor 20/s, and what
+            # critical leaves); batch's overflow rejected, some displaced by critical's bursts.
+            critical = fortio.Load(f"{envoy.url}/p/", connections=10, qps=60, duration_s=6, uniform=True,
+                                   headers=["x-priority: critical"], allow_initial_errors=True).start()
+            batch = fortio.Load(f"{envoy.url}/p/", connections=30, qps=120, duration_s=6,
+                                allow_initial_errors=True).start()
             # The adaptive rule: 150/s offered against a start of 100/s; the upstream answers
             # every request at once, so the learner probes above the rate.
             learned = fortio.Load(f"{envoy.url}/a/", connections=20, qps=150, duration_s=6,
                                   allow_initial_errors=True).start()
+            loads = (impatient, shared, critical, batch, learned)
             try:
                 fortio.load(envoy.url, connections=100, qps=400, duration_s=6, allow_initial_errors=True, timeout_s=60)
-                impatient.result(timeout_s=60)
-                shared.result(timeout_s=60)
-                learned.result(timeout_s=60)
+                for load in loads:
+                    load.result(timeout_s=60)
             finally:
-                impatient.kill()
-                shared.kill()
-                learned.kill()
+                for load in loads:
+                    load.kill()
             final = {rule: envoy.rule_stats(rule) for rule in RULES}
 
             def scraped_after_the_load() -> bool:
@@ -271,13 +285,20 @@ def test_every_throttle_panel_returns_data(scraped):
     for rule in RULES:
         assert stats[rule]["queued"] > 0 and stats[rule]["released"] > 0, stats
     assert stats["default"]["rejected"] > 0, stats
-    for rule, want in (("default", {"default"}), ("shared", {"shared"}), ("learned", {"learned"}),
-                       (".*", set(RULES))):
+    for rule, want in (("default", {"default"}), ("shared", {"shared"}), ("prio", {"prio"}),
+                       ("learned", {"learned"}), (".*", set(RULES))):
         for title, expr in panel_queries(dashboard("throttle.json")):
             q = fill(expr, variables(rule))
             r = prom.query(q, at)
             assert r["status"] == "success", (title, q, r)
             result = r["data"]["result"]
+            if "throttle_class_" in expr:
+                # The classes' panels: series only for the rules with classes.
+                want_here = want & CLASSFUL
+                assert {s["metric"].get("throttle_rule") for s in result} == want_here, (title, q, result)
+                if want_here:
+                    assert {s["metric"].get("throttle_class") for s in result} == {"critical", "batch"}, result
+                continue
             assert result, f"panel {title!r}: no data for {q}"
             rules = {s["metric"].get("throttle_rule") for s in result}
             # The configured-rate line of "Rate of all proxies vs configured" has no rule.
@@ -358,6 +379,24 @@ def test_mesh_panel_queries_parse(scraped):
         assert r["status"] == "success", (title, r)
     bad = prom.query("sum by (x) (rate(istio_requests_total[1m])", at)
     assert bad["status"] == "error"
+
+
+def test_class_panels_show_each_class(scraped):
+    """The classes' panels for the rule with classes: both classes pass, their shares add up to
+    the whole, and critical (above batch) waits less than batch."""
+    prom, at, stats = scraped
+    s = stats["prio"]
+    assert s["class.critical.released"] > 0 and s["class.batch.released"] > 0, s
+    values = panel_values(prom, at, "prio")
+    passed = values["Passed per class /s"]
+    assert passed["prio critical"] > 0 and passed["prio batch"] > 0, passed
+    shares = values["Share of the releases per class"]
+    # Both are parts of one rule's releases over the same window: they add up to 1.
+    assert abs(shares["prio critical"] + shares["prio batch"] - 1) < 1e-6, shares
+    waits = values["Wait per class (p50, p99)"]
+    # Critical (60/s of 100/s, ahead of batch) waits for about one slot; batch for its place
+    # behind it: its p99 is the longer, by far on any machine.
+    assert waits["prio critical p99"] < waits["prio batch p99"], waits
 
 
 def test_adaptive_panels_show_the_learner(scraped):

@@ -197,3 +197,31 @@ def test_timeouts_exceed_max_queue_delay(rendered):
         timeouts += [r["timeouts"]["request"] for hr in _by_kind(f, "HTTPRoute") for r in hr["spec"]["rules"]]
         assert timeouts, o
         assert all(duration_s(t) > longest for t in timeouts), (o, timeouts, longest)
+
+
+def test_class_headers_are_set_by_a_trusted_hop(rendered):
+    """Safe defaults of priority classes (filters/throttle/README.md "Priority classes"): a class
+    that matches on a header is claimable only because a VirtualService shipped beside it sets
+    that header on some routes and removes it on every other route of the service, so no client
+    can promote itself; a class on the caller's principal needs no such hop. The timeouts of
+    those routes exceed every class's max_queue_delay."""
+    checked = 0
+    for k, where, cfg in plugin_configs():
+        header_classes = {(h, v) for r in cfg["rules"] for c in r.get("classes", [])
+                          for h, v in (c.get("match") or {}).get("headers", {}).items()}
+        if not header_classes:
+            continue
+        vss = _by_kind(rendered[k], "VirtualService")
+        assert vss, f"{where}: classes match on headers {header_classes} but no VirtualService sets them"
+        longest = max(duration_s(c.get("max_queue_delay", r.get("max_queue_delay", "1s")))
+                      for r in cfg["rules"] for c in r.get("classes", []))
+        for name, value in header_classes:
+            routes = [h for vs in vss for h in vs["spec"]["http"]]
+            sets = [h for h in routes if h.get("headers", {}).get("request", {}).get("set", {}).get(name) == value]
+            removes = [h for h in routes if name in h.get("headers", {}).get("request", {}).get("remove", [])]
+            assert sets, f"{where}: no route sets {name}: {value}"
+            assert all(h.get("match") for h in sets), f"{where}: {name} is set for every caller"
+            assert len(sets) + len(removes) == len(routes), f"{where}: a route passes a client's {name} through"
+            assert all(duration_s(h["timeout"]) > longest for h in routes), (where, longest)
+            checked += 1
+    assert checked, "no shipped plugin with a header class"

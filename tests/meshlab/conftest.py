@@ -1,5 +1,6 @@
 """Fixtures of the mesh-lab tests: per-session certificates, a lab (root + `ip netns` +
-iptables), and the Bookinfo-shaped services (ruby, java, node and gunicorn).
+iptables) with its control plane (`make istio-e2e-setup`'s), and the Bookinfo-shaped services
+(ruby, java, node and gunicorn).
 
 Tests marked `lab` need root and `ip netns`; where those are missing they are
 skipped with the reason (an environment the lab cannot run in, as `make
@@ -38,11 +39,20 @@ def runtimes_ok() -> None:
 
 @pytest.fixture(scope="module")
 def lab(runtimes_ok: None) -> Iterator[Lab]:
-    """A lab with every node and the application running (as in a measured run)."""
+    """A lab with every node, its control plane (istiod: perf/meshlab/istiod.py) and the
+    application running (as in a measured run)."""
     from perf.bookinfo.services import build_reviews
+    from perf.meshlab.run import lab_mesh
 
     build_reviews()
-    with Lab() as lab:
+    with Lab() as lab, lab_mesh(lab):
         lab.app = BookinfoApp(lab).start()
         yield lab
     assert lab.leftover_namespaces() == []
+
+
+@pytest.fixture(scope="module")
+def lab_certs(lab: Lab) -> dict[str, dict[str, str]]:
+    """The node proxies' certificates, signed by the lab's istiod (its waypoint trusts them)."""
+    assert lab.mesh is not None
+    return make_certs(lab.dir / "certs", ALL_NODES, ca=lab.mesh.ca)

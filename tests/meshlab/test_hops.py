@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from perf.meshlab import configs, hops, topologies
+from perf.meshlab import hops, topologies
 
 N = 100
 EDGES = topologies.edges("productpage")
@@ -22,8 +22,8 @@ def _snapshots(mode: str, n: int = N) -> tuple[dict, dict]:
              "proxies": {}}
     for src, dst in EDGES:
         if mode == "sidecar":
-            out = f"cluster.{configs.outbound_cluster_name(dst)}.upstream_rq_total"
-            inb = f"http.{configs.INBOUND_STAT}.downstream_rq_total"
+            out = f"cluster.{hops.outbound_cluster_name(dst)}.upstream_rq_total"
+            inb = f"http.{hops.INBOUND_STAT}.downstream_rq_total"
             before["proxies"].setdefault(f"sidecar-{src}", {})[out] = 3
             after["proxies"].setdefault(f"sidecar-{src}", {})[out] = 3 + n
             before["proxies"].setdefault(f"sidecar-{dst}", {})[inb] = 3
@@ -36,9 +36,10 @@ def _snapshots(mode: str, n: int = N) -> tuple[dict, dict]:
                 before["proxies"].setdefault(name, {})[stat] = 2
                 after["proxies"].setdefault(name, {})[stat] = 2 + grow
             if mode == "waypoint" and dst == "productpage":
-                for stat, a, b in (("http.main_internal.downstream_rq_total", 5, 5 + n),
-                                   ("cluster.hbone_dest.upstream_rq_total", 2, 2),
-                                   ("cluster.hbone_dest.upstream_cx_tx_bytes_total", 0, 90 * n)):
+                for stat, a, b in ((f"http.{hops.INBOUND_STAT}.downstream_rq_total", 5, 5 + n),
+                                   (f"cluster.{hops.waypoint_cluster_name(dst)}.upstream_rq_total", 5, 5 + n),
+                                   ("cluster.connect_originate;.upstream_rq_total", 2, 2),
+                                   ("cluster.connect_originate;.upstream_cx_tx_bytes_total", 0, 90 * n)):
                     before["proxies"].setdefault("waypoint", {})[stat] = a
                     after["proxies"].setdefault("waypoint", {})[stat] = b
     return before, after
@@ -58,7 +59,7 @@ def test_edges_follow_the_call_graph():
 
 def test_a_missing_sidecar_hop_is_named():
     before, after = _snapshots("sidecar")
-    after["proxies"]["sidecar-productpage"][f"cluster.{configs.outbound_cluster_name('details')}.upstream_rq_total"] = 3
+    after["proxies"]["sidecar-productpage"][f"cluster.{hops.outbound_cluster_name('details')}.upstream_rq_total"] = 3
     problems = hops.check("sidecar", "productpage", before, after, N)
     assert len(problems) == 1 and problems[0].startswith("hop productpage -> details (caller's sidecar outbound)")
 
@@ -84,7 +85,7 @@ def test_a_call_that_bypassed_the_mesh_is_named():
 def test_pooled_tunnels_count_as_totals_but_traffic_must_grow():
     before, after = _snapshots("waypoint")
     assert hops.check("waypoint", "productpage", before, after, N) == []  # tunnels made before the run
-    after["proxies"]["waypoint"]["http.main_internal.downstream_rq_total"] = 5 + N - 1
+    after["proxies"]["waypoint"][f"http.{hops.INBOUND_STAT}.downstream_rq_total"] = 5 + N - 1
     (problem,) = hops.check("waypoint", "productpage", before, after, N)
     assert "waypoint HCM" in problem and f"expected >= {N}" in problem
     fresh = copy.deepcopy(after)

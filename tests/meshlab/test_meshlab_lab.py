@@ -1,7 +1,8 @@
 """The lab itself (root + `ip netns` + iptables): namespaces are created with the run's own prefix,
 joined by veth, and always removed, also when the body fails; the Bookinfo-shaped application runs
 in them; each topology carries every hop of the fan-out the way it promises (capture by iptables,
-mTLS, HBONE, waypoint), the hop check catches a call that bypasses the mesh, and the throttle paces."""
+istiod's sidecars with mutual TLS, HBONE, istiod's waypoint), the hop check catches a call that
+bypasses the mesh, and the throttle (a WasmPlugin) paces."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 
 import pytest
 
-from harness import fortio
+from harness import fortio, netns
 from perf.bookinfo.services import PATHS
 from perf.meshlab import hops, topologies
 from perf.meshlab.lab import NODE_ADDRS, BookinfoApp, Lab
@@ -39,6 +40,7 @@ def test_lab_creates_only_its_own_namespaces_and_removes_them(runtimes_ok):
         assert "p-client" not in host_links and "br0" not in host_links
         procs = list(app.procs.values())
     assert set(_netns()) == before
+    assert not list(netns.NETNS_ETC.glob(f"{lab.prefix}*")), "a namespace's /etc/netns files were left"
     assert all(p.poll() is not None for p in procs), "a service still runs after teardown"
 
 
@@ -60,8 +62,8 @@ def _load(lab, dep, tmp_path, qps=20, conns=2, seconds=2.0) -> tuple[dict, dict,
 
 
 @pytest.mark.parametrize("topo", [t for t in topologies.ALL if not t.throttle], ids=lambda t: t.key)
-def test_each_topology_carries_every_hop_of_the_fan_out(lab, certs, topo, tmp_path):
-    dep = topologies.deploy(lab, topo, "productpage", certs, 20, 2)
+def test_each_topology_carries_every_hop_of_the_fan_out(lab, lab_certs, topo, tmp_path):
+    dep = topologies.deploy(lab, topo, "productpage", lab_certs, 20, 2)
     try:
         before, after, s = _load(lab, dep, tmp_path)
     finally:
@@ -70,8 +72,8 @@ def test_each_topology_carries_every_hop_of_the_fan_out(lab, certs, topo, tmp_pa
     assert hops.check(topo.key, "productpage", before, after, s.requests) == []
 
 
-def test_capture_is_an_iptables_redirect_in_the_callers_namespaces(lab, certs):
-    dep = topologies.deploy(lab, Topology("ambient", ""), "productpage", certs, 20, 2)
+def test_capture_is_an_iptables_redirect_in_the_callers_namespaces(lab, lab_certs):
+    dep = topologies.deploy(lab, Topology("ambient", ""), "productpage", lab_certs, 20, 2)
     try:
         assert {n: lab[n].captured() for n in ("client", "productpage", "details", "reviews", "ratings")} == {
             "client": True, "productpage": True, "details": False, "reviews": True, "ratings": False}
@@ -82,10 +84,10 @@ def test_capture_is_an_iptables_redirect_in_the_callers_namespaces(lab, certs):
     assert not any(lab[n].captured() for n in ("client", "productpage", "reviews"))
 
 
-def test_the_hop_check_fails_when_a_call_bypasses_the_mesh(lab, certs, tmp_path):
+def test_the_hop_check_fails_when_a_call_bypasses_the_mesh(lab, lab_certs, tmp_path):
     """Without productpage's capture rule, its calls go straight to details and reviews: the load
     still succeeds, and the hop check names exactly those two hops."""
-    dep = topologies.deploy(lab, Topology("ambient", ""), "productpage", certs, 20, 2)
+    dep = topologies.deploy(lab, Topology("ambient", ""), "productpage", lab_certs, 20, 2)
     try:
         lab["productpage"].uncapture()
         before, after, s = _load(lab, dep, tmp_path)
@@ -99,15 +101,18 @@ def test_the_hop_check_fails_when_a_call_bypasses_the_mesh(lab, certs, tmp_path)
     assert any("bypassed the mesh" in p for p in problems)
 
 
-def test_sidecar_inbound_refuses_plaintext_and_foreign_identities(lab, certs):
-    dep = topologies.deploy(lab, Topology("sidecar", ""), "productpage", certs, 20, 2)
+def test_sidecar_inbound_takes_only_mutual_tls_from_the_meshs_ca(lab, lab_certs, certs):
+    """istiod's sidecars under the lab's PeerAuthentication STRICT: details' port answers a client
+    presenting a certificate of the mesh's CA (ALPN `istio-http/1.1`, as a sidecar sends), and
+    refuses plaintext and a certificate of another CA."""
+    dep = topologies.deploy(lab, Topology("sidecar", ""), "productpage", lab_certs, 20, 2)
     try:
         lab.app.reset_pools()
-        plain = lab["client"].run(["python3", "-c", TLS_GET, "", "", "", NODE_ADDRS["details"], "15006"], timeout=30)
-        assert "HTTP/1.1 200" not in plain.stdout
-        # details accepts only productpage's identity: the client's (same CA) gets no answer.
-        assert "HTTP/1.1 200" not in _tls_get(lab, certs["client"], "details")
-        assert _tls_get(lab, certs["productpage"], "details").startswith("HTTP/1.1 200")
+        # From the control plane's node: not in the mesh, so not captured by a sidecar.
+        plain = lab["cp"].run(["python3", "-c", TLS_GET, "", "", "", NODE_ADDRS["details"], "9080"], timeout=30)
+        assert "HTTP/1.1 200" not in plain.stdout, plain.stdout
+        assert "HTTP/1.1 200" not in _tls_get(lab, certs["productpage"], "details")  # another CA
+        assert _tls_get(lab, lab_certs["productpage"], "details").startswith("HTTP/1.1 200")
     finally:
         dep.stop()
 
@@ -119,6 +124,8 @@ try:
         if sys.argv[1]:
             ctx = ssl.create_default_context(cafile=sys.argv[3])
             ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            ctx.set_alpn_protocols(["istio-http/1.1"])
             ctx.load_cert_chain(sys.argv[1], sys.argv[2])
             s = ctx.wrap_socket(raw)
         else:
@@ -131,15 +138,15 @@ except (OSError, ssl.SSLError) as e:
 
 
 def _tls_get(lab, ident: dict, service: str) -> str:
-    r = lab["client"].run(["python3", "-c", TLS_GET, ident["cert"], ident["key"], ident["ca"], NODE_ADDRS[service],
-                           "15006"], timeout=30)
+    r = lab["cp"].run(["python3", "-c", TLS_GET, ident["cert"], ident["key"], ident["ca"], NODE_ADDRS[service],
+                       "9080"], timeout=30)
     return r.stdout
 
 
 @pytest.mark.parametrize("key", ["sidecar", "waypoint"])
-def test_throttle_below_offered_load_paces_to_its_rate(lab, certs, key, tmp_path):
+def test_throttle_below_offered_load_paces_to_its_rate(lab, lab_certs, key, tmp_path):
     topo = Topology(key, "below")
-    dep = topologies.deploy(lab, topo, "details", certs, 100, 10)
+    dep = topologies.deploy(lab, topo, "details", lab_certs, 100, 10)
     try:
         lab.app.reset_pools()
         s = fortio_load(lab, dep.url, 100, 10, True, 3)

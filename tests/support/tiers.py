@@ -13,9 +13,10 @@ TIER_FIXTURES: dict[str, dict[str, tuple[str, ...]]] = {
     "tests.reliability.conftest": dict.fromkeys(("envoy_to", "own_upstream", "dynamic_envoy"), ENVOY_TIERS),
     "tests.k8s.conftest": dict.fromkeys(("tools", "configured", "rendered", "schemas", "registry", "pushed",
                                            "engine_clusters"), ("k8s",)),
-    "tests.meshlab.conftest": {"lab": ("lab",), "runtimes_ok": ("lab",)},
+    "tests.meshlab.conftest": {"lab": ("lab",), "runtimes_ok": ("lab",), "lab_certs": ("lab",)},
+    "tests.istio_e2e.conftest": dict.fromkeys(("mesh", "sidecar", "cluster", "waypoint", "figures"), ("istio",)),
 }
-TIERS = ("integration", "reliability", "k8s", "lab", "perf")
+TIERS = ("integration", "reliability", "k8s", "lab", "istio", "perf")
 
 
 def _needed_tiers(item: pytest.Item, fixture: str) -> tuple[str, ...]:

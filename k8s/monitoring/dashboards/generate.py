@@ -4,9 +4,10 @@
     .venv/bin/python k8s/monitoring/dashboards/generate.py --check  # exit 1 if they are stale
 
 Two dashboards, provisioned into Grafana by the `grafana-dashboards` ConfigMap:
-- throttle.json: the throttle's decisions per rule, held requests, wait-time quantiles,
-  cluster scope (calls to the engine per proxy, fallback, grid slots, the rate of all proxies),
-  and adaptive rules (the learned rate per proxy vs passed and offered, what moved it);
+- throttle.json: the throttle's decisions per rule, held requests, wait-time quantiles, priority
+  classes (passed, share of the releases, rejected and displaced, wait per class), cluster scope
+  (calls to the engine per proxy, fallback, grid slots, the rate of all proxies), and adaptive
+  rules (the learned rate per proxy vs passed and offered, what moved it);
 - mesh.json: request rate and p50/p90/p99 per workload from Istio's standard metrics.
 
 Every query uses only the template variables defined here; tests/k8s/test_k8s_dashboards.py
@@ -105,6 +106,41 @@ def cluster_scope_panels(d: db.Dashboard) -> db.Dashboard:
     return d
 
 
+CLASS_SEL = f'{THROTTLE_SEL}, throttle_class=~"$class"'
+BY_CLASS = "throttle_rule, throttle_class"
+CLASS_LEGEND = "{{throttle_rule}} {{throttle_class}}"
+
+
+def class_rate(stat: str, sel: str = CLASS_SEL) -> str:
+    return f"sum by ({BY_CLASS}) (rate(throttle_class_{stat}{{{sel}}}[{RATE}]))"
+
+
+def class_panels(d: db.Dashboard) -> db.Dashboard:
+    """The row of rules with priority classes (filters/throttle/README.md "Priority classes"):
+    no series for rules without them."""
+    d = d.with_row(db.Row("Priority classes (rules with classes)"))
+    passed = f"{class_rate('admitted')} + {class_rate('released')}"
+    all_classes = f"{class_rate('admitted', THROTTLE_SEL)} + {class_rate('released', THROTTLE_SEL)}"
+    d = d.with_panel(panel("Passed per class /s", "reqps", [(passed, CLASS_LEGEND)],
+                           "Requests of each class that went to the upstream (admitted at once + released): "
+                           "together, the rule's rate.", w=6))
+    d = d.with_panel(panel("Share of the releases per class", "percentunit", [(
+        f"({passed}) / ignoring(throttle_class) group_left sum by (throttle_rule) ({all_classes})", CLASS_LEGEND)],
+        "Each class's part of what the rule passed. While a class with min_share has requests waiting, its "
+        "part stays at or above its min_share, whatever the classes above it offer.", w=6))
+    d = d.with_panel(panel("Displaced and rejected per class /s", "reqps", [
+        (class_rate("rejected"), "{{throttle_rule}} {{throttle_class}} rejected"),
+        (class_rate("displaced"), "{{throttle_rule}} {{throttle_class}} displaced"),
+    ], "Rejected: answered at once (estimated turn beyond the class's max_queue_delay, ...). Displaced: held, "
+       "then pushed past the class's max_queue_delay by higher classes and answered then.", w=6))
+    d = d.with_panel(panel("Wait per class (p50, p99)", "ms", [
+        (f"histogram_quantile({q}, sum by ({BY_CLASS}, le) (rate(throttle_class_wait_ms_bucket{{{CLASS_SEL}}}"
+         f"[{RATE}])))", f"{{{{throttle_rule}}}} {{{{throttle_class}}}} p{int(q * 100)}")
+        for q in (0.5, 0.99)
+    ], "How long released requests of each class were held (histogram throttle_class_wait_ms).", w=6))
+    return d
+
+
 def adaptive_panels(d: db.Dashboard) -> db.Dashboard:
     """The row of rules with `adaptive` (filters/throttle/README.md "Adaptive pacing"): one learned
     rate per rule per Envoy process; its stats stay 0 for other rules."""
@@ -138,6 +174,7 @@ def throttle_dashboard() -> db.Dashboard:
          .with_variable(datasource_var())
          .with_variable(query_var("namespace", "Namespace", "label_values(throttle_admitted, namespace)"))
          .with_variable(query_var("rule", "Rule", "label_values(throttle_admitted, throttle_rule)"))
+         .with_variable(query_var("class", "Class", "label_values(throttle_class_queued, throttle_class)"))
          .with_variable(textbox_var("configured_rate", "Configured rate (/s)", "2000",
                                     "The rate of the cluster rule shown (its `rate`, per second), drawn as a "
                                     "line in \"Rate of all proxies vs configured\".")))
@@ -167,7 +204,7 @@ def throttle_dashboard() -> db.Dashboard:
         f"sum by (throttle_rule) (rate(throttle_wait_ms_sum{{{THROTTLE_SEL}}}[{RATE}])) / "
         f"sum by (throttle_rule) (rate(throttle_wait_ms_count{{{THROTTLE_SEL}}}[{RATE}]))", "{{throttle_rule}}")],
         "Mean hold time of released requests.", w=12))
-    return adaptive_panels(cluster_scope_panels(d))
+    return adaptive_panels(cluster_scope_panels(class_panels(d)))
 
 
 MESH_SEL = ('reporter=~"$reporter", destination_workload_namespace=~"$namespace", '

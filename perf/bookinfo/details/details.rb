@@ -6,7 +6,8 @@
 #
 # DETAILS_TCP_NODELAY=1 (default) sets TCP_NODELAY on accepted sockets, as Bookinfo's details
 # does since Istio 1.23; 0 keeps WEBrick's default (Nagle on: the header and body writes of a
-# response can wait for the client's delayed ACK).
+# response can wait for the client's delayed ACK). BOOKINFO_ARRIVALS=<file>: each counted request
+# appends its arrival time (seconds since the epoch) to that file, one per line.
 require 'webrick'
 require 'json'
 require 'socket'
@@ -17,12 +18,16 @@ nodelay = ENV.fetch('DETAILS_TCP_NODELAY', '1') != '0'
 # Requests served, and how many came from loopback (i.e. through a local proxy): the lab's hop check.
 $lock = Mutex.new
 $counts = { 'requests' => 0, 'from_loopback' => 0 }
+$arrivals = ENV['BOOKINFO_ARRIVALS'] ? File.open(ENV['BOOKINFO_ARRIVALS'], 'a') : nil
+$arrivals.sync = true if $arrivals
 
 def count(req)
+  now = Time.now.to_f
   loopback = req.peeraddr && req.peeraddr[3].to_s.start_with?('127.')
   $lock.synchronize do
     $counts['requests'] += 1
     $counts['from_loopback'] += 1 if loopback
+    $arrivals.write(format("%.6f\n", now)) if $arrivals
   end
 end
 

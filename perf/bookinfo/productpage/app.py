@@ -13,7 +13,8 @@ Routes: /productpage (HTML), /api/v1/products, /api/v1/products/<id>,
 target), /health, /internal/requests (request counters for the lab's hop check), /internal/reset (drops
 the pooled connections: the lab calls it when it changes the traffic capture).
 Downstream addresses: DETAILS_HOSTNAME/DETAILS_SERVICE_PORT, REVIEWS_HOSTNAME/REVIEWS_SERVICE_PORT,
-RATINGS_HOSTNAME/RATINGS_SERVICE_PORT (default <name>:9080).
+RATINGS_HOSTNAME/RATINGS_SERVICE_PORT (default <name>:9080). With BOOKINFO_ARRIVALS=<file>, each
+counted request appends its arrival time (seconds since the epoch) to that file, one per line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -76,12 +78,18 @@ class Counters:
         self.lock = threading.Lock()
         self.requests = 0
         self.from_loopback = 0
+        path = os.environ.get("BOOKINFO_ARRIVALS")
+        # Line-buffered, open for the life of the process.
+        self.arrivals = open(path, "a", buffering=1) if path else None  # noqa: SIM115
 
     def count(self, environ: Environ) -> None:
+        now = time.time()
         loopback = str(environ.get("REMOTE_ADDR", "")).startswith("127.")
         with self.lock:
             self.requests += 1
             self.from_loopback += loopback
+            if self.arrivals is not None:
+                self.arrivals.write(f"{now:.6f}\n")
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:

@@ -3,12 +3,16 @@
 // see perf/bookinfo/README.md for what is and is not reproduced.
 //
 //   node ratings.js [port]     GET /ratings/<id>, GET /health, GET /internal/requests
+// BOOKINFO_ARRIVALS=<file>: each counted request appends its arrival time (seconds since the
+// epoch) to that file, one per line.
 'use strict';
+const fs = require('fs');
 const http = require('http');
 
 const port = Number(process.argv[2] || process.env.PORT || 9080);
 // Requests served, and how many came from loopback (through a local proxy): the lab's hop check.
 const counts = { requests: 0, from_loopback: 0 };
+const arrivals = process.env.BOOKINFO_ARRIVALS ? fs.openSync(process.env.BOOKINFO_ARRIVALS, 'a') : null;
 
 function reply(res, status, body) {
   const data = JSON.stringify(body);
@@ -21,6 +25,7 @@ const server = http.createServer((req, res) => {
   if (path === '/health') return reply(res, 200, { status: 'Ratings is healthy' });
   if (path === '/internal/requests') return reply(res, 200, counts);
   counts.requests += 1;
+  if (arrivals !== null) fs.writeSync(arrivals, (Date.now() / 1000).toFixed(6) + '\n');
   const peer = req.socket.remoteAddress || '';
   if (peer.startsWith('127.') || peer.startsWith('::ffff:127.')) counts.from_loopback += 1;
   const m = /^\/ratings\/([^/]+)$/.exec(path);

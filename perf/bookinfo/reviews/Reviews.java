@@ -6,12 +6,15 @@
 //   java -cp build/bookinfo/reviews Reviews [port]    GET /reviews/<id>, GET /health, GET /internal/{requests,reset}
 //   RATINGS_HOSTNAME / RATINGS_SERVICE_PORT   where ratings is (default ratings:9080)
 //   ENABLE_RATINGS (default true), STAR_COLOR (default black), REVIEWS_THREADS (default 32)
+//   BOOKINFO_ARRIVALS=<file>: each counted request appends its arrival time (seconds since the
+//   epoch) to that file, one per line
 import com.sun.net.httpserver.HttpExchange;
 import com.sun.net.httpserver.HttpServer;
 
 import java.io.BufferedInputStream;
 import java.io.ByteArrayOutputStream;
 import java.io.EOFException;
+import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.OutputStream;
@@ -29,6 +32,7 @@ public final class Reviews {
     private static final Pattern STARS = Pattern.compile("\"(Reviewer[12])\"\\s*:\\s*([0-9]+)");
     private static final AtomicLong REQUESTS = new AtomicLong();
     private static final AtomicLong FROM_LOOPBACK = new AtomicLong();
+    private static final OutputStream ARRIVALS = openArrivals();
 
     private static final String TEXT1 = "An extremely entertaining play by Shakespeare. The slapstick humour is refreshing!";
     private static final String TEXT2 = "Absolutely fun and entertaining. The play lacks thematic depth when compared to other plays by Shakespeare.";
@@ -51,6 +55,28 @@ public final class Reviews {
      * Returns the body, or null on a non-200 status. */
     private String fetchRatings(String id) throws IOException {
         return pool.get(ratingsPath + id);
+    }
+
+    private static OutputStream openArrivals() {
+        String path = System.getenv("BOOKINFO_ARRIVALS");
+        if (path == null || path.isEmpty()) {
+            return null;
+        }
+        try {
+            return new FileOutputStream(path, true);
+        } catch (IOException e) {
+            throw new IllegalStateException("BOOKINFO_ARRIVALS: " + path + ": " + e.getMessage(), e);
+        }
+    }
+
+    private static void arrived(long nanosSinceEpoch) throws IOException {
+        if (ARRIVALS != null) {
+            byte[] line = String.format("%d.%06d%n", nanosSinceEpoch / 1_000_000_000L,
+                                        (nanosSinceEpoch % 1_000_000_000L) / 1000).getBytes(StandardCharsets.US_ASCII);
+            synchronized (ARRIVALS) {
+                ARRIVALS.write(line);
+            }
+        }
     }
 
     private static String env(String name, String dflt) {
@@ -134,7 +160,9 @@ public final class Reviews {
             send(ex, 200, "{\"requests\":" + REQUESTS.get() + ",\"from_loopback\":" + FROM_LOOPBACK.get() + "}");
             return;
         }
+        java.time.Instant now = java.time.Instant.now();
         REQUESTS.incrementAndGet();
+        arrived(now.getEpochSecond() * 1_000_000_000L + now.getNano());
         if (ex.getRemoteAddress().getAddress().isLoopbackAddress()) {
             FROM_LOOPBACK.incrementAndGet();
         }

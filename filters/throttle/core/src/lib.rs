@@ -35,6 +35,7 @@
 )]
 
 pub mod adaptive;
+pub mod classes;
 pub mod clock;
 pub mod cluster;
 pub mod config;

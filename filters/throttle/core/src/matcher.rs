@@ -94,6 +94,8 @@ pub struct Match {
     /// Lower-case header names.
     pub headers: Vec<(String, HeaderMatch)>,
     pub authority: Option<AuthorityMatch>,
+    /// The caller's mTLS identity, exactly.
+    pub principal: Option<String>,
 }
 
 impl Match {
@@ -104,6 +106,7 @@ impl Match {
             && self.methods.is_empty()
             && self.headers.is_empty()
             && self.authority.is_none()
+            && self.principal.is_none()
     }
 
     /// Whether `req` fits every condition.
@@ -145,6 +148,11 @@ impl Match {
                 return false;
             };
             if host != want.host || (want.port.is_some() && port != want.port) {
+                return false;
+            }
+        }
+        if let Some(want) = &self.principal {
+            if req.raw().principal().as_deref() != Some(want.as_str()) {
                 return false;
             }
         }
@@ -376,6 +384,24 @@ mod tests {
         let mut r = req("/web", "GET", "h", &[]);
         assert!(!m.matches(&mut r));
         assert_eq!(r.raw().lookups, 1);
+    }
+
+    #[test]
+    fn the_principal_matches_exactly() {
+        let m = Match {
+            principal: Some("spiffe://cluster.local/ns/shop/sa/checkout".into()),
+            ..Default::default()
+        };
+        let with = |p: Option<&str>| {
+            let mut r = req("/", "GET", "h", &[]);
+            r.raw().principal = p.map(str::to_string);
+            m.matches(&mut r)
+        };
+        assert!(with(Some("spiffe://cluster.local/ns/shop/sa/checkout")));
+        assert!(!with(Some("spiffe://cluster.local/ns/shop/sa/checkout2")));
+        assert!(!with(Some("spiffe://cluster.local/ns/shop/sa")));
+        assert!(!with(None), "no identity (plain text) never matches");
+        assert!(!m.is_empty());
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub struct Held {
     pub held_at: u64,
     /// When it is due (monotonic ns).
     pub release_at: u64,
+    /// Cluster scope: held on the fallback schedule while the engine failed
+    /// (at its turn, if the grid is back, it waits for grants instead).
+    pub fallback: bool,
 }
 
 /// Held requests of one worker.
@@ -55,6 +58,23 @@ impl HeldQueue {
     /// Holds a request until `release_at`. Holding a context id that is
     /// already held replaces its entry.
     pub fn hold(&mut self, context_id: u32, rule: usize, held_at: u64, release_at: u64) {
+        self.insert(context_id, rule, held_at, release_at, false);
+    }
+
+    /// Holds a request of a cluster rule until its turn on the fallback
+    /// schedule ([`Held::fallback`]).
+    pub fn hold_fallback(&mut self, context_id: u32, rule: usize, held_at: u64, release_at: u64) {
+        self.insert(context_id, rule, held_at, release_at, true);
+    }
+
+    fn insert(
+        &mut self,
+        context_id: u32,
+        rule: usize,
+        held_at: u64,
+        release_at: u64,
+        fallback: bool,
+    ) {
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
         self.heap.push(Reverse((release_at, seq, context_id)));
@@ -67,6 +87,7 @@ impl HeldQueue {
                     rule,
                     held_at,
                     release_at,
+                    fallback,
                 },
             ),
         );
@@ -184,7 +205,8 @@ mod tests {
                 context_id: 7,
                 rule: 0,
                 held_at: 100,
-                release_at: 130
+                release_at: 130,
+                fallback: false,
             }]
         );
         assert!(q.is_empty());

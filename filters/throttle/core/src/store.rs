@@ -63,12 +63,14 @@ pub enum CellId {
     Slot(usize, u32),
     /// A rule's concurrency gate (`[next, done]`).
     Gate(usize),
-    /// Cluster scope: a rule's cursor over its owned grid slots (`[next, end]`).
+    /// Cluster scope: a rule's cursor over its owned grid slots and its count
+    /// of requests waiting for grants ([`crate::cluster::Cursor`]).
     Cursor(usize),
-    /// Cluster scope: a rule's count of requests waiting for grants (`[n, 0]`).
-    Waiting(usize),
     /// Cluster scope: a rule's process schedule while the engine fails (`[0, tat]`).
     Fallback(usize),
+    /// Cluster scope: how far the process went ahead of its grants
+    /// (`[owed, until_ms]`, [`crate::cluster::Ahead`]); read off the fast path only.
+    Ahead(usize),
     /// Cluster scope: which VM of the process calls the engine (`[holder, until]`).
     Caller,
     /// Adaptive rules: which VM of the process learns their rates (`[holder, until]`).
@@ -80,6 +82,9 @@ pub enum CellId {
 pub enum BlobId {
     /// Cluster scope: a rule's grants (mode and owned slot ranges).
     Grants(usize),
+    /// A rule with priority classes: its tickets per class
+    /// ([`crate::classes::Tickets`]).
+    Classes(usize),
     /// Adaptive: what the workers saw of a rule's answers since the learner
     /// last took it (`adaptive::Tally` as little-endian words).
     Tally(usize),
@@ -164,14 +169,23 @@ impl<S: Store> KeyTable for Table<S> {
 
 // ---------------------------------------------------------------- key layout
 
-/// The prefix of every shared-data key of this layout.
-pub const KEY_ROOT: &str = "throttle/v2/";
+/// The prefix of the process-wide keys of this layout (seed, wake queues,
+/// caller lease).
+pub const KEY_ROOT: &str = "throttle/v3/";
+/// The prefix of every rule's keys: `t3/<rule id>/<cell>`, where the rule id
+/// is [`rule_id`] of its name. Short on purpose: the keys a request reads
+/// and writes stay within 22 bytes, which Envoy's `std::string` (libc++)
+/// keeps inline, so a shared-data call allocates no key.
+pub const RULE_ROOT: &str = "t3/";
 /// Shared-data key of the key-hashing seed (16 bytes, process-wide).
-pub const SEED_KEY: &str = "throttle/v2/seed";
+pub const SEED_KEY: &str = "throttle/v3/seed";
 /// Shared-data key of the list of workers' wake queues (little-endian u32 ids).
-pub const WAKE_KEY: &str = "throttle/v2/wake";
+pub const WAKE_KEY: &str = "throttle/v3/wake";
 /// Name prefix of a worker's wake queue (`<prefix><16 hex digits>`).
-pub const WAKE_QUEUE_PREFIX: &str = "throttle/v2/wake/";
+pub const WAKE_QUEUE_PREFIX: &str = "throttle/v3/wake/";
+/// The longest key a request reads or writes whose bytes Envoy's strings keep
+/// inline (libc++: 22 bytes); the layout keeps every rule key within it.
+pub const INLINE_KEY_BYTES: usize = 22;
 
 /// A shared-data key, built on the stack: no allocation per request.
 #[derive(Clone, Copy)]
@@ -181,8 +195,8 @@ pub struct Key {
 }
 
 impl Key {
-    /// Longest key: the root, a 64-byte rule name and the longest suffix fit.
-    pub const CAPACITY: usize = 128;
+    /// Longest key: the caller lease's (`throttle/v3/caller/` and 16 hex digits).
+    pub const CAPACITY: usize = 40;
 
     fn new() -> Key {
         Key {
@@ -211,7 +225,7 @@ impl Key {
         self.push(digits.get(i..)?)
     }
 
-    /// The key as text.
+    /// The key as text (ASCII by construction).
     pub fn as_str(&self) -> &str {
         std::str::from_utf8(self.buf.get(..self.len).unwrap_or_default()).unwrap_or_default()
     }
@@ -223,12 +237,28 @@ impl std::fmt::Debug for Key {
     }
 }
 
-/// `throttle/v2/rule/<name>/<suffix>`.
+/// A rule's id in the key layout: 64 bits of SipHash-1-3 of its name (under
+/// a fixed key: names come from the configuration, not from clients) in 11
+/// characters of base64url. Rules of the same name share their cells across
+/// the plugin configurations of a `vm_id`, as before; two different names
+/// share an id with probability 2^-64 per pair.
+pub fn rule_id(name: &str) -> [u8; 11] {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let h = crate::keys::KeyHasher::new((0x7468_726f_7474_6c65, 0x7275_6c65_2d69_6433))
+        .fingerprint("rule", name.as_bytes());
+    let mut out = [b'A'; 11];
+    for (i, c) in out.iter_mut().enumerate() {
+        let six = (h >> (6 * i)) & 63;
+        *c = ALPHABET.get(six as usize).copied().unwrap_or(b'A');
+    }
+    out
+}
+
+/// `t3/<rule id>/<suffix>`.
 fn rule_key(name: &str, suffix: &str) -> Option<Key> {
     Key::new()
-        .push(KEY_ROOT.as_bytes())?
-        .push(b"rule/")?
-        .push(name.as_bytes())?
+        .push(RULE_ROOT.as_bytes())?
+        .push(&rule_id(name))?
         .push(b"/")?
         .push(suffix.as_bytes())
 }
@@ -241,23 +271,23 @@ impl CellId {
             | CellId::Slot(i, _)
             | CellId::Gate(i)
             | CellId::Cursor(i)
-            | CellId::Waiting(i)
-            | CellId::Fallback(i) => Some(i),
+            | CellId::Fallback(i)
+            | CellId::Ahead(i) => Some(i),
             CellId::Caller | CellId::Learner => None,
         }
     }
 
-    /// The cell's shared-data key: under its rule's name (`rule_name`, see
+    /// The cell's shared-data key: under its rule's id (of `rule_name`, see
     /// [`CellId::rule`]), or under the configuration's hash for the caller
     /// lease. None only if the key would not fit a [`Key`].
     pub fn key(self, rule_name: &str, config_hash: u64) -> Option<Key> {
         match self {
-            CellId::Rate(_) => rule_key(rule_name, "rate"),
-            CellId::Slot(_, n) => rule_key(rule_name, "k/")?.number(n.into(), false),
-            CellId::Gate(_) => rule_key(rule_name, "gate"),
-            CellId::Cursor(_) => rule_key(rule_name, "cursor"),
-            CellId::Waiting(_) => rule_key(rule_name, "waiting"),
-            CellId::Fallback(_) => rule_key(rule_name, "fallback"),
+            CellId::Rate(_) => rule_key(rule_name, "r"),
+            CellId::Slot(_, n) => rule_key(rule_name, "k")?.number(n.into(), false),
+            CellId::Gate(_) => rule_key(rule_name, "g"),
+            CellId::Cursor(_) => rule_key(rule_name, "c"),
+            CellId::Fallback(_) => rule_key(rule_name, "f"),
+            CellId::Ahead(_) => rule_key(rule_name, "a"),
             CellId::Caller => Key::new()
                 .push(KEY_ROOT.as_bytes())?
                 .push(b"caller/")?
@@ -274,15 +304,16 @@ impl BlobId {
     /// The rule the value belongs to.
     pub fn rule(self) -> usize {
         match self {
-            BlobId::Grants(i) | BlobId::Tally(i) => i,
+            BlobId::Grants(i) | BlobId::Classes(i) | BlobId::Tally(i) => i,
         }
     }
 
     /// The value's shared-data key, under its rule's name.
     pub fn key(self, rule_name: &str) -> Option<Key> {
         match self {
-            BlobId::Grants(_) => rule_key(rule_name, "grants"),
-            BlobId::Tally(_) => rule_key(rule_name, "tally"),
+            BlobId::Grants(_) => rule_key(rule_name, "G"),
+            BlobId::Classes(_) => rule_key(rule_name, "C"),
+            BlobId::Tally(_) => rule_key(rule_name, "T"),
         }
     }
 }
@@ -306,20 +337,23 @@ mod tests {
     #[test]
     fn every_key_of_the_layout() {
         let name = "users";
+        let id = std::str::from_utf8(&rule_id(name)).unwrap().to_string();
+        assert_eq!(id, "1D4HXr-Q1oG");
         let cells = [
-            (CellId::Rate(3), "throttle/v2/rule/users/rate"),
-            (CellId::Slot(3, 0), "throttle/v2/rule/users/k/0"),
-            (CellId::Slot(3, 4095), "throttle/v2/rule/users/k/4095"),
+            (CellId::Rate(3), format!("t3/{id}/r")),
+            (CellId::Slot(3, 0), format!("t3/{id}/k0")),
+            (CellId::Slot(3, 4095), format!("t3/{id}/k4095")),
+            (CellId::Slot(3, 999_999), format!("t3/{id}/k999999")),
+            (CellId::Slot(3, u32::MAX), format!("t3/{id}/k4294967295")),
+            (CellId::Gate(3), format!("t3/{id}/g")),
+            (CellId::Cursor(3), format!("t3/{id}/c")),
+            (CellId::Fallback(3), format!("t3/{id}/f")),
+            (CellId::Ahead(3), format!("t3/{id}/a")),
+            (CellId::Caller, "throttle/v3/caller/00000000000000ab".into()),
             (
-                CellId::Slot(3, u32::MAX),
-                "throttle/v2/rule/users/k/4294967295",
+                CellId::Learner,
+                "throttle/v3/learner/00000000000000ab".into(),
             ),
-            (CellId::Gate(3), "throttle/v2/rule/users/gate"),
-            (CellId::Cursor(3), "throttle/v2/rule/users/cursor"),
-            (CellId::Waiting(3), "throttle/v2/rule/users/waiting"),
-            (CellId::Fallback(3), "throttle/v2/rule/users/fallback"),
-            (CellId::Caller, "throttle/v2/caller/00000000000000ab"),
-            (CellId::Learner, "throttle/v2/learner/00000000000000ab"),
         ];
         for (id, want) in cells {
             assert_eq!(id.key(name, 0xab).unwrap().as_str(), want, "{id:?}");
@@ -328,16 +362,21 @@ mod tests {
         }
         assert_eq!(
             CellId::Caller.key("", u64::MAX).unwrap().as_str(),
-            "throttle/v2/caller/ffffffffffffffff"
+            "throttle/v3/caller/ffffffffffffffff"
         );
         assert_eq!(
             BlobId::Grants(3).key(name).unwrap().as_str(),
-            "throttle/v2/rule/users/grants"
+            format!("t3/{id}/G")
         );
         assert_eq!(BlobId::Grants(3).rule(), 3);
         assert_eq!(
+            BlobId::Classes(3).key(name).unwrap().as_str(),
+            format!("t3/{id}/C")
+        );
+        assert_eq!(BlobId::Classes(3).rule(), 3);
+        assert_eq!(
             BlobId::Tally(3).key(name).unwrap().as_str(),
-            "throttle/v2/rule/users/tally"
+            format!("t3/{id}/T")
         );
         assert_eq!(BlobId::Tally(3).rule(), 3);
         for k in [SEED_KEY, WAKE_KEY, WAKE_QUEUE_PREFIX] {
@@ -346,12 +385,36 @@ mod tests {
     }
 
     #[test]
-    fn the_longest_rule_name_fits_every_key() {
-        let name = "n".repeat(64);
-        let longest = CellId::Slot(0, u32::MAX).key(&name, 0).unwrap();
-        assert_eq!(longest.as_str().len(), 17 + 64 + 3 + 10);
-        assert!(CellId::Fallback(0).key(&name, 0).is_some());
-        // Too long for a key: None, never a truncated key.
-        assert!(CellId::Rate(0).key(&"n".repeat(120), 0).is_none());
+    fn every_key_a_request_touches_stays_inline_in_envoys_strings() {
+        // key_slots is at most 1,000,000: slots up to 999,999.
+        for name in ["a", &"n".repeat(64)] {
+            for id in [
+                CellId::Rate(0),
+                CellId::Slot(0, 999_999),
+                CellId::Gate(0),
+                CellId::Cursor(0),
+                CellId::Fallback(0),
+                CellId::Ahead(0),
+            ] {
+                let k = id.key(name, 0).unwrap();
+                assert!(k.as_str().len() <= INLINE_KEY_BYTES, "{k:?}");
+            }
+            for id in [BlobId::Grants(0), BlobId::Classes(0)] {
+                assert!(id.key(name).unwrap().as_str().len() <= INLINE_KEY_BYTES);
+            }
+        }
+    }
+
+    #[test]
+    fn rule_ids_differ_by_name_and_are_stable() {
+        let names = [
+            "users", "user", "users ", "a", "b", "default", "api-v1", "api-v2",
+        ];
+        let ids: std::collections::BTreeSet<[u8; 11]> = names.iter().map(|n| rule_id(n)).collect();
+        assert_eq!(ids.len(), names.len());
+        assert_eq!(rule_id("users"), rule_id("users"));
+        assert!(rule_id("users")
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_'));
     }
 }

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::adaptive::learner::interval_in;
 use crate::adaptive::{Mode, Tally};
+use crate::classes::ClassWaiters;
 use crate::clock::Clock;
 use crate::clock::NS_PER_MS;
 use crate::cluster;
@@ -20,8 +21,8 @@ use crate::gate::{self, Enter, GateWaiters, Waiter};
 use crate::queue::{Held, HeldQueue};
 use crate::reply::{rejection, Reply};
 use crate::stats::{Counts, Stat};
-use crate::store::{CellId, Store};
-use crate::stream::{retry_grants, Outcome};
+use crate::store::{BlobId, CellId, Store};
+use crate::stream::{retry_grants, Outcome, Wait};
 
 /// Requests of cluster rules waiting for grants from the engine, by rule and
 /// deadline. A rule's deadlines grow with its waiters' age (one
@@ -123,6 +124,10 @@ pub struct Worker {
     /// Adaptive rules: the interval this worker last saw each rule pace at
     /// while holding its requests (0: none seen).
     pub paced: Vec<u64>,
+    /// Requests waiting in the class queues of rules with priority classes.
+    pub classes: ClassWaiters,
+    /// Class requests being resumed: context id -> class (its counters).
+    pub releasing: HashMap<u32, usize>,
 }
 
 /// What a tick does to one request.
@@ -147,11 +152,11 @@ pub struct TickPlan {
 }
 
 impl TickPlan {
-    fn count(&mut self, rule: usize, stat: Stat, delta: i32) {
+    pub(crate) fn count(&mut self, rule: usize, stat: Stat, delta: i32) {
         self.merge(rule, &Counts::of(&[(stat, delta)]));
     }
 
-    fn merge(&mut self, rule: usize, counts: &Counts) {
+    pub(crate) fn merge(&mut self, rule: usize, counts: &Counts) {
         if counts.is_empty() {
             return;
         }
@@ -169,17 +174,23 @@ impl Worker {
 
     /// Requests held now, by rate, by gate or waiting for grants.
     pub fn held(&self) -> usize {
-        self.queue.len() + self.gate.len() + self.grants.len()
+        self.queue.len() + self.gate.len() + self.grants.len() + self.classes.len()
     }
 
     /// Whether `id` is held now.
     pub fn holds(&self, id: u32) -> bool {
-        self.queue.contains(id) || self.gate.contains(id) || self.grants.contains(id)
+        self.queue.contains(id)
+            || self.gate.contains(id)
+            || self.grants.contains(id)
+            || self.classes.contains(id)
     }
 
     /// Whether anything needs the tick.
     pub fn needs_ticks(&self) -> bool {
-        !self.queue.is_empty() || self.gate.needs_ticks() || !self.grants.is_empty()
+        !self.queue.is_empty()
+            || self.gate.needs_ticks()
+            || !self.grants.is_empty()
+            || self.classes.needs_ticks()
     }
 
     /// Stops holding `id` (its stream ended, or Envoy answered it): removes it
@@ -191,14 +202,16 @@ impl Worker {
         let from_gate = self.gate.cancel(id).is_some();
         let from_grants = match self.grants.cancel(id) {
             Some(rule) => {
-                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(rule)), -1);
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(rule)), -1);
                 true
             }
             None => false,
         };
+        let from_classes = self.leave_class(store, id);
+        self.releasing.remove(&id);
         self.grpc.remove(&id);
         self.learning_held.remove(&id);
-        from_queue || from_gate || from_grants
+        from_queue || from_gate || from_grants || from_classes
     }
 
     /// Adaptive rule `rule`'s tally of this worker.
@@ -296,10 +309,13 @@ impl Worker {
         if !self.queue.is_empty() {
             self.follow_learned_rates(cfg, store, now);
         }
-        self.rate_releases(cfg, store, now, &mut plan);
+        let back_on_grid = self.rate_releases(cfg, store, now, &mut plan);
+        self.class_turns(cfg, store, clock, &mut plan);
         if !self.grants.is_empty() {
             self.grant_retries(cfg, store, clock, &mut plan);
         }
+        // From the next tick on, with the others.
+        self.wait_for_grants(back_on_grid);
         self.gate_turns(cfg, store, now, &mut plan);
         plan
     }
@@ -332,7 +348,7 @@ impl Worker {
             };
             if now >= deadline {
                 self.grants.cancel(id);
-                let _ = cluster::add_waiting(&mut store.cell(CellId::Waiting(index)), -1);
+                let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), -1);
                 plan.actions.push(self.reject(cfg, id, index));
                 continue;
             }
@@ -340,14 +356,15 @@ impl Worker {
             let mut counts = Counts::NONE;
             let outcome = retry_grants(store, index, rule, now, wall, waited_ns, &mut counts);
             plan.merge(index, &counts);
-            let release_at = match outcome {
+            let (release_at, fallback) = match outcome {
+                Outcome::Wait(Wait::Fallback { until, .. }) => (Some(until), true),
                 Outcome::Wait(_) => {
                     from = index + 1;
                     continue;
                 }
-                Outcome::Go => Some(now),
-                Outcome::Hold { until } => Some(until),
-                Outcome::Reject { .. } | Outcome::Contention => None,
+                Outcome::Go => (Some(now), false),
+                Outcome::Hold { until } => (Some(until), false),
+                Outcome::Reject { .. } | Outcome::Contention => (None, false),
             };
             self.grants.cancel(id);
             match release_at {
@@ -356,6 +373,7 @@ impl Worker {
                     rule: index,
                     waited_ns,
                 }),
+                Some(t) if fallback => self.queue.hold_fallback(id, index, since, t),
                 Some(t) => self.queue.hold(id, index, since, t),
                 None => plan.actions.push(self.reject(cfg, id, index)),
             }
@@ -368,8 +386,15 @@ impl Worker {
     /// does), leaving the retries and the gate to the regular tick.
     pub fn plan_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64) -> TickPlan {
         let mut plan = TickPlan::default();
-        self.rate_releases(cfg, store, now, &mut plan);
+        let back_on_grid = self.rate_releases(cfg, store, now, &mut plan);
+        self.wait_for_grants(back_on_grid);
         plan
+    }
+
+    fn wait_for_grants(&mut self, waiters: Vec<GrantWaiter>) {
+        for w in waiters {
+            self.grants.wait(w.id, w.rule, w.since, w.deadline);
+        }
     }
 
     /// Only the gate part of a tick: waiters whose turn came (a slot was
@@ -380,7 +405,7 @@ impl Worker {
         plan
     }
 
-    fn reject(&self, cfg: &Config, id: u32, rule: usize) -> TickAction {
+    pub(crate) fn reject(&self, cfg: &Config, id: u32, rule: usize) -> TickAction {
         let status = cfg.rules.get(rule).map_or(429, |r| r.reject_status);
         TickAction::Reply {
             id,
@@ -389,7 +414,17 @@ impl Worker {
         }
     }
 
-    fn rate_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64, plan: &mut TickPlan) {
+    /// Resumes the requests whose turn came; returns those held on a
+    /// fallback schedule whose rule is back on the grid: they wait for
+    /// grants (counted as waiting already).
+    fn rate_releases<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        now: u64,
+        plan: &mut TickPlan,
+    ) -> Vec<GrantWaiter> {
+        let mut back_on_grid = Vec::new();
         let mut due: Vec<Held> = Vec::new();
         self.queue.pop_due(now, &mut due);
         for r in due {
@@ -397,29 +432,67 @@ impl Worker {
             let Some(rule) = cfg.rules.get(index) else {
                 continue;
             };
-            let resume = TickAction::Resume {
-                id,
-                rule: index,
-                waited_ns: now.saturating_sub(r.held_at),
-            };
-            let Some(limit) = rule.concurrency else {
-                plan.actions.push(resume);
-                continue;
-            };
-            match gate::enter(&mut store.cell(CellId::Gate(index)), limit, true) {
-                Enter::Go => {
-                    self.in_flight.insert(id, index);
-                    plan.count(index, Stat::InFlight, 1);
-                    plan.actions.push(resume);
-                }
-                Enter::Wait { ticket } => {
-                    let deadline = r.held_at.saturating_add(rule.max_delay_ns);
-                    self.gate.wait(id, index, ticket, r.held_at, deadline);
-                }
-                Enter::Full | Enter::Contention => {
+            if r.fallback && cluster::on_grid(&mut store.blob(BlobId::Grants(index))) {
+                // Its turn was given on the fallback schedule, and the grid
+                // is back: going now would add to the whole grid. It waits
+                // for grants (first among them: it waited longest), within
+                // what is left of its max_queue_delay.
+                let deadline = r.held_at.saturating_add(rule.max_delay_ns);
+                if cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), 1).is_ok() {
+                    back_on_grid.push(GrantWaiter {
+                        id,
+                        rule: index,
+                        since: r.held_at,
+                        deadline,
+                    });
+                } else {
                     plan.count(index, Stat::Contention, 1);
                     plan.actions.push(self.reject(cfg, id, index));
                 }
+                continue;
+            }
+            self.release(cfg, store, id, index, r.held_at, now, plan);
+        }
+        back_on_grid
+    }
+
+    /// A held request's turn came: resumed, or sent on to its rule's gate.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn release<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        id: u32,
+        index: usize,
+        held_at: u64,
+        now: u64,
+        plan: &mut TickPlan,
+    ) {
+        let Some(rule) = cfg.rules.get(index) else {
+            return;
+        };
+        let resume = TickAction::Resume {
+            id,
+            rule: index,
+            waited_ns: now.saturating_sub(held_at),
+        };
+        let Some(limit) = rule.concurrency else {
+            plan.actions.push(resume);
+            return;
+        };
+        match gate::enter(&mut store.cell(CellId::Gate(index)), limit, true) {
+            Enter::Go => {
+                self.in_flight.insert(id, index);
+                plan.count(index, Stat::InFlight, 1);
+                plan.actions.push(resume);
+            }
+            Enter::Wait { ticket } => {
+                let deadline = held_at.saturating_add(rule.max_delay_ns);
+                self.gate.wait(id, index, ticket, held_at, deadline);
+            }
+            Enter::Full | Enter::Contention => {
+                plan.count(index, Stat::Contention, 1);
+                plan.actions.push(self.reject(cfg, id, index));
             }
         }
     }
@@ -472,13 +545,21 @@ impl Worker {
         self.grpc.remove(&id);
         let learning = self.learning_held.remove(&id);
         let mut c = Counts::of(&[(Stat::Held, -1)]);
+        let class = self.releasing.remove(&id);
         if ok {
             if let Some(t) = learning.and_then(|rule| self.tally(rule)) {
                 t.sent();
             }
             c.inc(Stat::Released);
-            if let Some(&ms) = self.waited.get(&id) {
+            let waited = self.waited.get(&id).copied();
+            if let Some(ms) = waited {
                 c.record(Stat::WaitMs, ms);
+            }
+            if let Some(k) = class {
+                c.add_class(k, crate::stats::ClassStat::Released, 1);
+                if let Some(ms) = waited {
+                    c.record_class(k, crate::stats::ClassStat::WaitMs, ms);
+                }
             }
         } else {
             c.inc(Stat::Gone);
@@ -494,6 +575,7 @@ impl Worker {
     /// false if the stream was gone.
     pub fn replied(&mut self, id: u32, ok: bool) -> Counts {
         self.grpc.remove(&id);
+        self.releasing.remove(&id);
         Counts::of(&[
             (Stat::Held, -1),
             (if ok { Stat::Rejected } else { Stat::Gone }, 1),

@@ -7,9 +7,13 @@
 //! * no grid slot is ever granted twice, across any number of proxies, even
 //!   when claims straddle the service's hour boundary with clocks within
 //!   `max_clock_skew` of each other and answers later than the timeout;
-//! * grid releases over any window W are at most `R*(W + skew spread) + burst + 2`;
-//! * without engine failures the whole release stream keeps that bound, and a
-//!   saturated cluster gets the rate exactly (within one epoch's slots).
+//! * a slot is used at most `slack` after its time, and before it (at most
+//!   an epoch early) only by one request of a proxy at a time;
+//! * grid releases over any window W are at most `R*(W + skew spread) + burst + 2`
+//!   plus one per proxy (the one that may be ahead);
+//! * without engine failures the whole release stream keeps that bound plus
+//!   what each proxy may release ahead of its grants (`burst + 1`, credit),
+//!   and a saturated cluster gets the rate exactly (within one epoch's slots).
 //!
 //! Bounded (PROPTEST_CASES, default 24 here: each case simulates seconds of
 //! several proxies); `make fuzz-long` style runs may raise it.
@@ -188,14 +192,24 @@ proptest! {
         // Every released grid slot was granted to the proxy that used it, and used once.
         let mut used: Vec<u64> = Vec::new();
         for p in &o.world.proxies {
-            for r in &p.releases {
+            // A slot used before its time (at most an epoch early) keeps the
+            // proxy from going ahead again until that time.
+            let mut ahead_until = 0;
+            let mut releases: Vec<_> = p.releases.iter().collect();
+            releases.sort_by_key(|r| r.at);
+            for r in releases {
                 if let Some(slot) = r.slot {
                     prop_assert!(p.granted.iter().any(|g| g.1.0 <= slot && slot < g.1.1), "slot {} not granted", slot);
                     used.push(slot);
-                    // Never before its time, never later than the slack.
+                    // Never later than the slack; early only one at a time.
                     let local_at = r.at.saturating_add_signed(p.skew_ns);
                     let slot_t = o.reach.grid.slot_time(slot);
-                    prop_assert!(local_at >= slot_t && local_at <= slot_t + o.reach.slack_ns + MS);
+                    prop_assert!(local_at <= slot_t + o.reach.slack_ns + MS);
+                    if local_at < slot_t {
+                        prop_assert!(slot_t - local_at <= o.reach.grid.epoch_ns, "more than an epoch early");
+                        prop_assert!(local_at + MS >= ahead_until, "two ahead at once: {} before {}", local_at, ahead_until);
+                        ahead_until = slot_t;
+                    }
                 }
             }
         }
@@ -206,7 +220,8 @@ proptest! {
         let mut times: Vec<u64> = o.world.proxies.iter().flat_map(|p| p.releases.iter().filter(|r| r.slot.is_some()).map(|r| r.at)).collect();
         times.sort_unstable();
         for w in [100 * MS, S] {
-            prop_assert!(max_in_window(&times, w) <= bound(&c, w), "window {} ms: {} > {}", w / MS, max_in_window(&times, w), bound(&c, w));
+            let worst = max_in_window(&times, w);
+            prop_assert!(worst <= bound(&c, w) + c.proxies.len(), "window {} ms: {} > {} + {}", w / MS, worst, bound(&c, w), c.proxies.len());
         }
         let _ = (o.start, o.end);
     }
@@ -219,9 +234,12 @@ proptest! {
         let o = run(&c);
         let mut times: Vec<u64> = o.world.proxies.iter().flat_map(|p| p.releases.iter().map(|r| r.at)).collect();
         times.sort_unstable();
-        prop_assert!(o.world.proxies.iter().all(|p| p.releases.iter().all(|r| r.slot.is_some())), "no fallback without failures");
+        prop_assert!(o.world.proxies.iter().all(|p| p.releases.iter().all(|r| r.slot.is_some() || r.credit)), "no fallback without failures");
+        // Each proxy may be ahead of its grants by burst + 1 (credit).
+        let credit = c.proxies.len() * (c.burst as usize + 1);
         for w in [100 * MS, S] {
-            prop_assert!(max_in_window(&times, w) <= bound(&c, w), "window {} ms: {} > {}", w / MS, max_in_window(&times, w), bound(&c, w));
+            let worst = max_in_window(&times, w);
+            prop_assert!(worst <= bound(&c, w) + credit, "window {} ms: {} > {} + {}", w / MS, worst, bound(&c, w), credit);
         }
         let offered: u64 = c.proxies.iter().map(|p| p.0).sum();
         let crossing = c.start_before_hour_ms < c.duration_ms;
@@ -376,6 +394,7 @@ fn simulate_calls(c: &Calls) -> Vec<(u64, u64)> {
         let facts = [RuleFacts {
             arrived_total: arrived[p],
             waiting,
+            owed: 0,
         }];
         if let (Some(call), _) = callers[p].tick(now, &facts) {
             seq += 1;

@@ -59,9 +59,12 @@ impl Calls {
 
     fn answer<H: Host>(&mut self, host: H, plugin: &Plugin, answer: Result<(u16, &[u8]), Failure>) {
         let totals = |rule: usize, stat: Stat| plugin.metrics.total(host, rule, stat).unwrap_or(0);
-        let out = self
-            .core
-            .on_answer(plugin.store(host), host.wall_ns(), answer, &totals);
+        let out = self.core.on_answer(
+            plugin.store(host),
+            &mut Once::new(HostClock(host)),
+            answer,
+            &totals,
+        );
         self.carry_out(host, plugin, out);
     }
 

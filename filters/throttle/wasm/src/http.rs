@@ -113,7 +113,18 @@ impl<H: Host> HttpStream<H> {
         }
     }
 
+    /// Whether the response's side has nothing to do (see
+    /// [`Stream::response_is_quiet`]): then its callbacks touch nothing.
+    fn quiet(&self) -> bool {
+        self.plugin.as_deref().is_none_or(|p| {
+            self.stream.rule().is_none() || self.stream.response_is_quiet(&p.config)
+        })
+    }
+
     pub fn on_response_headers(&mut self, end_of_stream: bool) -> Flow {
+        if self.quiet() {
+            return Flow::Continue;
+        }
         let (Some(plugin), Some(rule)) = (self.plugin.clone(), self.stream.rule()) else {
             return Flow::Continue;
         };
@@ -157,6 +168,9 @@ impl<H: Host> HttpStream<H> {
 
     /// The response's last body chunk or its trailers: the slot goes back.
     pub fn on_response_end(&mut self) -> Flow {
+        if self.quiet() {
+            return Flow::Continue;
+        }
         let (Some(plugin), Some(rule)) = (self.plugin.clone(), self.stream.rule()) else {
             return Flow::Continue;
         };
@@ -176,6 +190,9 @@ impl<H: Host> HttpStream<H> {
 
     /// The stream ended, for any reason.
     pub fn on_done(&mut self) {
+        if self.quiet() {
+            return;
+        }
         let (Some(plugin), Some(rule)) = (self.plugin.clone(), self.stream.rule()) else {
             return;
         };

@@ -1,6 +1,7 @@
 //! The one route by which a statistic reaches Envoy. [`Metrics`] owns the
 //! metric ids of a configuration's rules (`throttle.rule.<rule>.<stat>`,
-//! defined from the core's table) and takes every change the core returns
+//! defined from the core's table, and per priority class
+//! `throttle.rule.<rule>.class.<class>.<stat>`) and takes every change the core returns
 //! as data ([`Metrics::count`]): counter and gauge deltas wait in a buffer
 //! and are handed over at the worker's next tick ([`Metrics::flush`]: every
 //! ~4 ms while requests are held, else every `FLUSH_MS` (`worker.rs`)
@@ -14,7 +15,7 @@
 
 use std::cell::{Cell, RefCell};
 
-use throttle_core::stats::{self, Counts, Kind, Stat};
+use throttle_core::stats::{self, ClassStat, Counts, Kind, Stat};
 use throttle_core::Config;
 
 use crate::host::Host;
@@ -24,6 +25,8 @@ pub struct Metrics {
     /// Metric ids by rule, then by [`Stat`] (None where the host refused
     /// the definition).
     ids: Vec<[Option<u32>; stats::COUNT]>,
+    /// Per rule, per class, metric ids by [`ClassStat`].
+    class_ids: Vec<Vec<[Option<u32>; stats::CLASS_COUNT]>>,
     /// Deltas by rule, not yet handed to the host.
     pending: RefCell<Vec<Counts>>,
     /// Whether anything was counted since the last flush.
@@ -42,8 +45,25 @@ impl Metrics {
                 })
             })
             .collect();
+        let class_ids = config
+            .rules
+            .iter()
+            .map(|r| {
+                r.classes
+                    .iter()
+                    .map(|c| {
+                        ClassStat::ALL.map(|s| {
+                            let name =
+                                format!("throttle.rule.{}.class.{}.{}", r.name, c.name, s.name());
+                            host.define_metric(s.kind(), &name)
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
         Metrics {
             ids,
+            class_ids,
             pending: RefCell::default(),
             dirty: Cell::new(false),
         }
@@ -52,6 +72,16 @@ impl Metrics {
     /// The id of rule `rule`'s metric `stat`.
     pub fn id(&self, rule: usize, stat: Stat) -> Option<u32> {
         self.ids.get(rule)?.get(stat as usize).copied().flatten()
+    }
+
+    /// The id of class `class`'s metric `stat` in rule `rule`.
+    pub fn class_id(&self, rule: usize, class: usize, stat: ClassStat) -> Option<u32> {
+        self.class_ids
+            .get(rule)?
+            .get(class)?
+            .get(stat as usize)
+            .copied()
+            .flatten()
     }
 
     /// Counts rule `rule`'s changes: deltas wait for the next flush, samples
@@ -63,7 +93,12 @@ impl Metrics {
                 Kind::Counter | Kind::Histogram => self.record(host, rule, stat, value),
             }
         }
-        if counts.iter().next().is_none() {
+        for &(class, stat, value) in counts.class_samples() {
+            if let Some(id) = self.class_id(rule, class, stat) {
+                host.record_metric(id, value);
+            }
+        }
+        if !counts.has_deltas() {
             return false;
         }
         let Ok(mut pending) = self.pending.try_borrow_mut() else {
@@ -75,7 +110,7 @@ impl Metrics {
             pending.resize(rule + 1, Counts::NONE);
         }
         if let Some(p) = pending.get_mut(rule) {
-            p.merge(&counts.deltas());
+            p.merge_deltas(counts);
         }
         self.dirty.set(true);
         true
@@ -115,6 +150,11 @@ impl Metrics {
     fn apply<H: Host>(&self, host: H, rule: usize, counts: &Counts) {
         for (stat, delta) in counts.iter() {
             if let Some(id) = self.id(rule, stat) {
+                host.increment_metric(id, delta.into());
+            }
+        }
+        for (class, stat, delta) in counts.iter_classes() {
+            if let Some(id) = self.class_id(rule, class, stat) {
                 host.increment_metric(id, delta.into());
             }
         }

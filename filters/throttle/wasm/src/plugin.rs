@@ -7,7 +7,7 @@ use throttle_core::Config;
 
 use crate::host::Host;
 use crate::metrics::Metrics;
-use crate::shared::SharedStore;
+use crate::shared::{Keys, SharedStore};
 
 /// A validated configuration with its runtime handles.
 pub struct Plugin {
@@ -16,6 +16,8 @@ pub struct Plugin {
     pub metrics: Metrics,
     /// A hash of the configuration's bytes: names its caller lease.
     pub config_hash: u64,
+    /// Its rule cells' shared-data keys, built once.
+    pub keys: Keys,
 }
 
 impl Plugin {
@@ -23,6 +25,7 @@ impl Plugin {
     pub fn new<H: Host>(host: H, config: Config, seed: (u64, u64), config_hash: u64) -> Self {
         Plugin {
             metrics: Metrics::new(host, &config),
+            keys: Keys::new(&config),
             config,
             hasher: KeyHasher::new(seed),
             config_hash,
@@ -35,6 +38,7 @@ impl Plugin {
             host,
             config: &self.config,
             config_hash: self.config_hash,
+            keys: &self.keys,
         }
     }
 }

@@ -108,7 +108,7 @@ impl<H: Host> Root<H> {
         if self.learners.is_some() {
             self.worker.tick_for_learner(self.host);
         }
-        let summary: Vec<String> = plugin.config.rules.iter().map(|r| r.describe()).collect();
+        let summary = plugin.config.describe();
         self.log(
             Level::Info,
             &format!(
@@ -117,6 +117,9 @@ impl<H: Host> Root<H> {
                 summary.join("; ")
             ),
         );
+        for warning in plugin.config.warnings() {
+            self.log(Level::Warn, &format!("configuration: {warning}"));
+        }
         self.plugin = Some(Rc::new(plugin));
         true
     }

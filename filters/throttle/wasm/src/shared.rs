@@ -27,6 +27,58 @@ fn encode16([a, b]: [u64; 2]) -> [u8; 16] {
     out
 }
 
+/// The shared-data keys of a configuration's rule cells, built once (at
+/// configure) rather than on every request: by rule, the keys of its
+/// [`CellId::Rate`], [`CellId::Gate`], [`CellId::Cursor`],
+/// [`CellId::Fallback`] and [`CellId::Ahead`] cells (the same layout as [`CellId::key`]).
+#[derive(Debug, Default)]
+pub struct Keys {
+    cells: Vec<[String; 5]>,
+}
+
+impl Keys {
+    /// Every rule's keys (a key that does not fit the layout stays empty:
+    /// its cell's decisions fail closed, as [`CellId::key`] says).
+    pub fn new(config: &Config) -> Keys {
+        let cells = config
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                [
+                    CellId::Rate(i),
+                    CellId::Gate(i),
+                    CellId::Cursor(i),
+                    CellId::Fallback(i),
+                    CellId::Ahead(i),
+                ]
+                .map(|id| {
+                    id.key(&r.name, 0)
+                        .map(|k| k.as_str().to_string())
+                        .unwrap_or_default()
+                })
+            })
+            .collect();
+        Keys { cells }
+    }
+
+    /// The cached key of a rule cell (None for a slot or the caller lease).
+    fn cached(&self, id: CellId) -> Option<&str> {
+        let (rule, which) = match id {
+            CellId::Rate(i) => (i, 0),
+            CellId::Gate(i) => (i, 1),
+            CellId::Cursor(i) => (i, 2),
+            CellId::Fallback(i) => (i, 3),
+            CellId::Ahead(i) => (i, 4),
+            CellId::Slot(..) | CellId::Caller | CellId::Learner => return None,
+        };
+        self.cells
+            .get(rule)
+            .and_then(|k| k.get(which))
+            .map(String::as_str)
+    }
+}
+
 /// The cells of one plugin configuration in the host's shared data.
 #[derive(Clone, Copy)]
 pub struct SharedStore<'c, H> {
@@ -34,6 +86,8 @@ pub struct SharedStore<'c, H> {
     pub config: &'c Config,
     /// Names the configuration's caller lease.
     pub config_hash: u64,
+    /// The rule cells' keys, built once.
+    pub keys: &'c Keys,
 }
 
 /// A key the layout could not give (no such rule, or too long): the
@@ -55,6 +109,19 @@ impl<H: Host> SharedStore<'_, H> {
             None => "",
         };
         id.key(name, self.config_hash).ok_or(NO_KEY)
+    }
+
+    /// `f` of the cell's key: the cached one, else built.
+    fn with_cell_key<T>(
+        &self,
+        id: CellId,
+        f: impl FnOnce(&str) -> Result<T, u32>,
+    ) -> Result<T, StoreError> {
+        match self.keys.cached(id) {
+            Some("") => Err(NO_KEY),
+            Some(key) => f(key).map_err(StoreError),
+            None => f(self.cell_key(id)?.as_str()).map_err(StoreError),
+        }
     }
 
     fn blob_key(&self, id: BlobId) -> Result<Key, StoreError> {
@@ -86,16 +153,13 @@ impl<H: Host> SharedStore<'_, H> {
 
 impl<H: Host> Store for SharedStore<'_, H> {
     fn load(&self, id: CellId) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-        let key = self.cell_key(id)?;
-        let (value, cas) = self.host.shared_get(key.as_str()).map_err(StoreError)?;
+        let (value, cas) = self.with_cell_key(id, |key| self.host.shared_get(key))?;
         Ok((value.as_deref().and_then(decode16), cas))
     }
 
     fn store(&self, id: CellId, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
-        let key = self.cell_key(id)?;
-        self.host
-            .shared_set(key.as_str(), &encode16(value), token)
-            .map_err(StoreError)
+        let bytes = encode16(value);
+        self.with_cell_key(id, |key| self.host.shared_set(key, &bytes, token))
     }
 
     fn load_blob(&self, id: BlobId) -> Result<(Option<Vec<u8>>, u32), StoreError> {

@@ -19,6 +19,7 @@ const MS: u64 = NS_PER_MS;
 /// One worker (a root context and its streams) on a fake host.
 struct Worker {
     host: Fake,
+    root_id: u32,
     root: Root<Fake>,
     streams: HashMap<u32, HttpStream<Fake>>,
 }
@@ -34,6 +35,7 @@ impl Worker {
         );
         Worker {
             host,
+            root_id,
             root,
             streams: HashMap::new(),
         }
@@ -84,7 +86,7 @@ impl Worker {
     }
 
     fn tick(&mut self) {
-        self.host.state().current = 1;
+        self.host.state().current = self.root_id;
         self.root.on_tick();
     }
 }
@@ -637,9 +639,20 @@ fn a_cluster_rule_waits_for_its_first_grants_then_takes_its_slots() {
         20,
         "a VM with cluster rules ticks to call the engine"
     );
-    // No grants yet: the first request waits for them.
+    // No grants yet: the first request goes at once on credit (burst 0: one
+    // at a time); the next waits for grants.
+    assert_eq!(w.request(9, &[]), Flow::Continue);
     assert_eq!(w.request(10, &[]), Flow::Pause);
-    assert_eq!(w.stats("c"), s(&[("queued", 1), ("held", 1)]));
+    assert_eq!(
+        w.stats("c"),
+        s(&[
+            ("admitted", 1),
+            ("queued", 1),
+            ("held", 1),
+            ("slots_taken", 1),
+            ("slots_ahead", 1)
+        ])
+    );
     w.run(0, 400, Some(&mut engine));
     assert_eq!(
         host.state().resumed,
@@ -656,8 +669,8 @@ fn a_cluster_rule_waits_for_its_first_grants_then_takes_its_slots() {
     assert!(calls.len() <= 5, "{} calls in 400 ms", calls.len());
     assert_eq!(w.metric("c", "engine_calls"), calls.len() as i64);
     assert_eq!(w.metric("c", "engine_failures"), 0);
-    assert!(w.metric("c", "slots_granted") >= 1);
-    assert_eq!(w.metric("c", "slots_taken"), 1);
+    assert!(w.metric("c", "slots_granted") >= 2);
+    assert_eq!(w.metric("c", "slots_taken"), 2);
     assert_eq!(w.metric("c", "held"), 0);
     // With demand seen, the proxy claims ahead: the next request takes a slot
     // (at once or held until it) and needs no grant first.
@@ -670,14 +683,16 @@ fn a_cluster_rule_waits_for_its_first_grants_then_takes_its_slots() {
         "{flow:?} {resumed:?}"
     );
     assert!(reply(host, 11).is_none());
-    assert_eq!(w.metric("c", "slots_taken"), 2);
+    assert_eq!(w.metric("c", "slots_taken"), 3);
 }
 
 #[test]
 fn an_engine_that_is_down_falls_back_to_the_local_share_then_recovers() {
     let host = Fake::new();
     let mut w = cluster_worker(host, "local_share");
-    // The engine's cluster does not answer: every call fails.
+    // The engine's cluster does not answer: every call fails. The first
+    // request goes on credit (never repaid: no grant comes), the next waits.
+    assert_eq!(w.request(9, &[]), Flow::Continue);
     assert_eq!(w.request(10, &[]), Flow::Pause);
     w.run(0, 600, None);
     assert!(w.metric("c", "engine_failures") >= 1);
@@ -716,6 +731,7 @@ fn deny_rejects_while_the_engine_fails() {
     let host = Fake::new();
     let mut w = cluster_worker(host, "deny");
     host.state().clusters.clear(); // the cluster is unknown: every call is refused
+    assert_eq!(w.request(9, &[]), Flow::Continue, "on credit");
     assert_eq!(w.request(10, &[]), Flow::Pause);
     w.run(0, 600, None);
     assert_eq!(
@@ -767,6 +783,8 @@ fn only_one_vm_of_the_process_calls_the_engine() {
     let mut b = Worker::new(host, 2, &cluster_config("local_share"));
     let mut engine = FakeEngine::default();
     a.at_both(0);
+    // The process's one credit goes to the first; the others wait for grants.
+    assert_eq!(a.request(9, &[]), Flow::Continue);
     a.request(10, &[]);
     b.request(20, &[]);
     for t in (0..=400).step_by(5) {
@@ -855,10 +873,180 @@ fn adaptive_rules_learn_from_answers_and_pace_at_the_learned_rate() {
     );
     // The interval is in the rule's cell: new requests pace at it (two at
     // once: the second waits one learned interval, longer than 5 ms of 200/s).
-    let (value, _) = host.shared_get("throttle/v2/rule/api/rate").unwrap();
+    let key = throttle_core::store::CellId::Rate(0).key("api", 0).unwrap();
+    let (value, _) = host.shared_get(key.as_str()).unwrap();
     let first = u64::from_le_bytes(value.unwrap()[..8].try_into().unwrap());
     assert!(first > 10 * MS, "learned interval {first} ns");
     w.at(10_000);
     assert_eq!(w.request(1, &[]), Flow::Continue);
     assert_eq!(w.request(2, &[]), Flow::Pause);
+}
+
+/// 10/s: critical above batch, on two workers of one process.
+const CLASSES: &str = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "1s",
+  "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+              {"name": "batch"}]}]}"#;
+
+#[test]
+fn classes_order_releases_across_workers_and_count_per_class() {
+    let host = Fake::new();
+    let mut a = Worker::new(host, 1, CLASSES);
+    let mut b = Worker::new(host, 2, CLASSES);
+    a.at(0);
+    assert_eq!(a.request(10, &[]), Flow::Continue);
+    // Batch waits on worker a, then critical on worker b, for the slot at 100 ms.
+    assert_eq!(a.request(11, &[]), Flow::Pause);
+    assert_eq!(b.request(20, &[("x-priority", "critical")]), Flow::Pause);
+    assert_eq!(b.request(21, &[("x-priority", "critical")]), Flow::Pause);
+    assert_eq!(host.state().tick_ms, 1, "waiting starts the tick");
+    // Worker a ticks at the slot: it grants it to critical, held by b.
+    a.at(100);
+    a.tick();
+    assert!(host.state().resumed.is_empty());
+    b.at(103);
+    b.tick();
+    assert_eq!(host.state().resumed, vec![20]);
+    // Its client goes before the next slot: the next critical takes it; batch after.
+    b.done(21);
+    for ms in [200, 300] {
+        a.at(ms);
+        a.tick();
+        b.tick();
+    }
+    assert_eq!(host.state().resumed, vec![20, 11]);
+    assert_eq!(a.metric("api", "class.critical.queued"), 2);
+    assert_eq!(a.metric("api", "class.critical.released"), 1);
+    assert_eq!(a.metric("api", "class.batch.admitted"), 1);
+    assert_eq!(a.metric("api", "class.batch.released"), 1);
+    assert_eq!(a.metric("api", "cancelled"), 1);
+    let recorded = host.state().recorded.clone();
+    assert!(recorded.contains(&("throttle.rule.api.class.critical.wait_ms".to_string(), 103)));
+    assert!(recorded.contains(&("throttle.rule.api.class.batch.wait_ms".to_string(), 200)));
+    assert!(recorded.contains(&("throttle.rule.api.wait_ms".to_string(), 200)));
+    assert_eq!(a.metric("api", "held"), 0);
+}
+
+#[test]
+fn a_displaced_request_is_answered_and_counted() {
+    let host = Fake::new();
+    let json = CLASSES.replace(
+        r#"{"name": "batch"}"#,
+        r#"{"name": "batch", "max_queue_delay": "250ms"}"#,
+    );
+    let mut a = Worker::new(host, 1, &json);
+    a.at(0);
+    a.request(10, &[]);
+    assert_eq!(a.request(11, &[]), Flow::Pause); // batch: its turn at 100 ms
+    for id in 20..25 {
+        assert_eq!(a.request(id, &[("x-priority", "critical")]), Flow::Pause);
+    }
+    // Five critical requests now go first: batch cannot be served within 250 ms.
+    a.at(1);
+    a.tick();
+    let r = reply(host, 11).expect("a rejection");
+    assert_eq!(r.status, 429);
+    assert_eq!(a.metric("api", "class.batch.displaced"), 1);
+    assert_eq!(a.metric("api", "rejected"), 1);
+}
+
+// ---------------------------------------------------------------- host calls
+
+/// The host calls of `n` requests within the rate, 1 ms apart (headers,
+/// response headers, response end, done), no tick in between: by ABI name.
+fn calls_of(
+    w: &mut Worker,
+    n: u32,
+    headers: &[(&str, &str)],
+    from_ms: u64,
+) -> Vec<(&'static str, usize)> {
+    let host = w.host;
+    host.state().hostcalls.clear();
+    for i in 0..n {
+        let id = 1000 + i;
+        w.at_both(from_ms + u64::from(i));
+        assert_eq!(w.request(id, headers), Flow::Continue);
+        w.respond(id, false);
+        w.response_end(id);
+        w.done(id);
+    }
+    let calls = host.state().hostcalls.clone();
+    calls.into_iter().collect()
+}
+
+/// On the fast path a request makes the host calls its decision needs and no
+/// other: one clock read, the rule's cell read and written once (an exact
+/// schedule across workers: see perf/icount/README.md), the path or the key
+/// header only for a rule that needs it; statistics wait for the tick.
+#[test]
+fn the_fast_path_host_calls_per_request() {
+    let fast =
+        |rule: &str| format!(r#"{{"rules": [{{"name": "f", "rate": "1000000/s", {rule}}}]}}"#);
+    let per = |w: &mut Worker, headers: &[(&str, &str)]| {
+        // The first request starts the worker's tick: measure the next 100.
+        calls_of(w, 1, headers, 0);
+        calls_of(w, 100, headers, 10)
+    };
+    let cas = [("get_shared_data", 100), ("set_shared_data", 100)];
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, &fast(r#""match": {"path_prefix": "/"}"#));
+    assert_eq!(
+        per(&mut w, &[]),
+        [("clock_time_get", 100), cas[0], cas[1]],
+        "unkeyed"
+    );
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, &fast(r#""key": {"header": "x-user"}"#));
+    assert_eq!(
+        per(&mut w, &[("x-user", "u")]),
+        [
+            ("clock_time_get", 100),
+            ("get_property", 100),
+            cas[0],
+            cas[1]
+        ],
+        "keyed by a header (every line of it: a property)"
+    );
+    let host = Fake::new();
+    let mut w = Worker::new(host, 1, &fast(r#""match": {"path_prefix": "/details"}"#));
+    assert_eq!(
+        per(&mut w, &[(":path", "/details.json")]),
+        [
+            ("clock_time_get", 100),
+            ("get_header_map_value", 100),
+            cas[0],
+            cas[1]
+        ],
+        "a path match"
+    );
+    // Cluster scope with grants in hand (the engine answered for a second of
+    // traffic first): the wall clock only, and the cursor cell; the grants
+    // only when the cursor's range ends.
+    let host = Fake::new();
+    host.state().clusters = vec!["throttle_engine".into()];
+    let mut w = Worker::new(
+        host,
+        1,
+        r#"{"engine": {"cluster": "throttle_engine"},
+            "rules": [{"name": "c", "rate": "1000000/s", "scope": "cluster"}]}"#,
+    );
+    let mut engine = FakeEngine::default();
+    for t in (0..1000).step_by(10) {
+        w.at_both(t);
+        let id = 100 + t as u32;
+        w.request(id, &[]);
+        w.run(t + 1, t + 9, Some(&mut engine));
+        w.respond(id, true);
+        w.done(id);
+    }
+    let calls = calls_of(&mut w, 50, &[], 1000);
+    let get = |name| {
+        calls
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, c)| *c)
+    };
+    assert_eq!(get("get_current_time_nanoseconds"), 50, "{calls:?}");
+    assert_eq!(get("set_shared_data"), 50, "{calls:?}");
+    assert!((50..=52).contains(&get("get_shared_data")), "{calls:?}");
+    assert_eq!(calls.len(), 3, "no other host call: {calls:?}");
 }

@@ -56,8 +56,11 @@ fn check(path: Option<&str>) -> ExitCode {
     match config::parse(&bytes) {
         Ok(c) => {
             println!("ok: {} rule(s)", c.rules.len());
-            for r in &c.rules {
-                println!("  {}", r.describe());
+            for line in c.describe() {
+                println!("  {line}");
+            }
+            for warning in c.warnings() {
+                println!("warning: {warning}");
             }
             ExitCode::SUCCESS
         }

@@ -4,38 +4,58 @@
 //! One call per process per epoch at most (all cluster rules' claims
 //! batched), never two in flight, never closer than [`MIN_CALL_INTERVAL_NS`]:
 //! at most 10 calls per second per process whatever the traffic, and none
-//! while no rule has demand. At epoch `e` a rule with demand sends:
+//! while no rule has demand. Epochs are counted on the fleet's clock: this
+//! process's wall clock less its offset from the others' ([`Skew`]). With
+//! `k` = [`ahead_epochs`] (3 with the defaults) and `lag` = [`lag_epochs`]
+//! (2), at epoch `e` a rule with demand sends:
 //!
-//! * `members(e+2) += 1` and `demand(e+2) += a` (its arrivals per epoch): the
-//!   answer places its demand at `[D0, D1)` of epoch `e+2`'s demand total;
-//! * a look at `demand(e+2-lag)`, complete by now: its adds were made
-//!   `lag = 1 + ceil((max_clock_skew + timeout) / E)` epochs ago (2 or 3
-//!   epochs with the defaults), so every proxy's add has been counted
-//!   whatever its clock: `A`, the demand of all proxies;
-//! * a look at `members(e+1)`: `N`, the proxies with demand (nearly all have
-//!   added by now; the fallback uses the most seen in ~5 s), and a loss
-//!   detector (it must include this proxy's own add);
-//! * `slots(e+2) += floor(L*D1/A) - floor(L*D0/A)`, with `[D0, D1)` from its
-//!   add to `demand(y)` and `A` from its look at `demand(y)`, `y = e+1-lag`
-//!   (both made earlier): its share, in proportion to its demand. Every proxy computes
-//!   its share from the same `A`, so the shares add up to exactly `L`
-//!   whatever the order of the claims: no rounding goes against the last
-//!   claimer, and a request's chance does not depend on which proxy it reached;
-//! * `slots(e+1) += a + waiting - owned(e+1)`: leftovers, first come first
-//!   served (there are some only when a proxy did not claim its share: new,
-//!   idle, gone, or its call failed).
+//! * `members(e+k) += 1` (once per counter) and `demand(e+k) += a` (its
+//!   arrivals per epoch in 1/[`DEMAND_UNIT`]): the answer places its demand
+//!   at `[D0, D1)` of epoch `e+k`'s demand total;
+//! * a look at `demand(e+k-lag)`, complete by now whatever the clocks and
+//!   call phases within `max_clock_skew`: `A`, the demand of all proxies;
+//! * `gen += 1`, the hour's count of calls: it only grows within the hour,
+//!   unless the engine lost its counters (then the slots granted ahead are
+//!   dropped: they may be granted again);
+//! * once per second, itself in that second's count of proxies under the
+//!   rule's name and under its grid, and a look at both two seconds back:
+//!   more under the name is another rate under the same name (counted,
+//!   logged);
+//! * four looks at member counters around `e+k` ([`Skew::probes`]): where
+//!   the other proxies' clocks stand against ours;
+//! * a look at `members(e+1)`: `N`, the proxies with demand (the fallback
+//!   divides by the most seen over ~5 s), and a loss detector (it must include
+//!   this proxy's own add);
+//! * `slots(e+k) += floor(L*D1/A + phi) - floor(L*D0/A + phi)`, with
+//!   `[D0, D1)` and `A` of epoch `y = e+k-1-lag` (both learned earlier), and
+//!   `phi` the same offset for every proxy, spread evenly over `[0, 1)` epoch
+//!   after epoch (the fractional part of the epoch times the golden ratio):
+//!   its share, in proportion to its demand.
+//!   Every proxy computes its share from the same `A` and `phi`, so the
+//!   shares add up to exactly `L` whatever the order of the claims, and each
+//!   proxy's shares add up to its proportion of `L` within about a slot even
+//!   when `L` is 1 (rates of 10/s and less);
+//! * `slots(e+1) += a + waiting + owed - owned(e+1)`: leftovers, first come
+//!   first served (there are some only when a proxy did not claim its share:
+//!   new, idle, gone, or its call failed). Shares of an epoch are claimed `k`
+//!   epochs ahead and leftovers one epoch ahead, far enough apart that every
+//!   share claim reaches the engine before any leftover claim on the same
+//!   epoch, with clocks within `max_clock_skew` and calls in the first quarter
+//!   of an epoch ([`ahead_epochs`]).
 //!
 //! `a` = requests of the rule that arrived per epoch (whatever became of
 //! them), over the last 5 epochs ([`ARRIVAL_SAMPLES`]); `waiting` = requests
-//! waiting for grants now.
+//! waiting for grants now; `owed` = requests that went on credit.
 //! The limit is never reached, so each answer's counter `after` tells the
 //! positions this claim of `n` holds: `[after - n, min(after, L))` of the
 //! epoch, i.e. at most 8 ranges of global slots spread over the epoch
 //! ([`Grid::position_ranges`]). Nothing is granted twice.
 //!
-//! Failures (transport, non-200, timeout, nonsense) grant nothing; once calls
+//! Failures grant nothing and are counted by kind ([`Failure`]); once calls
 //! have kept failing for `fallback_after`, every rule switches to its
-//! `on_engine_failure` mode, and the first good answer switches them back.
+//! `on_engine_failure` mode, the log says why and what usually fixes it (then
+//! at most every [`WARN_EVERY_NS`] while it lasts), and the first good
+//! answer switches them back.
 
 use std::sync::Arc;
 
@@ -45,6 +65,13 @@ use crate::config::{EngineConfig, OnEngineFailure};
 use super::engine::{Claim, Counted, Counter, Engine, Failure, Request};
 use super::grants::Mode;
 use super::grid::{Grid, WINDOW_NS};
+use super::skew::Skew;
+
+mod answer;
+mod shares;
+
+pub use shares::{ahead_epochs, lag_epochs};
+use shares::{div_ceil_u128, epoch_phase, grant_rate, phase_offset, rotated_floor};
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
 /// The process counter they read moves when each worker hands its counts
@@ -54,6 +81,14 @@ use super::grid::{Grid, WINDOW_NS};
 /// claimed nothing for that epoch: at 2 requests/s per proxy, measured over
 /// one epoch, every request waited for grants (p50 29-104 ms).
 pub const ARRIVAL_SAMPLES: usize = 6;
+
+/// How many of its member adds a caller remembers: as far back as probes
+/// look ([`super::skew::REACH_NS`] at the shortest epochs), and then as far
+/// again (a clock that steps back adds to the same counters twice).
+pub const OWN_ADDS_MEMORY: usize = 64;
+
+/// The demand counter's unit: 1/64 of a request per epoch.
+pub const DEMAND_UNIT: u64 = 64;
 
 /// How many member looks (epochs) the `local_share` divisor remembers (~5 s).
 pub const MEMBERS_MEMORY: usize = 50;
@@ -85,6 +120,9 @@ pub struct RuleFacts {
     pub arrived_total: u64,
     /// Requests waiting for grants now.
     pub waiting: u64,
+    /// Slots this process owes: requests that went on credit, repaid from
+    /// its next grants ([`super::publish`]).
+    pub owed: u64,
 }
 
 /// What the glue publishes for one rule (into its grants blob).
@@ -94,8 +132,16 @@ pub struct RuleUpdate {
     pub mode: Mode,
     /// Slots per second this process may expect (the fair share), 0 if unknown.
     pub grant_rate_per_s: u64,
-    /// Newly granted global slot ranges `[start, end)`.
+    /// Newly granted global slot ranges `[start, end)`, in this process's
+    /// time (the fleet's slots shifted by its clock's offset, [`Skew`]).
     pub ranges: Vec<(u64, u64)>,
+    /// Drop every range granted before (their slots may be granted again
+    /// after counters were lost, or the clock stepped under them).
+    pub reset: bool,
+    /// Move every range granted before by this many slots: this process's
+    /// clock offset from the fleet's changed ([`Skew`]), and its grants are
+    /// the same fleet slots at other local times.
+    pub shift: i64,
 }
 
 /// A call to send to the engine's cluster, bounded by `engine.timeout`.
@@ -127,6 +173,14 @@ pub struct RuleStats {
     pub members_recent_max: u64,
     /// Their demand in slots per epoch, last seen (0: never seen).
     pub demand: u64,
+    /// Failed calls by kind ([`Failure::KINDS`]).
+    pub failed: [u64; 7],
+    /// How far this process's clock was found from the other proxies', ms
+    /// (whole epochs; its grid follows theirs).
+    pub clock_offset_ms: u64,
+    /// Seconds in which more proxies carried a rule of this name than this
+    /// grid (another rate under the same name).
+    pub mismatch: u64,
 }
 
 impl RuleStats {
@@ -140,6 +194,16 @@ impl RuleStats {
 /// What one planned descriptor is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Purpose {
+    /// Where the other proxies' clocks stand: a look at `members(e+k+j)`.
+    Probe(i64),
+    /// The per-hour count of calls: it only grows, or counters were lost.
+    Gen,
+    /// Once per second: this proxy in the second's counters of the rule's
+    /// name (`any`) and of its grid, and a look at both two seconds back.
+    NameAdd,
+    GridAdd,
+    NameLook,
+    GridLook,
     Share,
     Leftover,
     MemberAdd,
@@ -182,16 +246,74 @@ struct RuleState {
     /// The last member counts looked at.
     member_looks: Vec<u64>,
     /// Epochs between the start of a demand epoch's adds and the look at its
-    /// total: `1 + ceil((max_clock_skew + timeout) / E)`, so that every
-    /// proxy's add has been counted (whatever its clock) before anyone reads it.
+    /// total: `ceil((E/4 + timeout + max_clock_skew) / E)`, so that every
+    /// proxy's add has been counted (whatever its clock and phase) before
+    /// anyone reads it ([`lag_epochs`]).
     lag: u64,
+    /// `k`: shares of epoch `X` are claimed in epoch `X - k`, leftovers in
+    /// `X - 1`: far enough apart that every share claim on `X` reaches the
+    /// engine before any leftover claim on it, whatever the clocks within
+    /// `max_clock_skew` ([`ahead_epochs`]).
+    ahead: u64,
     /// arrived_total samples (value, wall time), at least an epoch apart,
     /// the oldest first ([`ARRIVAL_SAMPLES`] at most).
     arrived_samples: Vec<(u64, u64)>,
-    /// Requests arrived per epoch, over the samples' span.
-    arrived_per_epoch: u64,
+    /// Requests arrived per epoch, over the samples' span, in 1/[`DEMAND_UNIT`]
+    /// of a request (what the demand counter adds up: fine enough that a
+    /// proxy with 0.4 requests per epoch and one with 1 get shares 2 to 5).
+    demand: u64,
     mode: Mode,
     stats: RuleStats,
+    /// This process's clock against the other proxies'.
+    skew: Skew,
+    /// The member counters this process added to (the last
+    /// [`OWN_ADDS_MEMORY`]): a probe of one of them counts us too.
+    own_adds: Vec<u64>,
+    /// The last per-hour call count seen: (hour window, count).
+    gen: Option<(u64, u64)>,
+    /// The next update must drop every range granted before.
+    reset: bool,
+    /// The next update must move every range granted before by this many slots.
+    shift: i64,
+    /// The last second this proxy added itself to the per-second counters.
+    second: Option<u64>,
+    /// Proxies seen two seconds back: (second, of the name, of this grid).
+    seen_second: (u64, Option<u64>, Option<u64>),
+    /// When a mismatch was last logged.
+    mismatch_warned: Option<u64>,
+}
+
+impl RuleState {
+    /// The fleet's wall time for this rule at our wall time `now`.
+    fn fleet_time(&self, now: u64) -> u64 {
+        now.saturating_add_signed(-self.offset_ns())
+    }
+
+    /// Our clock's offset from the fleet's, ns.
+    fn offset_ns(&self) -> i64 {
+        let e = i64::try_from(self.spec.grid.epoch_ns).unwrap_or(i64::MAX);
+        self.skew.offset_epochs.saturating_mul(e)
+    }
+
+    /// The grants were in another time frame (the clock stepped, or its
+    /// offset from the fleet's changed): drop them, and plan afresh. What
+    /// was added to or seen in each counter stays true (a counter's name
+    /// does not change with the frame).
+    fn forget_grants(&mut self) {
+        self.last_epoch = None;
+        self.granted.clear();
+        self.reset = true;
+    }
+
+    /// The engine lost its counters: nothing seen or added there holds.
+    fn forget_counters(&mut self) {
+        self.forget_grants();
+        self.member_adds.clear();
+        self.seen.clear();
+        self.demand_ranges.clear();
+        self.demand_totals.clear();
+        self.gen = None;
+    }
 }
 
 /// The calling VM's state for all cluster rules of one process.
@@ -207,11 +329,22 @@ pub struct Caller {
     in_flight: Option<InFlight>,
     /// When the current run of failures began (None: the last call succeeded).
     failing_since: Option<u64>,
-    /// Where in each epoch this process calls, in thousandths of half an
+    /// Where in each epoch this process calls, in thousandths of a quarter
     /// epoch: proxies pick different phases so their calls spread over the
-    /// first half of the epoch instead of all coming at its start.
+    /// first quarter of the epoch instead of all coming at its start.
     phase_permille: u64,
+    /// The engine block's cluster and domain, for the log.
+    cluster: String,
+    domain: String,
+    /// What the log should say (at warn), taken by [`Caller::take_events`].
+    events: Vec<String>,
+    /// When the current run of failures was last logged.
+    warned_at: Option<u64>,
 }
+
+/// A run of failures is logged when it starts the fallback, then at most once
+/// per this long while it lasts.
+pub const WARN_EVERY_NS: u64 = 10 * NS_PER_S;
 
 /// How long a call may stay unanswered before it is counted as lost (the
 /// host answers every call by its timeout; this only guards against a lost callback).
@@ -259,17 +392,30 @@ impl Caller {
                     demand_ranges: Vec::new(),
                     demand_totals: Vec::new(),
                     member_looks: Vec::new(),
-                    lag: 1 + (engine.max_clock_skew_ns + engine.timeout_ns).div_ceil(epoch_ns),
+                    lag: lag_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
+                    ahead: ahead_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
                     arrived_samples: Vec::new(),
-                    arrived_per_epoch: 0,
+                    demand: 0,
                     mode: Mode::Grid,
                     stats: RuleStats::default(),
+                    skew: Skew::new(epoch_ns),
+                    own_adds: Vec::new(),
+                    shift: 0,
+                    second: None,
+                    seen_second: (0, None, None),
+                    mismatch_warned: None,
+                    gen: None,
+                    reset: false,
                 })
                 .collect(),
             call_due: None,
             in_flight: None,
             failing_since: None,
             phase_permille: 0,
+            cluster: engine.cluster.clone(),
+            domain: engine.domain.clone(),
+            events: Vec::new(),
+            warned_at: None,
         }
     }
 
@@ -300,6 +446,21 @@ impl Caller {
         self.in_flight.is_some()
     }
 
+    /// What happened that the log should say (at warn), since the last time.
+    pub fn take_events(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Rule `i`'s slots per epoch.
+    pub fn slots_per_epoch(&self, i: usize) -> Option<u64> {
+        self.rules.get(i).map(|r| r.spec.grid.slots_per_epoch)
+    }
+
+    /// Rule `i`'s clock offset from the other proxies', in its epochs.
+    pub fn clock_offset_epochs(&self, i: usize) -> Option<i64> {
+        self.rules.get(i).map(|r| r.skew.offset_epochs)
+    }
+
     /// Called on every tick of the calling VM with the wall time and one
     /// [`RuleFacts`] per rule. Returns the call to send, if any, and the
     /// rules whose mode changed (publish them).
@@ -319,6 +480,14 @@ impl Caller {
     }
 
     fn plan(&mut self, now: u64, facts: &[RuleFacts]) -> Option<Call> {
+        if self
+            .call_due
+            .is_some_and(|t| t > now.saturating_add(2 * MIN_CALL_INTERVAL_NS))
+        {
+            // A due time further ahead than the pace allows: the clock
+            // stepped back. Pace from now.
+            self.call_due = None;
+        }
         if self.in_flight.is_some()
             || self
                 .call_due
@@ -330,44 +499,57 @@ impl Caller {
         let mut plan = Vec::new();
         for (i, (r, fact)) in self.rules.iter_mut().zip(facts).enumerate() {
             let g = r.spec.grid;
+            // Epochs are counted on the fleet's clock.
+            let now = r.fleet_time(now);
             let e = g.epoch_of(now);
+            if r.last_epoch.is_some_and(|last| last > e + 1) {
+                // The clock stepped back: grants planned ahead of it no
+                // longer line up. Plan afresh from here.
+                r.forget_grants();
+                r.skew.restart();
+            }
             if r.last_epoch.is_some_and(|last| last >= e) {
                 continue;
             }
-            let offset = g.epoch_ns / 2 * self.phase_permille / 1000;
+            let offset = phase_offset(g.epoch_ns, self.phase_permille);
             if now < g.epoch_start(e).saturating_add(offset) {
                 continue;
             }
             r.granted.retain(|(f, _)| *f > e);
-            // Demand of epoch `y` is complete for everyone `lag` epochs after
-            // its adds began; shares of e+2 come from y = e+1-lag.
-            let lag = r.lag;
-            let y = (e + 1).saturating_sub(lag);
-            let look = e + 2 - lag;
+            // Shares of epoch e+k come from the demand of y = e+k-1-lag, whose
+            // total was looked at in the last epoch (its adds complete by then).
+            let (lag, k) = (r.lag, r.ahead);
+            let ahead = e + k;
+            let y = (ahead - 1).saturating_sub(lag);
+            let look = ahead.saturating_sub(lag);
             r.demand_ranges.retain(|(f, ..)| *f >= y);
             r.demand_totals.retain(|(f, _)| *f >= y);
             r.seen.retain(|(f, _)| *f + 2 > e);
             r.member_adds.retain(|f| *f > e);
-            let mut a = r.arrived_per_epoch;
-            if r.mode != Mode::Grid || fact.waiting > 0 {
-                // Waiting requests, or a fallback that must probe the engine
-                // every epoch, count as demand even before arrivals are measured.
-                a = a.max(1);
+            let mut demand = r.demand;
+            if demand == 0 && (r.mode != Mode::Grid || fact.waiting > 0 || fact.owed > 0) {
+                // Waiting requests, slots owed, or a fallback that must probe
+                // the engine every epoch count as demand before arrivals are
+                // measured.
+                demand = DEMAND_UNIT;
             }
-            if a == 0 {
+            if demand == 0 {
                 continue;
             }
+            // Whole requests per epoch, for the leftover claim.
+            let a = demand.div_ceil(DEMAND_UNIT);
             r.last_epoch = Some(e);
-            let (next, ahead) = (e + 1, e + 2);
+            let next = e + 1;
             let l = g.slots_per_epoch;
             let share = match (lookup3(&r.demand_ranges, y), lookup(&r.demand_totals, y)) {
                 (Some((d0, d1)), total) if total > 0 => {
                     let total = total.max(d1);
-                    div_floor_u128(l, d1, total) - div_floor_u128(l, d0, total)
+                    let phi = epoch_phase(ahead);
+                    rotated_floor(l, d1, total, phi) - rotated_floor(l, d0, total, phi)
                 }
                 _ => 0,
             };
-            let need = a.saturating_add(fact.waiting);
+            let need = a.saturating_add(fact.waiting).saturating_add(fact.owed);
             let leftover = need.saturating_sub(lookup(&r.granted, next)).min(l);
             let mut push = |purpose, epoch, hits| {
                 plan.push(Planned {
@@ -379,6 +561,25 @@ impl Caller {
             };
             if g.may_claim(look, now, skew, timeout) {
                 push(Purpose::DemandLook, look, 0);
+                push(Purpose::Gen, look, 1);
+            }
+            // Once per second: count ourselves under the rule's name and
+            // under this grid, and look two seconds back (complete by now).
+            let sec = now / NS_PER_S;
+            if r.second != Some(sec) && g.may_claim(g.epoch_of(now), now, skew, timeout) {
+                r.second = Some(sec);
+                for purpose in [Purpose::NameAdd, Purpose::GridAdd] {
+                    push(purpose, sec, 1);
+                }
+                for purpose in [Purpose::NameLook, Purpose::GridLook] {
+                    push(purpose, sec.saturating_sub(2), 0);
+                }
+            }
+            for j in r.skew.probes() {
+                let at = ahead.saturating_add_signed(j);
+                if g.may_claim(at, now, skew, timeout) {
+                    push(Purpose::Probe(j), at, 0);
+                }
             }
             if g.may_claim(next, now, skew, timeout) {
                 // Also the loss detector: it includes this proxy's own add.
@@ -388,8 +589,14 @@ impl Caller {
                 }
             }
             if g.may_claim(ahead, now, skew, timeout) {
-                push(Purpose::MemberAdd, ahead, 1);
-                push(Purpose::DemandAdd, ahead, a);
+                // Once per counter, even if the clock stepped back over it:
+                // other proxies count the members there.
+                if !r.own_adds.contains(&ahead) {
+                    push(Purpose::MemberAdd, ahead, 1);
+                }
+                if lookup3(&r.demand_ranges, ahead).is_none() {
+                    push(Purpose::DemandAdd, ahead, demand);
+                }
                 if share > 0 {
                     push(Purpose::Share, ahead, share);
                 }
@@ -404,13 +611,30 @@ impl Caller {
                 let r = self.rules.get(p.rule)?;
                 let counter = match p.purpose {
                     Purpose::Share | Purpose::Leftover => Counter::Slots,
-                    Purpose::MemberAdd | Purpose::MemberLook => Counter::Members,
+                    Purpose::MemberAdd
+                    | Purpose::MemberLook
+                    | Purpose::Probe(_)
+                    | Purpose::Gen
+                    | Purpose::NameAdd
+                    | Purpose::GridAdd
+                    | Purpose::NameLook
+                    | Purpose::GridLook => Counter::Members,
                     Purpose::DemandAdd | Purpose::DemandLook => Counter::Demand,
+                };
+                let key = match p.purpose {
+                    Purpose::Gen => r.spec.grid.gen_key(&r.spec.name),
+                    Purpose::NameAdd | Purpose::NameLook => {
+                        r.spec.grid.second_keys(&r.spec.name, p.epoch).0
+                    }
+                    Purpose::GridAdd | Purpose::GridLook => {
+                        r.spec.grid.second_keys(&r.spec.name, p.epoch).1
+                    }
+                    _ => r.spec.grid.counter_key(&r.spec.name, p.epoch),
                 };
                 Some(Claim {
                     rule: p.rule,
                     counter,
-                    key: r.spec.grid.counter_key(&r.spec.name, p.epoch),
+                    key,
                     hits: p.hits,
                 })
             })
@@ -436,175 +660,6 @@ impl Caller {
             timeout_ns: self.timeout_ns,
         })
     }
-
-    /// The answer to the call in flight: `Ok((status, body))`, or the failure
-    /// the host reported (transport error, timeout). Returns one update per
-    /// rule (new grants, mode) to publish.
-    pub fn on_answer(
-        &mut self,
-        now: u64,
-        answer: Result<(u16, &[u8]), Failure>,
-    ) -> Vec<RuleUpdate> {
-        let Some(call) = self.in_flight.take() else {
-            return Vec::new();
-        };
-        let counted = answer
-            .and_then(|(status, body)| self.engine.read(status, body, &call.claims))
-            .and_then(|c| {
-                if now.saturating_sub(call.sent_at) > self.timeout_ns {
-                    return Err(Failure::Timeout);
-                }
-                self.check(&call, &c).map(|()| c)
-            });
-        match counted {
-            Ok(c) => self.succeeded(now, &call, &c),
-            Err(f) => {
-                self.in_flight = Some(call);
-                self.failed(now, f)
-            }
-        }
-    }
-
-    /// Consistency of a parsed answer with what this process knows: its own
-    /// member adds must show, slot counters never go back, and the service's
-    /// hour must be ours.
-    fn check(&self, call: &InFlight, counted: &[Counted]) -> Result<(), Failure> {
-        let ours = (WINDOW_NS - call.sent_at % WINDOW_NS).div_ceil(NS_PER_S);
-        let tolerance = (self.skew_ns + self.timeout_ns).div_ceil(NS_PER_S) + 1;
-        for (p, c) in call.plan.iter().zip(counted) {
-            let Some(r) = self.rules.get(p.rule) else {
-                continue;
-            };
-            if c.reset_s.abs_diff(ours) > tolerance && c.reset_s.abs_diff(ours + 3600) > tolerance {
-                return Err(Failure::Nonsense(format!(
-                    "the service's hour ends in {} s, ours in {ours} s: clocks differ by more than max_clock_skew",
-                    c.reset_s
-                )));
-            }
-            match p.purpose {
-                Purpose::MemberLook if c.after == 0 && r.member_adds.contains(&p.epoch) => {
-                    return Err(Failure::Nonsense(
-                        "a member counter this proxy added to reads 0: counters were lost (Redis restarted?)".into(),
-                    ));
-                }
-                Purpose::Share | Purpose::Leftover => {
-                    let before = c.after - p.hits;
-                    let seen = lookup(&r.seen, p.epoch);
-                    if before < seen {
-                        return Err(Failure::Nonsense(format!(
-                            "slot counter went back from {seen} to {before}: counters were lost (Redis restarted?)"
-                        )));
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    fn succeeded(&mut self, now: u64, call: &InFlight, counted: &[Counted]) -> Vec<RuleUpdate> {
-        self.failing_since = None;
-        let mut ranges: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.rules.len()];
-        for (p, c) in call.plan.iter().zip(counted) {
-            let Some(r) = self.rules.get_mut(p.rule) else {
-                continue;
-            };
-            let g = r.spec.grid;
-            match p.purpose {
-                Purpose::MemberLook => {
-                    r.stats.members = c.after.max(1);
-                    r.member_looks.push(r.stats.members);
-                    if r.member_looks.len() > MEMBERS_MEMORY {
-                        r.member_looks.remove(0);
-                    }
-                    r.stats.members_recent_max = r.member_looks.iter().copied().max().unwrap_or(1);
-                }
-                Purpose::DemandLook => {
-                    r.stats.demand = c.after;
-                    bump(&mut r.demand_totals, p.epoch, |_| c.after);
-                }
-                Purpose::MemberAdd => r.member_adds.push(p.epoch),
-                Purpose::DemandAdd => r.demand_ranges.push((p.epoch, c.after - p.hits, c.after)),
-                Purpose::Share | Purpose::Leftover => {
-                    bump(&mut r.seen, p.epoch, |v| v.max(c.after));
-                    let before = c.after - p.hits;
-                    let end = c.after.min(g.slots_per_epoch);
-                    if before < end {
-                        if let Some(list) = ranges.get_mut(p.rule) {
-                            list.extend(g.position_ranges(p.epoch, before, end));
-                        }
-                        bump(&mut r.granted, p.epoch, |v| v + (end - before));
-                        r.stats.granted += end - before;
-                    }
-                }
-            }
-        }
-        ranges
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, list)| {
-                let r = self.rules.get_mut(i)?;
-                if let Some(since) = r.stats.fallback_since.take() {
-                    r.stats.fallback_ns += now.saturating_sub(since);
-                }
-                r.mode = Mode::Grid;
-                Some(RuleUpdate {
-                    rule: i,
-                    mode: Mode::Grid,
-                    grant_rate_per_s: grant_rate(r),
-                    ranges: list,
-                })
-            })
-            .collect()
-    }
-
-    fn failed(&mut self, now: u64, _why: Failure) -> Vec<RuleUpdate> {
-        if let Some(call) = self.in_flight.take() {
-            for i in rules_of(&call.plan) {
-                if let Some(r) = self.rules.get_mut(i) {
-                    r.stats.failures += 1;
-                }
-            }
-        }
-        self.failing_since.get_or_insert(now);
-        self.fallback_if_due(now)
-    }
-
-    fn fallback_if_due(&mut self, now: u64) -> Vec<RuleUpdate> {
-        let Some(since) = self.failing_since else {
-            return Vec::new();
-        };
-        if now.saturating_sub(since) < self.fallback_after_ns {
-            return Vec::new();
-        }
-        let mut out = Vec::new();
-        for (i, r) in self.rules.iter_mut().enumerate() {
-            if r.mode != Mode::Grid {
-                continue;
-            }
-            // Never faster than rate / expected_replicas; slower when more
-            // proxies were seen recently (the autoscaler added some).
-            let divisor =
-                u64::from(r.spec.expected_replicas.max(1)).max(r.stats.members_recent_max);
-            r.mode = match r.spec.on_engine_failure {
-                OnEngineFailure::Deny => Mode::Deny,
-                OnEngineFailure::LocalFull => Mode::Local {
-                    interval_ns: r.spec.grid.interval_ns,
-                },
-                OnEngineFailure::LocalShare => Mode::Local {
-                    interval_ns: r.spec.grid.interval_ns.saturating_mul(divisor),
-                },
-            };
-            r.stats.fallback_since = Some(now);
-            out.push(RuleUpdate {
-                rule: i,
-                mode: r.mode,
-                grant_rate_per_s: 0,
-                ranges: Vec::new(),
-            });
-        }
-        out
-    }
 }
 
 /// The rules a plan carries, each once.
@@ -626,34 +681,10 @@ fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     }
     if let Some(&(prev, at)) = r.arrived_samples.first() {
         let n = arrived_total.saturating_sub(prev);
-        r.arrived_per_epoch = div_ceil_u128(n, e_ns, now.saturating_sub(at));
+        r.demand = div_ceil_u128(n.saturating_mul(DEMAND_UNIT), e_ns, now.saturating_sub(at));
     }
     r.arrived_samples.push((arrived_total, now));
     if r.arrived_samples.len() > ARRIVAL_SAMPLES {
         r.arrived_samples.remove(0);
     }
-}
-
-/// `floor(a * b / c)` without overflow (c > 0), saturating at u64::MAX.
-fn div_floor_u128(a: u64, b: u64, c: u64) -> u64 {
-    let v = u128::from(a) * u128::from(b) / u128::from(c.max(1));
-    u64::try_from(v).unwrap_or(u64::MAX)
-}
-
-/// `ceil(a * b / c)` without overflow (c > 0), saturating at u64::MAX.
-fn div_ceil_u128(a: u64, b: u64, c: u64) -> u64 {
-    let v = (u128::from(a) * u128::from(b)).div_ceil(u128::from(c.max(1)));
-    u64::try_from(v).unwrap_or(u64::MAX)
-}
-
-/// The share per second this process can expect: `L * a / A` slots per
-/// epoch (`L / N` before the demand is known).
-fn grant_rate(r: &RuleState) -> u64 {
-    let g = r.spec.grid;
-    let l = g.slots_per_epoch;
-    let per_epoch = match r.stats.demand {
-        0 => l.div_ceil(r.stats.members.max(1)),
-        total => l.min(div_ceil_u128(l, r.arrived_per_epoch.max(1), total)),
-    };
-    div_ceil_u128(per_epoch, NS_PER_S, g.epoch_ns)
 }

@@ -12,7 +12,11 @@ use crate::store::{BlobId, CellId, Store};
 
 use super::caller::{Call, Caller, RuleFacts, RuleStats, RuleUpdate};
 use super::engine::Failure;
-use super::{lease, publish, rule_reach, rule_spec, Reach};
+use super::{
+    fallback_after_grants, lease, publish, repay, reset_grants, rule_reach, rule_spec,
+    shift_grants, Mode, Reach,
+};
+use super::{Ahead, Cursor};
 
 /// The process-wide value of a rule's counter (`rule`: the configuration's
 /// index), as the host keeps it: the flushed counts of every VM.
@@ -113,34 +117,48 @@ impl Calls {
             .map(|&i| RuleFacts {
                 arrived_total: totals(i, Stat::Requests),
                 waiting: store
-                    .load(CellId::Waiting(i))
-                    .ok()
-                    .and_then(|(v, _)| v)
-                    .map_or(0, |[n, _]| n),
+                    .load(CellId::Cursor(i))
+                    .map_or(0, |(v, _)| Cursor::decode(v).waiting),
+                owed: store
+                    .load(CellId::Ahead(i))
+                    .map_or(0, |(v, _)| Ahead::decode(v).owed),
             })
             .collect();
-        let now = clock.wall();
+        let (mono, now) = (clock.mono(), clock.wall());
         let (call, updates) = self.caller.tick(now, &facts);
-        self.publish(store, now, &updates, totals, &mut out);
+        out.problems.extend(self.caller.take_events());
+        self.publish(store, mono, now, &updates, totals, &mut out);
+        for (i, fact) in facts.iter().enumerate() {
+            if fact.owed > 0 {
+                self.repay(store, i, now, &mut out);
+            }
+        }
         out.call = call;
         out.published = updates;
         self.report(now, &mut out);
         out
     }
 
-    /// The answer to the call in flight at wall time `now`: `(status, body)`,
-    /// or the failure the host reported (it refused to send the call, no
-    /// answer, a timeout).
+    /// The answer to the call in flight, now: `(status, body)`, or the
+    /// failure the host reported (it refused to send the call, no answer, a
+    /// timeout).
     pub fn on_answer<S: Store>(
         &mut self,
         store: S,
-        now: u64,
+        clock: &mut impl Clock,
         answer: Result<(u16, &[u8]), Failure>,
         totals: Totals<'_>,
     ) -> Effects {
         let mut out = Effects::default();
+        let (mono, now) = (clock.mono(), clock.wall());
         let updates = self.caller.on_answer(now, answer);
-        self.publish(store, now, &updates, totals, &mut out);
+        out.problems.extend(self.caller.take_events());
+        self.publish(store, mono, now, &updates, totals, &mut out);
+        for u in &updates {
+            if u.mode == Mode::Grid && !u.ranges.is_empty() {
+                self.repay(store, u.rule, now, &mut out);
+            }
+        }
         out.published = updates;
         self.report(now, &mut out);
         out
@@ -151,6 +169,7 @@ impl Calls {
     fn publish<S: Store>(
         &self,
         store: S,
+        mono: u64,
         now: u64,
         updates: &[RuleUpdate],
         totals: Totals<'_>,
@@ -161,6 +180,29 @@ impl Calls {
             else {
                 continue;
             };
+            if u.shift != 0 {
+                let shifted = shift_grants(
+                    &mut store.blob(BlobId::Grants(index)),
+                    &mut store.cell(CellId::Cursor(index)),
+                    u.shift,
+                );
+                if shifted.is_err() {
+                    out.problems.push(format!(
+                        "rule {index}: could not move its grants in shared data"
+                    ));
+                }
+            }
+            if u.reset {
+                let reset = reset_grants(
+                    &mut store.blob(BlobId::Grants(index)),
+                    &mut store.cell(CellId::Cursor(index)),
+                );
+                if reset.is_err() {
+                    out.problems.push(format!(
+                        "rule {index}: could not drop its grants in shared data"
+                    ));
+                }
+            }
             let usable = publish(
                 &mut store.blob(BlobId::Grants(index)),
                 &mut store.cell(CellId::Cursor(index)),
@@ -185,6 +227,40 @@ impl Calls {
                     "rule {index}: could not publish grants to shared data"
                 )),
             }
+            if matches!(u.mode, Mode::Local { .. }) && u.ranges.is_empty() {
+                let started = fallback_after_grants(
+                    &mut store.cell(CellId::Fallback(index)),
+                    &mut store.blob(BlobId::Grants(index)),
+                    reach,
+                    mono,
+                    now,
+                );
+                if started.is_err() {
+                    out.problems.push(format!(
+                        "rule {index}: could not start the fallback schedule after the grants"
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Repays what caller rule `i`'s requests took on credit, from its
+    /// earliest slots ([`repay`]).
+    fn repay<S: Store>(&self, store: S, i: usize, now: u64, out: &mut Effects) {
+        let (Some(&index), Some(reach)) = (self.rules.get(i), self.reaches.get(i)) else {
+            return;
+        };
+        let repaid = repay(
+            &mut store.cell(CellId::Cursor(index)),
+            &mut store.blob(BlobId::Grants(index)),
+            &mut store.cell(CellId::Ahead(index)),
+            reach,
+            now,
+        );
+        if repaid.is_err() {
+            out.problems.push(format!(
+                "rule {index}: could not repay its credit in shared data"
+            ));
         }
     }
 
@@ -199,13 +275,21 @@ impl Calls {
                 (Stat::EngineCalls, stats.calls, last.calls),
                 (Stat::EngineFailures, stats.failures, last.failures),
                 (Stat::SlotsGranted, stats.granted, last.granted),
+                (Stat::GridMismatch, stats.mismatch, last.mismatch),
             ] {
                 c.add(
                     stat,
                     i32::try_from(new.saturating_sub(old)).unwrap_or(i32::MAX),
                 );
             }
+            for ((stat, new), old) in Stat::FAILURES.iter().zip(stats.failed).zip(last.failed) {
+                c.add(
+                    *stat,
+                    i32::try_from(new.saturating_sub(old)).unwrap_or(i32::MAX),
+                );
+            }
             c.record(Stat::FallbackMs, stats.fallback_total_ns(now) / NS_PER_MS);
+            c.record(Stat::ClockOffsetMs, stats.clock_offset_ms);
             out.count(index, c);
             *last = stats;
         }

@@ -54,18 +54,64 @@ pub enum Failure {
     /// An HTTP status other than 200 (400: Redis down or bad request; 429: a
     /// counter over the limit; 500: the service failed).
     Status(u16),
-    /// A 200 that does not make sense for our counters.
+    /// The engine answers, but not for our counters: no limit matches them
+    /// (another domain, or a configuration without the throttle's
+    /// descriptors), another unit than an hour, a limit too small.
+    Config(String),
+    /// The engine's clock is not ours (its hour ends at another time).
+    Clock(String),
+    /// Counters went back: the engine lost them (Redis restarted empty).
+    Lost(String),
+    /// Anything else that makes no sense for our counters.
     Nonsense(String),
 }
 
 impl Failure {
+    /// Every kind, in the order of [`Failure::index`].
+    pub const KINDS: [&'static str; 7] = [
+        "transport",
+        "timeout",
+        "status",
+        "config",
+        "clock",
+        "lost",
+        "nonsense",
+    ];
+
     /// A short label for logs and metrics.
     pub fn kind(&self) -> &'static str {
+        Self::KINDS.get(self.index()).copied().unwrap_or("nonsense")
+    }
+
+    /// The kind's place in [`Failure::KINDS`].
+    pub fn index(&self) -> usize {
         match self {
-            Failure::Transport => "transport",
-            Failure::Timeout => "timeout",
-            Failure::Status(_) => "status",
-            Failure::Nonsense(_) => "nonsense",
+            Failure::Transport => 0,
+            Failure::Timeout => 1,
+            Failure::Status(_) => 2,
+            Failure::Config(_) => 3,
+            Failure::Clock(_) => 4,
+            Failure::Lost(_) => 5,
+            Failure::Nonsense(_) => 6,
+        }
+    }
+
+    /// What happened, and what usually fixes it, for the log. `cluster` and
+    /// `domain`: the configuration's `engine` block.
+    pub fn explain(&self, cluster: &str, domain: &str) -> String {
+        match self {
+            Failure::Transport => format!(
+                "no answer from the engine's cluster {cluster:?} (connection refused or reset, no healthy endpoint): is the rate limit service running and is {cluster:?} its Envoy cluster?"
+            ),
+            Failure::Timeout => "no answer within engine.timeout: the rate limit service (or its Redis) is overloaded or far; keep its p99 well under engine.timeout, or raise it".into(),
+            Failure::Status(400) => "HTTP 400 from the rate limit service: its Redis is down or unreachable (or it refused the request)".into(),
+            Failure::Status(code) => format!("HTTP {code} from the rate limit service"),
+            Failure::Config(why) => format!(
+                "{why}: the rate limit service's configuration must have domain {domain:?} with the descriptors throttle_slots, throttle_members and throttle_demand, unit: hour (engine/config/throttle.yaml)"
+            ),
+            Failure::Clock(why) => format!("{why}: set every proxy's and the service's clock by NTP"),
+            Failure::Lost(why) => format!("{why}: run Redis with persistence, or accept a short excess after each loss"),
+            Failure::Nonsense(why) => format!("an answer that makes no sense: {why}"),
         }
     }
 }

@@ -3,9 +3,10 @@
 //! * The **grants blob** ([`SharedBlob`], one per rule) is written only by the
 //!   VM that calls the engine: a short header (mode, local interval, grant
 //!   rate) and a sorted list of owned global slot ranges `[start, end)`.
-//! * The **cursor** ([`SharedCell`], one per rule) `[next_slot, end]` is
-//!   shared by every worker: `next_slot` is the next owned slot not yet
-//!   taken, `end` the end of the owned range it lies in. The fast path is one
+//! * The **cursor** ([`Cursor`], one cell per rule) is shared by every
+//!   worker: `next` is the next owned slot not yet taken, `end` the end of
+//!   the owned range it lies in, and `waiting` the requests waiting for
+//!   grants. The fast path is one
 //!   cursor read and one compare-and-swap, as in process scope; the blob is
 //!   read only when the current range runs out or lies in the past. Workers
 //!   only move it forward; the calling VM moves it back when it publishes a
@@ -26,6 +27,7 @@
 use crate::clock::NS_PER_S;
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
+use super::ahead::go_ahead;
 use super::Grid;
 
 /// How a rule admits requests now, as published by the calling VM.
@@ -197,6 +199,9 @@ pub struct Reach {
     pub slack_ns: u64,
     /// `max_queue_delay`.
     pub max_delay_ns: u64,
+    /// `burst + 1`: how many requests this process may let go ahead of its
+    /// grants, on credit, before slots granted to it repay them ([`super::repay`]).
+    pub credit: u64,
 }
 
 impl Reach {
@@ -205,6 +210,7 @@ impl Reach {
             grid,
             slack_ns: burst.saturating_add(1).saturating_mul(grid.interval_ns),
             max_delay_ns,
+            credit: burst.saturating_add(1),
         }
     }
 
@@ -236,15 +242,64 @@ impl Attempt {
     }
 }
 
+/// A cluster rule's cursor cell ([`crate::CellId::Cursor`]): where this
+/// process's requests take their next owned slot (`[next, end)`, part of a
+/// range of the grants) and how many requests wait for grants, in one cell,
+/// so that a request reads both with one load: `[next, (end - next) |
+/// waiting << 32]`. A range longer than 2^32 - 1 slots is cut there (the rest
+/// is reached through the grants blob).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    pub next: u64,
+    pub end: u64,
+    pub waiting: u64,
+}
+
+impl Cursor {
+    const LOW: u64 = u32::MAX as u64;
+
+    /// The cursor of a cell's value (a cell never stored: `[0, 0)`, none waiting).
+    pub fn decode(value: Option<[u64; 2]>) -> Cursor {
+        let [next, packed] = value.unwrap_or([0, 0]);
+        Cursor {
+            next,
+            end: next.saturating_add(packed & Self::LOW),
+            waiting: packed >> 32,
+        }
+    }
+
+    /// The same cursor pointing at no range (workers look in the grants).
+    pub fn nowhere(self) -> Cursor {
+        Cursor {
+            next: 0,
+            end: 0,
+            waiting: self.waiting,
+        }
+    }
+
+    /// The cell's value.
+    pub fn encode(self) -> [u64; 2] {
+        let len = self.end.saturating_sub(self.next).min(Self::LOW);
+        [self.next, len | (self.waiting.min(Self::LOW) << 32)]
+    }
+}
+
 /// The decision for one request of a cluster rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
     /// Continue now on grid slot `slot`.
     Now { slot: u64 },
+    /// Continue now on grid slot `slot`, which is due later within the
+    /// epoch: the process lets one request go ahead of its slot at a time.
+    Early { slot: u64 },
+    /// Continue now on credit: no owned slot was at hand, and the process
+    /// owed fewer than `burst + 1`; it is repaid from its earliest slots
+    /// once granted ([`super::repay`]).
+    Credit,
     /// Hold `delay_ns` (until grid slot `slot`'s wall time).
     Hold { slot: u64, delay_ns: u64 },
     /// No owned slot for it yet: it now waits for grants (counted in the
-    /// waiting cell); retry on tick with `Attempt::Retry` until
+    /// cursor cell, [`Cursor::waiting`]); retry on tick with `Attempt::Retry` until
     /// `max_queue_delay`, then reject it and [`add_waiting`] -1.
     Wait,
     /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
@@ -266,37 +321,43 @@ fn retry_after(beyond_ns: u64) -> u64 {
 }
 
 /// Takes a slot for one request at wall time `now` (see the module docs).
-/// `can_hold`: the worker's queue has room. `waiting`: the rule's count of
-/// requests waiting for grants, read only off the fast path: a new request
-/// that would need a new range while others wait queues behind them, so
-/// waiting requests are served first. `take` keeps the count: +1 when it
-/// answers `Wait` to a first attempt, -1 when a retry ends in anything but
-/// `Wait`.
-pub fn take<C: SharedCell, W: SharedCell, B: SharedBlob>(
+/// `can_hold`: the worker's queue has room. The cursor cell ([`Cursor`])
+/// carries the rule's count of requests waiting for grants: a new request
+/// that would need a slot beyond the cursor's current range while others
+/// wait queues behind them, so waiting requests are served first. `take`
+/// keeps the count: +1 when it answers `Wait` to a first attempt, -1 when a
+/// retry ends in anything but `Wait`. `ahead`: the rule's [`super::Ahead`] cell,
+/// read only off the fast path (+1 owed when it answers `Credit`).
+///
+/// The fast path reads and writes the cursor cell only: its range is owned,
+/// so while it reaches the oldest usable slot (`min_slot`), that slot (or the
+/// cursor's next, if later) is the slot the grants would give. Only when the
+/// range is used up or in the past are the grants read.
+pub fn take<C: SharedCell, A: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
-    waiting: &mut W,
+    ahead: &mut A,
     reach: &Reach,
     now: u64,
     can_hold: bool,
     attempt: Attempt,
 ) -> Take {
-    let decision = take_inner(cursor, blob, waiting, reach, now, can_hold, attempt);
+    let decision = take_inner(cursor, blob, ahead, reach, now, can_hold, attempt);
     let delta = match (attempt, decision) {
         (Attempt::First, Take::Wait) => 1,
         (Attempt::Retry { .. }, Take::Wait) | (Attempt::First, _) => 0,
         (Attempt::Retry { .. }, _) => -1,
     };
-    if delta != 0 && add_waiting(waiting, delta).is_err() {
+    if delta != 0 && add_waiting(cursor, delta).is_err() {
         return Take::Contention;
     }
     decision
 }
 
-fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
+fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
-    waiting: &mut W,
+    ahead: &mut A,
     reach: &Reach,
     now: u64,
     can_hold: bool,
@@ -309,9 +370,17 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
         let Ok((value, token)) = cursor.load() else {
             return Take::Contention;
         };
-        let [next, end] = value.unwrap_or([0, 0]);
-        let (slot, range_end) = if next < end && next >= min_slot {
-            (next, end)
+        let c = Cursor::decode(value);
+        let queued = match attempt {
+            Attempt::First => c.waiting,
+            Attempt::Retry { .. } => 0,
+        };
+        let (slot, range_end) = if c.next < c.end && c.next >= min_slot {
+            (c.next, c.end)
+        } else if queued == 0 && c.next < min_slot && min_slot < c.end {
+            // The range is owned and still reaches the oldest usable slot:
+            // the first slot the grants hold from there.
+            (min_slot, c.end)
         } else {
             // The current range is used up or in the past: look at the grants.
             if grants.is_none() {
@@ -328,20 +397,28 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
             let Some(g) = grants.as_ref() else {
                 return Take::Contention;
             };
-            let queued = match attempt {
-                Attempt::First => match waiting.load() {
-                    Ok((v, _)) => v.map_or(0, |[n, _]| n),
-                    Err(_) => return Take::Contention,
-                },
-                Attempt::Retry { .. } => 0,
-            };
-            match g.first_from(next.max(min_slot)) {
+            match g.first_from(c.next.max(min_slot)) {
                 Some(found) if queued == 0 => found,
-                _ => return no_slot(g, max_delay, attempt, queued),
+                _ => return no_slot(g, ahead, reach, now, attempt, queued),
             }
         };
         let t = reach.grid.slot_time(slot);
-        let delay_ns = t.saturating_sub(now);
+        let mut delay_ns = t.saturating_sub(now);
+        let mut early = false;
+        if delay_ns > reach.grid.interval_ns && delay_ns <= reach.grid.epoch_ns {
+            // The next owned slot is further than one interval away but
+            // within the epoch: the process is within its share (a saturated
+            // one holds its requests for slots further ahead). One request at
+            // a time may take its slot now, before its time.
+            match go_ahead(ahead, reach, attempt, queued, now, Some(t)) {
+                Some(Take::Contention) => return Take::Contention,
+                Some(_) => {
+                    early = true;
+                    delay_ns = 0;
+                }
+                None => {}
+            }
+        }
         if delay_ns > max_delay {
             return Take::Reject {
                 retry_after_s: retry_after(delay_ns - max_delay),
@@ -354,7 +431,13 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
                 queue_full: true,
             };
         }
-        match cursor.store([slot + 1, range_end], token) {
+        let moved = Cursor {
+            next: slot + 1,
+            end: range_end,
+            waiting: c.waiting,
+        };
+        match cursor.store(moved.encode(), token) {
+            Ok(true) if early => return Take::Early { slot },
             Ok(true) if delay_ns == 0 => return Take::Now { slot },
             Ok(true) => return Take::Hold { slot, delay_ns },
             Ok(false) => continue,
@@ -364,25 +447,35 @@ fn take_inner<C: SharedCell, W: SharedCell, B: SharedBlob>(
     Take::Contention
 }
 
-/// No owned slot within reach (or others wait for one): the engine's state decides.
-fn no_slot(g: &Grants, max_delay: u64, attempt: Attempt, queued: u64) -> Take {
+/// No owned slot within reach (or others wait for one): the engine's state
+/// decides. On the grid, a request goes on credit if it may, else waits for
+/// grants unless its turn at the whole fleet's rate (one slot every `T`
+/// behind those already waiting) lies beyond what it may wait: the fleet's
+/// rate, not this process's last share, which after a lull says nothing.
+fn no_slot<A: SharedCell>(
+    g: &Grants,
+    ahead: &mut A,
+    reach: &Reach,
+    now: u64,
+    attempt: Attempt,
+    queued: u64,
+) -> Take {
+    let max_delay = attempt.max_delay(reach);
     match (g.mode, attempt) {
         (Mode::Local { interval_ns }, _) => Take::Local { interval_ns },
         (Mode::Deny, _) => Take::Deny,
+        (Mode::Grid, _) if queued == 0 => {
+            go_ahead(ahead, reach, attempt, queued, now, None).unwrap_or(Take::Wait)
+        }
         (Mode::Grid, Attempt::Retry { .. }) => Take::Wait,
         (Mode::Grid, Attempt::First) => {
-            // Served in time only if the grants expected within max_queue_delay
-            // cover the requests already waiting and this one.
-            let expected =
-                u128::from(g.grant_rate_per_s) * u128::from(max_delay) / u128::from(NS_PER_S);
-            if g.grant_rate_per_s > 0 && u128::from(queued) + 1 > expected {
-                let per_slot = NS_PER_S / g.grant_rate_per_s.max(1);
+            let turn = reach
+                .grid
+                .interval_ns
+                .saturating_mul(queued.saturating_add(1));
+            if turn > max_delay {
                 Take::Reject {
-                    retry_after_s: retry_after(
-                        per_slot
-                            .saturating_mul(queued.saturating_add(1))
-                            .saturating_sub(max_delay),
-                    ),
+                    retry_after_s: retry_after(turn - max_delay),
                     queue_full: false,
                 }
             } else {
@@ -421,7 +514,8 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (bytes, token) = blob.load()?;
         let (value, cursor_token) = cursor.load()?;
-        let next = value.map_or(0, |[n, _]| n);
+        let c = Cursor::decode(value);
+        let next = c.next;
         let mut g = bytes
             .as_deref()
             .and_then(Grants::decode)
@@ -454,7 +548,12 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
         }
         match g.ranges.first() {
             Some(&(a, b)) if a < next => {
-                if cursor.store([a, b], cursor_token)? {
+                let back = Cursor {
+                    next: a,
+                    end: b,
+                    waiting: c.waiting,
+                };
+                if cursor.store(back.encode(), cursor_token)? {
                     return Ok(usable);
                 }
             }
@@ -464,44 +563,155 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     Err(StoreError(0))
 }
 
-/// Requests of a rule waiting for grants, in one process-wide cell `[count, 0]`:
-/// `+1` when a request starts waiting, `-1` when it leaves (slot taken,
-/// rejected at its deadline, or gone). Returns the count after the change.
-pub fn add_waiting<C: SharedCell>(cell: &mut C, delta: i64) -> Result<u64, StoreError> {
+/// Moves every owned range by `shift` slots (the process's clock offset from
+/// the fleet's changed: the same fleet slots lie at other local times), and
+/// points the cursor nowhere, so that workers look in the moved blob. What
+/// workers took (below the cursor) is pruned first; if one takes more before
+/// the cursor is reset, the blob is pruned again at where it moved the cursor.
+pub fn shift_grants<C: SharedCell, B: SharedBlob>(
+    blob: &mut B,
+    cursor: &mut C,
+    shift: i64,
+) -> Result<(), StoreError> {
+    let mut moved = false;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (v, token) = cell.load()?;
-        let n = v.map_or(0, |[n, _]| n);
-        let new = if delta >= 0 {
-            n.saturating_add(delta.unsigned_abs())
+        let (value, cursor_token) = cursor.load()?;
+        let c = Cursor::decode(value);
+        let next = c.next;
+        let (bytes, token) = blob.load()?;
+        let mut g = bytes
+            .as_deref()
+            .and_then(Grants::decode)
+            .unwrap_or_default();
+        if moved {
+            g.prune_below(next.saturating_add_signed(shift));
         } else {
-            n.saturating_sub(delta.unsigned_abs())
+            g.prune_below(next);
+            for r in &mut g.ranges {
+                *r = (
+                    r.0.saturating_add_signed(shift),
+                    r.1.saturating_add_signed(shift),
+                );
+            }
+        }
+        if !blob.store(&g.encode(), token)? {
+            continue;
+        }
+        moved = true;
+        if cursor.store(c.nowhere().encode(), cursor_token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Drops every owned range and points the cursor nowhere: the slots granted
+/// so far may be granted again (counters lost), or lie in another time frame.
+pub fn reset_grants<C: SharedCell, B: SharedBlob>(
+    blob: &mut B,
+    cursor: &mut C,
+) -> Result<(), StoreError> {
+    let mut cleared = false;
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        if !cleared {
+            let (bytes, token) = blob.load()?;
+            let mut g = bytes
+                .as_deref()
+                .and_then(Grants::decode)
+                .unwrap_or_default();
+            g.ranges.clear();
+            cleared = blob.store(&g.encode(), token)?;
+            continue;
+        }
+        let (value, token) = cursor.load()?;
+        if cursor.store(Cursor::decode(value).nowhere().encode(), token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Whether the rule takes slots of the grid now (the calling VM's last
+/// word). False if the grants cannot be read: a request keeps its turn.
+pub fn on_grid<B: SharedBlob>(blob: &mut B) -> bool {
+    blob.load()
+        .ok()
+        .and_then(|(bytes, _)| bytes)
+        .as_deref()
+        .and_then(Grants::decode)
+        .is_some_and(|g| g.mode == Mode::Grid)
+}
+
+/// When a rule falls back to its local schedule: the schedule's next turn
+/// moves to the end of the grid slots this process still owns (they stay
+/// valid and are taken first), so that the two never run at once. `mono` and
+/// `wall`: the same instant on both clocks.
+pub fn fallback_after_grants<C: SharedCell, B: SharedBlob>(
+    fallback: &mut C,
+    blob: &mut B,
+    reach: &Reach,
+    mono: u64,
+    wall: u64,
+) -> Result<(), StoreError> {
+    let (bytes, _) = blob.load()?;
+    let Some(end) = bytes
+        .as_deref()
+        .and_then(Grants::decode)
+        .and_then(|g| g.ranges.last().map(|r| r.1))
+    else {
+        return Ok(());
+    };
+    let start = mono.saturating_add(reach.grid.slot_time(end).saturating_sub(wall));
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = fallback.load()?;
+        let [fp, tat] = v.unwrap_or([0, 0]);
+        if tat >= start || fallback.store([fp, start], token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Requests of a rule waiting for grants, counted in its cursor cell
+/// ([`Cursor::waiting`]): `+1` when a request starts waiting, `-1` when it
+/// leaves (slot taken, rejected at its deadline, or gone). Returns the count
+/// after the change.
+pub fn add_waiting<C: SharedCell>(cursor: &mut C, delta: i64) -> Result<u64, StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = cursor.load()?;
+        let mut c = Cursor::decode(v);
+        c.waiting = if delta >= 0 {
+            c.waiting.saturating_add(delta.unsigned_abs())
+        } else {
+            c.waiting.saturating_sub(delta.unsigned_abs())
         };
-        if cell.store([new, 0], token)? {
-            return Ok(new);
+        if cursor.store(c.encode(), token)? {
+            return Ok(c.waiting);
         }
     }
     Err(StoreError(0))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::clock::NS_PER_MS;
+    use crate::cluster::ahead::Ahead;
     use crate::testing::{MemBlob, MemCell};
 
-    const MS: u64 = NS_PER_MS;
+    pub(crate) const MS: u64 = NS_PER_MS;
 
     // 500/s: T = 2 ms, L = 50, E = 100 ms; no burst (slack 2 ms); hold up to 10 ms.
-    fn reach() -> Reach {
+    pub(crate) fn reach() -> Reach {
         Reach::new(Grid::new(2 * MS), 0, 10 * MS)
     }
 
     /// Wall time of slot k at 500/s.
-    fn at(k: u64) -> u64 {
+    pub(crate) fn at(k: u64) -> u64 {
         k * 2 * MS
     }
 
-    fn setup(ranges: &[(u64, u64)]) -> (MemCell, MemBlob) {
+    pub(crate) fn setup(ranges: &[(u64, u64)]) -> (MemCell, MemBlob) {
         let mut blob = MemBlob::default();
         let mut cursor = MemCell::default();
         let r = reach();
@@ -509,7 +719,32 @@ mod tests {
         (cursor, blob)
     }
 
-    const FIRST: Attempt = Attempt::First;
+    pub(crate) const FIRST: Attempt = Attempt::First;
+
+    /// The ahead cell: `owed` slots, ahead until `until_ms`.
+    pub(crate) fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
+        Ahead { owed, until_ms }.encode()
+    }
+
+    /// The cursor's range `[next, end)`.
+    pub(crate) fn cur(c: &MemCell) -> (u64, u64) {
+        let x = Cursor::decode(c.v);
+        (x.next, x.end)
+    }
+
+    /// The cursor's count of requests waiting for grants.
+    pub(crate) fn waiting_in(c: &MemCell) -> u64 {
+        Cursor::decode(c.v).waiting
+    }
+
+    /// The ahead cell of a process that owes all the credit it may take:
+    /// requests take only the slots they own (the tests of credit below).
+    pub(crate) fn owing() -> MemCell {
+        MemCell {
+            v: Some([u64::MAX, u64::MAX]),
+            version: 0,
+        }
+    }
 
     #[test]
     fn the_blob_round_trips_and_rejects_garbage() {
@@ -553,43 +788,19 @@ mod tests {
         let r = reach();
         let now = at(1000);
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Now { slot: 1000 }
         );
-        assert_eq!(c.v, Some([1001, 1003]), "the fast path moved the cursor");
+        assert_eq!(cur(&c), (1001, 1003), "the fast path moved the cursor");
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Hold {
                 slot: 1001,
                 delay_ns: 2 * MS
             }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Hold {
                 slot: 1002,
                 delay_ns: 4 * MS
@@ -597,38 +808,22 @@ mod tests {
         );
         // The next owned slot, 1010, is 20 ms away: beyond max_queue_delay (10 ms).
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: false
             }
         );
-        assert_eq!(c.v, Some([1003, 1003]), "a rejection takes nothing");
+        assert_eq!(cur(&c), (1003, 1003), "a rejection takes nothing");
         // 10 ms later it is within reach.
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now + 10 * MS,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now + 10 * MS, true, FIRST),
             Take::Hold {
                 slot: 1010,
                 delay_ns: 10 * MS
             }
         );
-        assert_eq!(c.v, Some([1011, 1012]));
+        assert_eq!(cur(&c), (1011, 1012));
     }
 
     #[test]
@@ -638,66 +833,26 @@ mod tests {
                          // At slot 1005's time + 1 ms: 1004 (3 ms old) is out of reach, 1005 (1 ms old) is not.
         let now = at(1005) + MS;
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, now, true, FIRST),
             Take::Now { slot: 1005 }
         );
         // With burst 2 (slack 6 ms), 1003 would still do: (3 ms)->1004 is the oldest usable...
         let (mut c, mut b) = setup(&[(1000, 1010)]);
         let r3 = Reach::new(Grid::new(2 * MS), 2, 10 * MS);
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r3, now, true, FIRST),
             Take::Now { slot: 1003 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r3, now, true, FIRST),
             Take::Now { slot: 1004 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r3, now, true, FIRST),
             Take::Now { slot: 1005 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r3,
-                now,
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r3, now, true, FIRST),
             Take::Hold {
                 slot: 1006,
                 delay_ns: MS
@@ -710,118 +865,43 @@ mod tests {
         let (mut c, mut b) = setup(&[(1000, 1003)]);
         let r = reach();
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                false,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), false, FIRST),
             Take::Now { slot: 1000 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                false,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), false, FIRST),
             Take::Reject {
                 retry_after_s: 1,
                 queue_full: true
             }
         );
-        assert_eq!(c.v, Some([1001, 1003]));
+        assert_eq!(cur(&c), (1001, 1003));
     }
 
     #[test]
-    fn without_grants_a_request_waits_unless_the_grant_rate_cannot_serve_it() {
-        let mut blob = MemBlob::default();
-        let mut c = MemCell::default();
-        let mut waiting = MemCell::default();
-        let r = reach(); // hold up to 10 ms
-                         // Nothing known yet: wait (and be counted).
-        assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
-            Take::Wait
-        );
-        // A share of 250 slots/s: 2.5 slots per 10 ms. With one waiting, a second still fits...
-        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[]).unwrap();
-        assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
-            Take::Wait
-        );
-        // ...but with 2 already waiting, a third cannot be served within 10 ms: rejected now.
-        assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
-            Take::Reject {
-                retry_after_s: 1,
-                queue_full: false
+    fn a_shift_moves_the_untaken_slots_and_sends_workers_to_the_blob() {
+        // Owned 1000..1010 and 1020..1030; workers took 1000..1004.
+        let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
+        c.v = Some(
+            Cursor {
+                next: 1004,
+                end: 1010,
+                waiting: 0,
             }
+            .encode(),
         );
-        // A retry is never rejected early: the glue rejects it at its deadline.
+        shift_grants(&mut b, &mut c, 500).unwrap();
         assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut waiting,
-                &r,
-                at(1000),
-                true,
-                Attempt::Retry { waited_ns: MS }
-            ),
-            Take::Wait
+            Grants::decode(b.v.as_ref().unwrap()).unwrap().ranges,
+            vec![(1504, 1510), (1520, 1530)]
         );
-        // Grants arrive (slots 1002..1010): a new request queues behind the two
-        // waiting ones; their retries take the slots first, and leave the count.
-        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 250, &[(1002, 1010)]).unwrap();
+        assert_eq!(cur(&c), (0, 0));
+        // A worker now takes the first moved slot.
+        let r = Reach::new(Grid::new(2 * MS), 0, 10 * MS);
         assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, FIRST),
-            Take::Reject {
-                retry_after_s: 1,
-                queue_full: false
-            }
+            take(&mut c, &mut b, &mut owing(), &r, at(1504), true, FIRST),
+            Take::Now { slot: 1504 }
         );
-        let retry = Attempt::Retry { waited_ns: 2 * MS };
-        assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
-            Take::Hold {
-                slot: 1002,
-                delay_ns: 4 * MS
-            }
-        );
-        assert_eq!(
-            take(&mut c, &mut blob, &mut waiting, &r, at(1000), true, retry),
-            Take::Hold {
-                slot: 1003,
-                delay_ns: 6 * MS
-            }
-        );
-        assert_eq!(waiting.v, Some([0, 0]));
-        // A retry may be held only for what is left of max_queue_delay (10 - 7 ms).
-        let mut w = MemCell::default();
-        add_waiting(&mut w, 1).unwrap();
-        assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut w,
-                &r,
-                at(1000),
-                true,
-                Attempt::Retry { waited_ns: 7 * MS }
-            ),
-            Take::Reject {
-                retry_after_s: 1,
-                queue_full: false
-            }
-        );
-        assert_eq!(w.v, Some([0, 0]));
     }
 
     #[test]
@@ -841,42 +921,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Now { slot: 1000 }
         );
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Local {
                 interval_ns: 6 * MS
             }
         );
         publish(&mut b, &mut c, &r, 0, Mode::Deny, 0, &[]).unwrap();
         assert_eq!(
-            take(
-                &mut c,
-                &mut b,
-                &mut MemCell::default(),
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Deny
         );
     }
@@ -885,24 +941,8 @@ mod tests {
     fn publish_prunes_what_is_taken_or_out_of_reach() {
         let (mut c, mut b) = setup(&[(1000, 1010), (1020, 1030)]);
         let r = reach();
-        take(
-            &mut c,
-            &mut b,
-            &mut MemCell::default(),
-            &r,
-            at(1000),
-            true,
-            FIRST,
-        );
-        take(
-            &mut c,
-            &mut b,
-            &mut MemCell::default(),
-            &r,
-            at(1000),
-            true,
-            FIRST,
-        );
+        take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
+        take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
         // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004.
         let usable = publish(&mut b, &mut c, &r, at(1005), Mode::Grid, 0, &[(1040, 1045)]).unwrap();
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
@@ -919,7 +959,7 @@ mod tests {
         let take_one = |c: &mut MemCell, b: &mut MemBlob| match take(
             c,
             b,
-            &mut MemCell::default(),
+            &mut owing(),
             &r,
             at(1000),
             true,
@@ -931,7 +971,7 @@ mod tests {
         for _ in 0..15 {
             taken.push(take_one(&mut c, &mut b));
         }
-        assert_eq!(c.v, Some([1025, 1030]));
+        assert_eq!(cur(&c), (1025, 1030));
         // Leftovers granted at 1012..1014 (below the cursor) and 1040..1042.
         let usable = publish(
             &mut b,
@@ -945,8 +985,8 @@ mod tests {
         .unwrap();
         assert_eq!(usable, 2 + 5 + 2);
         assert_eq!(
-            c.v,
-            Some([1012, 1014]),
+            cur(&c),
+            (1012, 1014),
             "the cursor came back to the new range"
         );
         for _ in 0..9 {
@@ -978,8 +1018,12 @@ mod tests {
                 if self.loads == 1 {
                     // A worker takes slot 1025 right after this load.
                     let (v, t) = self.inner.load()?;
-                    let [n, e] = v.unwrap_or([0, 0]);
-                    assert!(self.inner.store([n + 1, e], t)?);
+                    let x = Cursor::decode(v);
+                    let taken = Cursor {
+                        next: x.next + 1,
+                        ..x
+                    };
+                    assert!(self.inner.store(taken.encode(), t)?);
                 }
                 seen
             }
@@ -990,7 +1034,14 @@ mod tests {
         let (c, mut b) = setup(&[(1020, 1030)]);
         let mut c = Racing { inner: c, loads: 0 };
         let r = Reach::new(Grid::new(2 * MS), 0, 100 * MS);
-        c.inner.v = Some([1025, 1030]);
+        c.inner.v = Some(
+            Cursor {
+                next: 1025,
+                end: 1030,
+                waiting: 0,
+            }
+            .encode(),
+        );
         publish(
             &mut b,
             &mut c,
@@ -1002,7 +1053,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.loads, 2, "a second attempt");
-        assert_eq!(c.inner.v, Some([1012, 1014]));
+        assert_eq!(cur(&c.inner), (1012, 1014));
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
         assert_eq!(
             g.ranges,

@@ -134,6 +134,25 @@ impl Grid {
         format!("{name}:{}:{}:{f}", self.interval_ns, self.slots_per_epoch)
     }
 
+    /// The name of this grid's per-hour count of calls (`<name>:<T>:<L>:gen`):
+    /// it only grows within the service's hour, unless counters were lost.
+    pub fn gen_key(&self, name: &str) -> String {
+        format!("{name}:{}:{}:gen", self.interval_ns, self.slots_per_epoch)
+    }
+
+    /// The per-second member counters of rule `name`: of every proxy that
+    /// carries a rule of that name, whatever its rate (`<name>:any:<s>`),
+    /// and of those on this grid (`<name>:<T>:<L>:sec:<s>`).
+    pub fn second_keys(&self, name: &str, s: u64) -> (String, String) {
+        (
+            format!("{name}:any:{s}"),
+            format!(
+                "{name}:{}:{}:sec:{s}",
+                self.interval_ns, self.slots_per_epoch
+            ),
+        )
+    }
+
     /// Whether a claim for epoch `f` may be sent at the caller's wall time
     /// `now`: `now` is in the service's window holding the epoch's start, at
     /// least `skew` after that window starts and `skew + timeout` before it ends.

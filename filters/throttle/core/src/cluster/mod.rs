@@ -57,6 +57,7 @@
 //! | `throttle/v2/rule/<rule>/fallback` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
 //! | `throttle/v2/caller/<hash of the configuration>` | the caller lease `[holder, until]` | the VMs that may call |
 
+pub mod ahead;
 pub mod caller;
 pub mod calls;
 pub mod engine;
@@ -65,15 +66,20 @@ pub mod grid;
 pub mod lease;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
+pub mod skew;
 pub mod wire;
 
+pub use ahead::{repay, Ahead};
 pub use caller::{
     Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
     MIN_CALL_INTERVAL_NS,
 };
 pub use calls::{Calls, Effects};
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
-pub use grants::{add_waiting, publish, take, Attempt, Grants, Mode, Reach, Take};
+pub use grants::{
+    add_waiting, fallback_after_grants, on_grid, publish, reset_grants, shift_grants, take,
+    Attempt, Cursor, Grants, Mode, Reach, Take,
+};
 pub use grid::Grid;
 
 use std::sync::Arc;
@@ -123,3 +129,6 @@ pub fn local_schedule(reach: &Reach, interval_ns: u64, attempt: Attempt) -> Sche
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod holds;

@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
 use serde_json::{json, Value};
 
@@ -29,6 +29,7 @@ use crate::stream::{initial_values, Env, Stream, Verdict};
 use crate::testing::{MemCells, MemStore};
 use crate::worker::{TickAction, TickPlan, Worker};
 
+use super::ahead::Ahead;
 use super::caller::{Call, Caller};
 use super::calls::{Calls, Effects};
 use super::engine::Failure;
@@ -229,6 +230,8 @@ pub struct Release {
     /// True wall time it arrived.
     pub arrived: u64,
     pub slot: Option<u64>,
+    /// It went on credit (no slot: the process's next grants repay it).
+    pub credit: bool,
 }
 
 /// What a compare-and-swap of a proxy's store took: a grid slot of a rule
@@ -237,6 +240,8 @@ pub struct Release {
 enum Taken {
     Slot(u64),
     Fallback,
+    /// A request went on credit (the process's debt grew).
+    Credit,
 }
 
 /// The in-memory store of one proxy, noting what each successful
@@ -256,6 +261,7 @@ impl Store for SimStore<'_> {
     fn store(&self, id: CellId, value: [u64; 2], token: u32) -> Result<bool, StoreError> {
         let before = match id {
             CellId::Cursor(_) => self.mem.load(id)?.0.map_or(0, |[next, _]| next),
+            CellId::Ahead(_) => Ahead::decode(self.mem.load(id)?.0).owed,
             _ => 0,
         };
         let stored = self.mem.store(id, value, token)?;
@@ -263,6 +269,7 @@ impl Store for SimStore<'_> {
             let taken = match id {
                 CellId::Cursor(_) if value[0] > before => Some(Taken::Slot(value[0] - 1)),
                 CellId::Fallback(_) => Some(Taken::Fallback),
+                CellId::Ahead(_) if Ahead::decode(Some(value)).owed > before => Some(Taken::Credit),
                 _ => None,
             };
             self.taken.borrow_mut().extend(taken);
@@ -339,9 +346,6 @@ pub struct SimProxy {
     pub failures: u64,
     /// Takes the simulation could not match to a request (always 0: checked by the tests).
     pub unmatched: u64,
-    /// The requests waiting for grants, by rule, in the worker's order
-    /// (oldest first: one max_queue_delay per rule).
-    waiters: Vec<VecDeque<u32>>,
 }
 
 impl std::fmt::Debug for SimStore<'_> {
@@ -375,7 +379,6 @@ impl SimProxy {
             calls: 0,
             failures: 0,
             unmatched: 0,
-            waiters: vec![VecDeque::new(); config.rules.len()],
         };
         // As the glue does on configure.
         let store = proxy.store();
@@ -465,16 +468,11 @@ impl SimProxy {
                     at: t,
                     arrived: t,
                     slot,
+                    credit: taken == Some(Taken::Credit),
                 });
                 Fate::Released { slot }
             }
             Verdict::Hold => {
-                if taken.is_none() {
-                    // It waits for grants.
-                    if let Some(q) = self.waiters.get_mut(rule) {
-                        q.push_back(id);
-                    }
-                }
                 self.held.insert(id, HeldRequest { arrived: t, taken });
                 Fate::Held
             }
@@ -509,9 +507,12 @@ impl SimProxy {
             mem: MemStore(&self.cells),
             taken: &self.taken,
         };
+        // The waiters for grants, in the order the worker retries them (by
+        // rule, oldest first).
+        let waiting: Vec<u32> = self.worker.grants.iter().map(|w| w.id).collect();
         let plan = self.worker.plan_tick(&self.config, store, &mut clock);
-        // The retries that took something, each rule's oldest first, took
-        // what the store saw taken, in that order.
+        // The retries that took something took what the store saw taken, in
+        // that order: those no longer waiting and not answered.
         let replied: HashSet<u32> = plan
             .actions
             .iter()
@@ -520,20 +521,10 @@ impl SimProxy {
                 TickAction::Resume { .. } => None,
             })
             .collect();
-        // Each rule's waiters leave in their order: the first ones that no
-        // longer wait left on this tick.
-        let mut retried = Vec::new();
-        for queue in &mut self.waiters {
-            while let Some(&id) = queue
-                .front()
-                .filter(|id| !self.worker.grants.contains(**id))
-            {
-                queue.pop_front();
-                if !replied.contains(&id) {
-                    retried.push(id);
-                }
-            }
-        }
+        let retried: Vec<u32> = waiting
+            .into_iter()
+            .filter(|id| !self.worker.grants.contains(*id) && !replied.contains(id))
+            .collect();
         let mut taken = self.taken.borrow_mut();
         if retried.len() != taken.len() {
             self.unmatched += 1;
@@ -576,6 +567,7 @@ impl SimProxy {
                             Some(Taken::Slot(k)) => Some(k),
                             _ => None,
                         },
+                        credit: held.and_then(|h| h.taken) == Some(Taken::Credit),
                     });
                 }
                 TickAction::Reply { id, rule, .. } => {
@@ -618,6 +610,8 @@ impl SimProxy {
             },
             &|rule, stat| totals.get(&(rule, stat)).copied().unwrap_or(0),
         );
+        // What the calling side stored is none of a request's.
+        self.taken.borrow_mut().clear();
         let call = self.apply(out);
         if call.is_some() {
             self.calls += 1;
@@ -641,12 +635,19 @@ impl SimProxy {
             taken: &self.taken,
         };
         let totals = &self.totals;
-        let out = self.calling.on_answer(store, now, answer, &|rule, stat| {
-            totals.get(&(rule, stat)).copied().unwrap_or(0)
-        });
+        let mut clock = Fixed {
+            mono: now,
+            wall: now,
+        };
+        let out = self
+            .calling
+            .on_answer(store, &mut clock, answer, &|rule, stat| {
+                totals.get(&(rule, stat)).copied().unwrap_or(0)
+            });
         if failures(self.calling.caller()) > before {
             self.failures += 1;
         }
+        self.taken.borrow_mut().clear();
         self.apply(out);
     }
 
@@ -656,8 +657,24 @@ impl SimProxy {
             self.count(*rule, counts);
         }
         for u in &out.published {
-            self.granted
-                .extend(u.ranges.iter().map(|&range| (u.rule, range)));
+            // In the fleet's frame, so that proxies' grants compare.
+            let (offset, l) = (
+                self.calling
+                    .caller()
+                    .clock_offset_epochs(u.rule)
+                    .unwrap_or(0),
+                self.calling.caller().slots_per_epoch(u.rule).unwrap_or(1),
+            );
+            let shift = offset.saturating_mul(i64::try_from(l).unwrap_or(i64::MAX));
+            self.granted.extend(u.ranges.iter().map(|&(a, b)| {
+                (
+                    u.rule,
+                    (
+                        a.saturating_add_signed(-shift),
+                        b.saturating_add_signed(-shift),
+                    ),
+                )
+            }));
         }
         out.call
     }

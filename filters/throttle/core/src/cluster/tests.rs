@@ -161,6 +161,7 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
     let waiting = [RuleFacts {
         arrived_total: 2,
         waiting: 2,
+        owed: 0,
     }];
     let (call, updates) = c.tick(T0, &waiting);
     assert!(updates.is_empty());
@@ -174,19 +175,42 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
             v(f)
         )
     };
-    // Look at the demand total of e-1 (complete: lag = 1 + ceil(150 ms / 100 ms)
-    // = 3 epochs), at e+1's proxies, take 3 leftovers of e+1 (1 arrival per
-    // epoch at least, plus 2 waiting), add itself and its demand to e+2. No
-    // share yet: it had no place in an earlier demand total.
+    // Look at the demand total of e+1 (complete: lag = ceil((25 + 50 + 100)
+    // ms / 100 ms) = 2 epochs before e+3, where adds go: k = 3), add one to
+    // the hour's call count, probe the members one and two epochs ahead of
+    // e+3 and behind it, look at e+1's proxies, take 3 leftovers of e+1 (1 arrival per
+    // epoch at least, plus 2 waiting), add itself and its demand (1 arrival
+    // per epoch, in 1/64) to e+3. No share yet: it had no place in an earlier
+    // demand total.
+    let gen = r#"{"entries":[{"key":"throttle_members","value":"orders:2000000:50:gen"}],"hitsAddend":"1"}"#;
+    // Once per second: itself in this second's count of the rule's name and
+    // of its grid, and a look at both two seconds back.
+    let sec = T0 / NS_PER_S;
+    let m = |value: String, hits: u64| {
+        format!(
+            r#"{{"entries":[{{"key":"throttle_members","value":"{value}"}}],"hitsAddend":"{hits}"}}"#
+        )
+    };
+    let seconds = [
+        m(format!("orders:any:{sec}"), 1),
+        m(format!("orders:2000000:50:sec:{sec}"), 1),
+        m(format!("orders:any:{}", sec - 2), 0),
+        m(format!("orders:2000000:50:sec:{}", sec - 2), 0),
+    ]
+    .join(",");
     assert_eq!(
         body,
         format!(
-            r#"{{"descriptors":[{},{},{},{},{}],"domain":"envoy_throttle"}}"#,
-            d("throttle_demand", E0 - 1, 0),
+            r#"{{"descriptors":[{},{gen},{seconds},{},{},{},{},{},{},{},{}],"domain":"envoy_throttle"}}"#,
+            d("throttle_demand", E0 + 1, 0),
+            d("throttle_members", E0 + 4, 0),
+            d("throttle_members", E0 + 2, 0),
+            d("throttle_members", E0 + 5, 0),
+            d("throttle_members", E0 + 1, 0),
             d("throttle_members", E0 + 1, 0),
             d("throttle_slots", E0 + 1, 3),
-            d("throttle_members", E0 + 2, 1),
-            d("throttle_demand", E0 + 2, 1),
+            d("throttle_members", E0 + 3, 1),
+            d("throttle_demand", E0 + 3, 64),
         )
     );
     // Nothing more this epoch, and never two calls in flight.
@@ -199,6 +223,7 @@ fn answers_grant_exact_positions_and_a_second_proxy_gets_the_next_ones() {
     let facts = [RuleFacts {
         arrived_total: 0,
         waiting: 3,
+        owed: 0,
     }];
     let mut a = Caller::new(
         &engine(),
@@ -243,6 +268,7 @@ fn a_counter_that_moves_in_steps_keeps_a_sparse_proxy_claiming() {
         let facts = [RuleFacts {
             arrived_total: 2 * (k / 5),
             waiting: 0,
+            owed: 0,
         }];
         if exchange(&mut eng, &mut c, T0 + k * 101 * MS, &facts).0 && k >= 10 {
             calls += 1;
@@ -269,10 +295,12 @@ fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
         let fa = [RuleFacts {
             arrived_total: 30 * k,
             waiting: 0,
+            owed: 0,
         }];
         let fb = [RuleFacts {
             arrived_total: 10 * k,
             waiting: 0,
+            owed: 0,
         }];
         // b calls first in even epochs, a first in odd ones.
         let (ua, ub) = if k % 2 == 0 {
@@ -289,12 +317,13 @@ fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
                 .map(|r| r.1 - r.0)
                 .sum()
         };
-        granted.push((E0 + k + 2, n(&ua, E0 + k + 2), n(&ub, E0 + k + 2)));
+        granted.push((E0 + k + 3, n(&ua, E0 + k + 3), n(&ub, E0 + k + 3)));
     }
-    // Arrivals are measured from k = 1, so demand(E0+3) is the first with
-    // both; shares of e+2 come from demand(e-2): from k = 5 (epoch E0+7) on.
-    // 50*30/40 = 37.5 -> a's place [0, 30) or [10, 40) decides the rounding.
-    let shares: Vec<(u64, u64)> = granted.iter().skip(5).map(|&(_, x, y)| (x, y)).collect();
+    // Arrivals are measured from k = 1, so demand(E0+4) is the first with
+    // both; shares of e+3 come from demand(e): from k = 4 (epoch E0+7) on.
+    // 50*30/40 = 37.5 -> the epoch's offset decides the rounding.
+    let shares: Vec<(u64, u64)> = granted.iter().skip(4).map(|&(_, x, y)| (x, y)).collect();
+    assert_eq!(shares.len(), 6);
     for &(x, y) in &shares {
         assert_eq!(x + y, 50, "{shares:?}");
         assert!((37..=38).contains(&x), "{shares:?}");
@@ -311,6 +340,7 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
     let facts = [RuleFacts {
         arrived_total: 0,
         waiting: 1,
+        owed: 0,
     }];
     exchange(&mut eng, &mut c, T0, &facts);
     assert_eq!(c.stats(0).map(|s| s.members), Some(1));
@@ -332,17 +362,20 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
         .on_answer(T0 + 350 * MS, Err(Failure::Transport))
         .is_empty());
     // 250 ms after the first failure (+351 ms), on the tick: local pacing at
-    // rate / expected_replicas (4), more than the 1 proxy the engine counted.
+    // rate / the proxies the engine last counted (1: this one), not the
+    // configured guess (expected_replicas 4).
     let (_, updates) = c.tick(T0 + 351 * MS, &facts);
     assert_eq!(
         updates,
         vec![RuleUpdate {
             rule: 0,
             mode: Mode::Local {
-                interval_ns: 8 * MS
+                interval_ns: 2 * MS
             },
             grant_rate_per_s: 0,
-            ranges: vec![]
+            ranges: vec![],
+            reset: false,
+            shift: 0,
         }]
     );
     // Calls go on (one per epoch) and the first good answer returns it to the grid.
@@ -364,6 +397,7 @@ fn local_share_divides_by_expected_replicas_until_the_engine_has_counted_proxies
     let facts = [RuleFacts {
         arrived_total: 0,
         waiting: 1,
+        owed: 0,
     }];
     c.tick(T0, &facts);
     c.on_answer(T0 + MS, Err(Failure::Transport));
@@ -392,6 +426,93 @@ fn local_share_divides_by_expected_replicas_until_the_engine_has_counted_proxies
 }
 
 #[test]
+fn a_failing_engine_is_logged_when_the_fallback_starts_then_every_10_s_with_its_reason_and_fix() {
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let facts = [RuleFacts {
+        arrived_total: 0,
+        waiting: 1,
+        owed: 0,
+    }];
+    let mut logged: Vec<(u64, String)> = Vec::new();
+    let mut t = T0;
+    while t < T0 + 25 * NS_PER_S {
+        if c.tick(t, &facts).0.is_some() {
+            c.on_answer(
+                t + MS,
+                Err(Failure::Config("statuses[0]: no currentLimit".into())),
+            );
+        }
+        logged.extend(c.take_events().into_iter().map(|e| (t, e)));
+        t += 10 * MS;
+    }
+    // Fallback at +250 ms, then at most every 10 s: 3 lines in 25 s.
+    let at: Vec<u64> = logged.iter().map(|(t, _)| (t - T0) / MS).collect();
+    assert_eq!(at.len(), 3, "{logged:?}");
+    assert!(at[0] >= 250 && at[0] <= 310, "{at:?}");
+    assert!(at[1] - at[0] >= 10_000 && at[2] - at[1] >= 10_000, "{at:?}");
+    let first = &logged[0].1;
+    assert!(
+        first.contains("(config)")
+            && first.contains("no currentLimit")
+            && first.contains("domain \"envoy_throttle\"")
+            && first.contains("engine/config/throttle.yaml"),
+        "{first}"
+    );
+    // Counted per reason.
+    let failed = c.stats(0).unwrap().failed;
+    assert_eq!(
+        failed[Failure::Config(String::new()).index()],
+        c.stats(0).unwrap().failures
+    );
+    assert!(failed.iter().sum::<u64>() > 200);
+}
+
+#[test]
+fn counters_lost_after_others_added_again_are_still_caught_by_the_hours_call_count() {
+    let mut eng = FakeEngine::default();
+    let mut a = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let mut b = a.clone();
+    let facts = [RuleFacts {
+        arrived_total: 0,
+        waiting: 5,
+        owed: 0,
+    }];
+    for k in 0..3 {
+        exchange(&mut eng, &mut a, T0 + k * 100 * MS, &facts);
+        exchange(&mut eng, &mut b, T0 + k * 100 * MS + 2 * MS, &facts);
+    }
+    // Redis restarts empty. b calls in epochs 3 and 4 and adds itself to
+    // members(6) and (7); a's next call, in epoch 5, looks at members(6): 1,
+    // not 0, so its own lost add does not show there. Only the hour's call
+    // count (2 + a's 1, below the 6 a saw) tells.
+    eng.lose_counters();
+    exchange(&mut eng, &mut b, T0 + 300 * MS, &facts);
+    exchange(&mut eng, &mut b, T0 + 400 * MS, &facts);
+    let (_, updates) = exchange(&mut eng, &mut a, T0 + 500 * MS, &facts);
+    assert_eq!(c_failed(&a, "lost"), 1);
+    // a drops what it was granted ahead: those slots may be granted again.
+    assert!(
+        updates.iter().any(|u| u.reset && u.ranges.is_empty()),
+        "{updates:?}"
+    );
+    // And counts anew from there: the next answer is good.
+    let (_, updates) = exchange(&mut eng, &mut a, T0 + 600 * MS, &facts);
+    assert!(!ranges(&updates).is_empty());
+    assert_eq!(c_failed(&a, "lost"), 1);
+}
+
+fn c_failed(c: &Caller, kind: &str) -> u64 {
+    let i = Failure::KINDS.iter().position(|k| *k == kind).unwrap();
+    c.stats(0).unwrap().failed[i]
+}
+
+#[test]
 fn lost_counters_and_nonsense_grant_nothing() {
     let mut eng = FakeEngine::default();
     let mut c = Caller::new(
@@ -401,6 +522,7 @@ fn lost_counters_and_nonsense_grant_nothing() {
     let facts = [RuleFacts {
         arrived_total: 0,
         waiting: 5,
+        owed: 0,
     }];
     exchange(&mut eng, &mut c, T0, &facts);
     // Redis restarts: the counters this proxy added to read 0 again.
@@ -437,6 +559,7 @@ fn no_claim_lands_near_the_services_hour_boundary() {
         let facts = [RuleFacts {
             arrived_total: t / (10 * MS),
             waiting: 1,
+            owed: 0,
         }];
         let (call, _) = c.tick(t, &facts);
         if let Some(call) = call {
@@ -444,8 +567,14 @@ fn no_claim_lands_near_the_services_hour_boundary() {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             for d in v["descriptors"].as_array().unwrap() {
                 let value = d["entries"][0]["value"].as_str().unwrap();
-                let f: u64 = value.rsplit(':').next().unwrap().parse().unwrap();
-                claimed.push((t, f));
+                // Epoch counters only (`<rule>:<T>:<L>:<epoch>`): the hour's
+                // call count and the per-second member counts have none.
+                let parts: Vec<&str> = value.split(':').collect();
+                if let [_, _, _, f] = parts[..] {
+                    if let Ok(f) = f.parse::<u64>() {
+                        claimed.push((t, f));
+                    }
+                }
             }
             let (status, answer) = eng.handle(&call.request.body, t);
             c.on_answer(t + MS, Ok((status, &answer)));
@@ -496,6 +625,7 @@ fn calls_are_at_most_ten_per_second_whatever_the_rules() {
             .map(|_| RuleFacts {
                 arrived_total: t / MS,
                 waiting: 10,
+                owed: 0,
             })
             .collect();
         if exchange(&mut eng, &mut c, t, &facts).0 {
@@ -530,6 +660,7 @@ fn late_ticks_do_not_skip_epochs() {
         let facts = [RuleFacts {
             arrived_total: t / MS,
             waiting: 1,
+            owed: 0,
         }];
         if exchange(&mut eng, &mut c, t, &facts).0 {
             sent.push(t);
@@ -546,17 +677,18 @@ fn late_ticks_do_not_skip_epochs() {
 }
 
 #[test]
-fn a_phase_spreads_calls_over_the_first_half_of_the_epoch() {
+fn a_phase_spreads_calls_over_the_first_quarter_of_the_epoch() {
     let facts = [RuleFacts {
         arrived_total: 0,
         waiting: 1,
+        owed: 0,
     }];
     let mut c = Caller::new(
         &engine(),
         vec![spec500("orders", OnEngineFailure::LocalShare)],
     )
     .with_phase(500);
-    // Half of half an epoch (100 ms): not before 25 ms into the epoch.
-    assert_eq!(c.tick(T0 + 24 * MS, &facts).0, None);
-    assert!(c.tick(T0 + 25 * MS, &facts).0.is_some());
+    // Half of a quarter epoch (100 ms): not before 12.5 ms into the epoch.
+    assert_eq!(c.tick(T0 + 12 * MS, &facts).0, None);
+    assert!(c.tick(T0 + 13 * MS, &facts).0.is_some());
 }

@@ -61,6 +61,17 @@ fn nonsense(why: impl Into<String>) -> Failure {
     Failure::Nonsense(why.into())
 }
 
+/// Envoy's own answer when it could not reach the engine's cluster (a
+/// connect failure, a reset before headers, no healthy host): a 503 with
+/// one of its local-reply texts, not the service's answer.
+fn is_envoy_local_reply(http_status: u16, body: &[u8]) -> bool {
+    const TEXTS: [&[u8]; 2] = [
+        b"upstream connect error or disconnect/reset before headers",
+        b"no healthy upstream",
+    ];
+    http_status == 503 && TEXTS.iter().any(|t| body.starts_with(t))
+}
+
 /// Reads an answer to a call of `sent` claims. Every status must be OK
 /// with our hourly limit, and `limit_remaining` (0 when absent: proto3 JSON
 /// omits zeros) must leave room for this claim's own add.
@@ -70,6 +81,9 @@ pub fn parse_answer(
     sent: &[Claim],
 ) -> Result<Vec<Counted>, Failure> {
     if http_status != 200 {
+        if is_envoy_local_reply(http_status, body) {
+            return Err(Failure::Transport);
+        }
         return Err(Failure::Status(http_status));
     }
     let v: Value = serde_json::from_slice(body).map_err(|e| nonsense(format!("not JSON: {e}")))?;
@@ -95,35 +109,48 @@ pub fn parse_answer(
         .iter()
         .zip(sent)
         .enumerate()
-        .map(|(i, (s, d))| {
-            counted(s, d.hits).map_err(|why| nonsense(format!("statuses[{i}]: {why}")))
-        })
+        .map(|(i, (s, d))| counted(i, s, d.hits))
         .collect()
 }
 
-fn counted(s: &Value, hits: u64) -> Result<Counted, String> {
+fn counted(i: usize, s: &Value, hits: u64) -> Result<Counted, Failure> {
+    let at = |why: String| format!("statuses[{i}]: {why}");
+    let config = |why: String| Failure::Config(at(why));
     let code = s.get("code").and_then(Value::as_str).unwrap_or("missing");
-    if code != "OK" {
-        return Err(format!("code {code}"));
+    if code == "OVER_LIMIT" {
+        return Err(config(
+            "code OVER_LIMIT: a counter reached its limit (too small a requests_per_unit?)".into(),
+        ));
     }
-    let limit = s.get("currentLimit").ok_or(
-        "no currentLimit: the descriptor matches no limit (domain or service configuration?)",
-    )?;
+    if code != "OK" {
+        return Err(nonsense(at(format!("code {code}"))));
+    }
+    let limit = s.get("currentLimit").ok_or_else(|| {
+        config(
+            "no currentLimit: the descriptor matches no limit (domain or service configuration?)"
+                .into(),
+        )
+    })?;
     if limit.get("unit").and_then(Value::as_str) != Some("HOUR") {
-        return Err(format!(
+        return Err(config(format!(
             "unit {} (the configuration must use unit: hour)",
             limit.get("unit").map_or("missing".into(), Value::to_string)
-        ));
+        )));
     }
     let per_unit = limit
         .get("requestsPerUnit")
         .and_then(Value::as_u64)
-        .ok_or("no requestsPerUnit")?;
+        .ok_or_else(|| nonsense(at("no requestsPerUnit".into())))?;
     if per_unit < MIN_LIMIT {
-        return Err(format!(
+        return Err(config(format!(
             "requestsPerUnit {per_unit} is too small to be a counter (at least {MIN_LIMIT})"
-        ));
+        )));
     }
+    counter(s, per_unit, hits).map_err(|why| nonsense(at(why)))
+}
+
+/// The counter after this claim's add, from a status whose limit is ours.
+fn counter(s: &Value, per_unit: u64, hits: u64) -> Result<Counted, String> {
     let remaining = match s.get("limitRemaining") {
         None => 0,
         Some(r) => r.as_u64().ok_or("limitRemaining is not a number")?,
@@ -221,12 +248,12 @@ mod tests {
     }
 
     #[test]
-    fn a_real_answer_without_a_limit_is_nonsense() {
+    fn a_real_answer_without_a_limit_is_a_configuration_mismatch() {
         // What the service answers for a domain or key it has no limit for.
         let e = parse_answer(200, include_bytes!("testdata/no_limit.json"), &sent()[..1]);
         assert_eq!(
             e,
-            Err(Failure::Nonsense(
+            Err(Failure::Config(
                 "statuses[0]: no currentLimit: the descriptor matches no limit (domain or service configuration?)".into()
             ))
         );
@@ -240,14 +267,9 @@ mod tests {
                 r#"{{"overallCode":"OK","statuses":[{{"code":"OK","currentLimit":{{"requestsPerUnit":4000000000,"unit":"HOUR"}},"durationUntilReset":"60s"{extra}}}]}}"#
             )
         };
-        let cases: Vec<(String, &str)> = vec![
-            ("<html>".into(), "not JSON: expected value at line 1 column 1"),
-            ("".into(), "not JSON: EOF while parsing a value at line 1 column 0"),
-            (r#"{"overallCode":"OK"}"#.into(), "no statuses"),
-            (r#"{"overallCode":"OK","statuses":[]}"#.into(), "0 statuses for 1 descriptors"),
-            (ok(r#","limitRemaining":4000000005"#), "statuses[0]: limitRemaining 4000000005 above the limit 4000000000"),
-            (ok(r#","limitRemaining":3999999995"#), "statuses[0]: counter 5 below this call's own add of 10"),
-            (ok(r#","limitRemaining":"x""#), "statuses[0]: limitRemaining is not a number"),
+        // What a service configured for other counters answers: named as
+        // a configuration mismatch (the log says what to fix).
+        let config: Vec<(String, &str)> = vec![
             (
                 ok(r#","limitRemaining":1"#).replace("HOUR", "MINUTE"),
                 "statuses[0]: unit \"MINUTE\" (the configuration must use unit: hour)",
@@ -255,6 +277,41 @@ mod tests {
             (
                 ok(r#","limitRemaining":1"#).replace("4000000000", "100"),
                 "statuses[0]: requestsPerUnit 100 is too small to be a counter (at least 2147483648)",
+            ),
+            (
+                ok("").replace(r#""code":"OK""#, r#""code":"OVER_LIMIT""#),
+                "statuses[0]: code OVER_LIMIT: a counter reached its limit (too small a requests_per_unit?)",
+            ),
+        ];
+        for (body, why) in config {
+            let got = parse_answer(200, body.as_bytes(), one);
+            assert_eq!(got, Err(Failure::Config(why.into())), "{body}");
+        }
+        let cases: Vec<(String, &str)> = vec![
+            (
+                "<html>".into(),
+                "not JSON: expected value at line 1 column 1",
+            ),
+            (
+                "".into(),
+                "not JSON: EOF while parsing a value at line 1 column 0",
+            ),
+            (r#"{"overallCode":"OK"}"#.into(), "no statuses"),
+            (
+                r#"{"overallCode":"OK","statuses":[]}"#.into(),
+                "0 statuses for 1 descriptors",
+            ),
+            (
+                ok(r#","limitRemaining":4000000005"#),
+                "statuses[0]: limitRemaining 4000000005 above the limit 4000000000",
+            ),
+            (
+                ok(r#","limitRemaining":3999999995"#),
+                "statuses[0]: counter 5 below this call's own add of 10",
+            ),
+            (
+                ok(r#","limitRemaining":"x""#),
+                "statuses[0]: limitRemaining is not a number",
             ),
             (
                 ok(r#","limitRemaining":1"#).replace("\"60s\"", "\"7200s\""),
@@ -271,6 +328,18 @@ mod tests {
             Ok(4_000_000_000)
         );
         assert_eq!(parse_answer(500, b"", one), Err(Failure::Status(500)));
+        // Envoy's own 503s, when it could not reach the service: no answer.
+        for body in [
+            &b"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: Connection refused"[..],
+            b"no healthy upstream",
+        ] {
+            assert_eq!(parse_answer(503, body, one), Err(Failure::Transport));
+        }
+        assert_eq!(parse_answer(503, b"{}", one), Err(Failure::Status(503)));
+        assert_eq!(
+            parse_answer(500, b"no healthy upstream", one),
+            Err(Failure::Status(500))
+        );
         assert_eq!(
             parse_answer(400, b"Bad Request", one),
             Err(Failure::Status(400))

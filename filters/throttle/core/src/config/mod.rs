@@ -69,6 +69,17 @@ pub enum OnEngineFailure {
     LocalFull,
 }
 
+impl OnEngineFailure {
+    /// The configuration's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            OnEngineFailure::LocalShare => "local_share",
+            OnEngineFailure::Deny => "deny",
+            OnEngineFailure::LocalFull => "local_full",
+        }
+    }
+}
+
 /// A rule's `scope: "cluster"` settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterScope {
@@ -107,6 +118,22 @@ pub struct Rule {
     pub cluster: Option<ClusterScope>,
     /// `adaptive`: the rate is learned within these bounds.
     pub adaptive: Option<crate::adaptive::Settings>,
+    /// Priority classes, highest first (empty: none).
+    pub classes: Vec<Class>,
+}
+
+/// One priority class of a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Class {
+    /// Unique in the rule; used in metric names.
+    pub name: String,
+    /// Which requests take the class (None: the default class, which takes
+    /// every request no other class fits).
+    pub matcher: Option<Match>,
+    /// The class's floor: parts per million of the rule's releases while it waits.
+    pub min_share_ppm: u32,
+    /// Longest a request of the class may wait, in ns.
+    pub max_delay_ns: u64,
 }
 
 impl Rule {
@@ -135,6 +162,20 @@ impl Rule {
                 self.key_slots
             ));
         }
+        if !self.classes.is_empty() {
+            let classes: Vec<String> = self
+                .classes
+                .iter()
+                .map(|c| {
+                    let mut d = format!("{} ({}ms", c.name, c.max_delay_ns / NS_PER_MS);
+                    if c.min_share_ppm > 0 {
+                        d.push_str(&format!(", min_share {}", f64::from(c.min_share_ppm) / 1e6));
+                    }
+                    d + ")"
+                })
+                .collect();
+            parts.push(format!("classes {}", classes.join(" > ")));
+        }
         if self.dry_run {
             parts.push("dry-run".into());
         }
@@ -142,7 +183,51 @@ impl Rule {
     }
 }
 
+impl Rule {
+    /// The class of a request of this rule (None if the rule has no classes).
+    pub fn class_of<R: crate::matcher::Request>(
+        &self,
+        req: &mut crate::matcher::Facts<R>,
+    ) -> Option<usize> {
+        let fits = self
+            .classes
+            .iter()
+            .position(|c| c.matcher.as_ref().is_some_and(|m| m.matches(req)));
+        fits.or_else(|| self.classes.iter().position(|c| c.matcher.is_none()))
+    }
+}
+
 impl Config {
+    /// One line per rule for the log and `throttle-config check`; a cluster
+    /// rule's names its engine.
+    pub fn describe(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .map(|r| match (&r.cluster, &self.engine) {
+                (Some(c), Some(e)) => format!(
+                    "{}, scope cluster (engine cluster {:?}, domain {:?}, expected_replicas {}, on_engine_failure {})",
+                    r.describe(),
+                    e.cluster,
+                    e.domain,
+                    c.expected_replicas,
+                    c.on_engine_failure.name()
+                ),
+                _ => r.describe(),
+            })
+            .collect()
+    }
+
+    /// What is valid but probably not meant (logged at warn when configured).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.engine.is_some() && self.rules.iter().all(|r| r.cluster.is_none()) {
+            out.push(
+                "engine: no rule has scope \"cluster\", so the engine block is not used".into(),
+            );
+        }
+        out
+    }
+
     /// Whether some rule needs request data to match or key (false when the
     /// first rule matches everything and has no key: the fast path reads no header).
     pub fn first_rule_takes_all(&self) -> bool {

@@ -16,6 +16,8 @@ pub enum Kind {
     OneOf(&'static [Field]),
     /// A non-empty list of objects with these fields.
     List(&'static [Field]),
+    /// A list of 1 to `max` objects with these fields.
+    BoundedList(&'static [Field], u64),
     /// An integer in `min..=max`.
     Integer { min: u64, max: u64 },
     /// true or false.
@@ -24,8 +26,13 @@ pub enum Kind {
     Rate,
     /// A duration string with a unit: `ms`, `s`, `m`.
     Duration,
-    /// A rule name: 1 to 64 of `A-Za-z0-9_-`.
+    /// A rule name: 1 to 64 of `A-Za-z0-9_-`, without the word `class`
+    /// inside (see [`names_are_unambiguous`]).
     Name,
+    /// A class name: 1 to 64 of `A-Za-z0-9_-`, without the word `class`.
+    ClassName,
+    /// A number from 0 to `max_ppm` / 1,000,000.
+    Fraction { max_ppm: u32 },
     /// A string starting with `/`.
     Path,
     /// A list of HTTP method names.
@@ -322,11 +329,17 @@ pub const ON_ENGINE_FAILURE: Field = field(
     Default::Choice("local_share"),
     "What a cluster rule does while the engine fails (see `engine.fallback_after`): `\"local_share\"` paces each proxy at `rate` / max(`expected_replicas`, proxies recently counted); `\"deny\"` rejects with `reject_status` and `retry-after`; `\"local_full\"` paces each proxy at the full `rate`. Requires `scope: \"cluster\"`.",
 );
+pub const CLASSES: Field = field(
+    "classes",
+    Kind::BoundedList(CLASS_FIELDS, MAX_CLASSES as u64),
+    Default::Absent,
+    "Priority classes inside the rule's queue, highest first (at most 8). A request takes the first class whose `match` fits, else the one class without `match`. The rule's rate stays one exact schedule; each release goes to the highest class with requests waiting, except the releases that `min_share` reserves for a lower class. A held request whose turn moves past its class's `max_queue_delay` (pushed back by higher classes) is answered with `reject_status` and counted `displaced`. Requires `rate`; with `key`, requires `key_quota` (see Priority classes).",
+);
 pub const ADAPTIVE: Field = field(
     "adaptive",
     Kind::Object(ADAPTIVE_FIELDS),
     Default::Absent,
-    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); not with `scope: \"cluster\"`. See \"Adaptive pacing\".",
+    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); not with `scope: \"cluster\"` nor with `classes`. See \"Adaptive pacing\".",
 );
 pub const RULE_FIELDS: &[Field] = &[
     NAME,
@@ -343,8 +356,37 @@ pub const RULE_FIELDS: &[Field] = &[
     SCOPE,
     EXPECTED_REPLICAS,
     ON_ENGINE_FAILURE,
+    CLASSES,
     ADAPTIVE,
 ];
+
+/// Most classes a rule may have.
+pub const MAX_CLASSES: usize = 8;
+
+pub const CLASS_NAME: Field = required(
+    "name",
+    Kind::ClassName,
+    "The class's name, unique within the rule; appears in metric names (`throttle.rule.<rule>.class.<class>.<stat>`).",
+);
+pub const CLASS_MATCH: Field = field(
+    "match",
+    Kind::Object(MATCH_FIELDS),
+    Default::Words("the default class"),
+    "Conditions that must all hold, as a rule's `match`. Exactly one class has no `match`: it takes every request no other class fits. A client can choose its class only through what the match reads: match on a header only if a trusted hop sets it, or on `principal`.",
+);
+pub const MIN_SHARE: Field = field(
+    "min_share",
+    Kind::Fraction { max_ppm: 500_000 },
+    Default::Words("`0`"),
+    "While the class has requests waiting, at least this fraction of the rule's releases goes to it, whatever the classes above it offer (0 to 0.5; the classes' shares add up to at most 1). Releases it does not need go to the highest class waiting.",
+);
+pub const CLASS_MAX_QUEUE_DELAY: Field = field(
+    "max_queue_delay",
+    Kind::Duration,
+    Default::Words("the rule's `max_queue_delay`"),
+    "Longest a request of the class may wait (0 to 1h). A request whose estimated turn lies further is rejected at once; a held request whose turn moves past it is answered then (`displaced`).",
+);
+pub const CLASS_FIELDS: &[Field] = &[CLASS_NAME, CLASS_MATCH, MIN_SHARE, CLASS_MAX_QUEUE_DELAY];
 
 pub const ADAPTIVE_MIN_RATE: Field = required(
     "min_rate",
@@ -394,7 +436,20 @@ pub const AUTHORITY: Field = field(
     Default::Absent,
     "The request's host is this, ignoring case and a trailing dot. Without a port here, any port matches (`example.com` matches `Host: example.com:8080`); with one (`example.com:8080`), the port must match too.",
 );
-pub const MATCH_FIELDS: &[Field] = &[PATH_PREFIX, PATH_EXACT, METHODS, HEADERS, AUTHORITY];
+pub const PRINCIPAL: Field = field(
+    "principal",
+    Kind::Text,
+    Default::Absent,
+    "The caller's mTLS identity is exactly this (the first URI SAN of the peer certificate, e.g. Istio's `spiffe://cluster.local/ns/<ns>/sa/<sa>`; see `key.source`). No client can forge it; a request without one never matches.",
+);
+pub const MATCH_FIELDS: &[Field] = &[
+    PATH_PREFIX,
+    PATH_EXACT,
+    METHODS,
+    HEADERS,
+    AUTHORITY,
+    PRINCIPAL,
+];
 
 pub const KEY_HEADER: Field = field(
     "header",
@@ -421,6 +476,29 @@ pub const KEY_AUTHORITY: Field = field(
     "`true`: key by the request's host: lower case, without port and trailing dot (`H1`, `h1:19003` and `h1.` are one key).",
 );
 pub const KEY_FIELDS: &[Field] = &[KEY_HEADER, KEY_SOURCE, KEY_PATH, KEY_AUTHORITY];
+
+/// Rule names: `A-Za-z0-9_-`, without the word `class` between separators.
+pub const RULE_NAME_PATTERN: &str = "^(?!.*[_-]class[_-])[A-Za-z0-9_-]{1,64}$";
+/// Class names: `A-Za-z0-9_-`, without the word `class` at all.
+pub const CLASS_NAME_PATTERN: &str = "^(?!(?:.*[_-])?class(?:[_-]|$))[A-Za-z0-9_-]{1,64}$";
+
+/// Why names may not contain the word `class`: per-class statistics are
+/// named `throttle.rule.<rule>.class.<class>.<stat>`, which a Prometheus
+/// endpoint without tag extraction (Istio's) flattens to
+/// `throttle_rule_<rule>_class_<class>_<stat>` (`-` becomes `_`). That name
+/// splits back into rule, class and stat unambiguously only if the class
+/// has no word `class` and the rule none inside (`a_class_b`): else a
+/// rule's own `throttle_rule_a_class_b_queued` would read as class `b` of
+/// rule `a`. (A rule name may start or end with the word.)
+pub fn names_are_unambiguous(name: &str, class: bool) -> bool {
+    let words: Vec<&str> = name.split(['_', '-']).collect();
+    let inner = if class {
+        &words[..]
+    } else {
+        words.get(1..words.len().saturating_sub(1)).unwrap_or(&[])
+    };
+    !inner.contains(&"class")
+}
 
 /// Names of a field list, for "unknown field" messages.
 pub fn names(fields: &[Field]) -> String {
@@ -497,6 +575,9 @@ fn kind_schema(kind: Kind) -> Value {
         Kind::List(fields) => {
             json!({"type": "array", "minItems": 1, "items": object_schema(fields)})
         }
+        Kind::BoundedList(fields, max) => {
+            json!({"type": "array", "minItems": 1, "maxItems": max, "items": object_schema(fields)})
+        }
         Kind::Integer { min, max } => json!({"type": "integer", "minimum": min, "maximum": max}),
         Kind::Bool => json!({"type": "boolean"}),
         Kind::Rate => json!({"oneOf": [
@@ -505,7 +586,11 @@ fn kind_schema(kind: Kind) -> Value {
         Kind::Duration => {
             json!({"type": "string", "pattern": "^\\s*[0-9]*\\.?[0-9]+(ms|s|m|h)\\s*$"})
         }
-        Kind::Name => json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}),
+        Kind::Name => json!({"type": "string", "pattern": RULE_NAME_PATTERN}),
+        Kind::ClassName => json!({"type": "string", "pattern": CLASS_NAME_PATTERN}),
+        Kind::Fraction { max_ppm } => {
+            json!({"type": "number", "minimum": 0, "maximum": f64::from(max_ppm) / 1e6})
+        }
         Kind::Path => json!({"type": "string", "pattern": "^/"}),
         Kind::Methods => {
             json!({"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[A-Za-z]+$"}})
@@ -524,11 +609,18 @@ fn kind_text(kind: Kind) -> String {
         Kind::Object(_) => "object".into(),
         Kind::OneOf(_) => "object with exactly one field".into(),
         Kind::List(_) => "list of objects, 1 or more".into(),
+        Kind::BoundedList(_, max) => format!("list of objects, 1 to {max}"),
         Kind::Integer { min, max } => format!("integer {}–{}", group(min), group(max)),
         Kind::Bool => "boolean".into(),
         Kind::Rate => "`\"<n>/s\"`, `\"<n>/m\"`, `\"<n>/h\"`, or a number per second".into(),
         Kind::Duration => "duration: `\"250ms\"`, `\"2s\"`, `\"1m\"`, `\"1h\"`".into(),
-        Kind::Name => "string, 1–64 of `A-Za-z0-9_-`, unique".into(),
+        Kind::Name => {
+            "string, 1–64 of `A-Za-z0-9_-`, unique, without the word `class` inside".into()
+        }
+        Kind::ClassName => {
+            "string, 1–64 of `A-Za-z0-9_-`, unique in the rule, without the word `class`".into()
+        }
+        Kind::Fraction { max_ppm } => format!("number, 0–{}", f64::from(max_ppm) / 1e6),
         Kind::Path => "string starting with `/`".into(),
         Kind::Methods => "list of strings".into(),
         Kind::HeaderMatches => "object: name → string or boolean".into(),
@@ -576,7 +668,7 @@ fn rows(prefix: &str, fields: &[Field], out: &mut String) {
         ));
         match f.kind {
             Kind::Object(sub) | Kind::OneOf(sub) => rows(&format!("{path}."), sub, out),
-            Kind::List(sub) => rows(&format!("{path}[]."), sub, out),
+            Kind::List(sub) | Kind::BoundedList(sub, _) => rows(&format!("{path}[]."), sub, out),
             _ => {}
         }
     }

@@ -147,7 +147,7 @@ fn concurrency_alone_or_with_a_rate() {
 fn bad_configs_name_the_field() {
     let table: &[(&str, &[&str])] = &[
         (r#"{"rules": [{"name": "a", "rate": 1, "colour": "red"}]}"#,
-         &["rules[0].colour: unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure, adaptive)"]),
+         &["rules[0].colour: unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure, classes, adaptive)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "key_quota": "1/s"}]}"#, &["rules[0].key_quota: requires `key` and `rate`"]),
         (r#"{"rules": [{"name": "a", "concurrency": 1, "key": {"path": true}, "key_quota": "1/s"}]}"#,
          &["rules[0].key_quota: requires `key` and `rate`",
@@ -157,7 +157,7 @@ fn bad_configs_name_the_field() {
         (r#"{"rules": [{"name": "a", "rate": 1}], "": 5}"#,
          &["\"\": unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, dry_run_headers, rate_limit_headers, engine)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "": 5}]}"#,
-         &["rules[0].\"\": unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure, adaptive)"]),
+         &["rules[0].\"\": unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure, classes, adaptive)"]),
         (r#"{"rules": [{"name": "a", "rate": 1}], "max_held": 5}"#,
          &["max_held: unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, dry_run_headers, rate_limit_headers, engine)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "burst": -1}]}"#,
@@ -189,7 +189,7 @@ fn bad_configs_name_the_field() {
         (r#"{"rules": [{"name": "a", "rate": 1, "match": {"path_prefix": "api"}}]}"#,
          &["rules[0].match.path_prefix: must be a string starting with '/', got \"api\""]),
         (r#"{"rules": [{"name": "a", "rate": 1, "match": {"path": "/"}}]}"#,
-         &["rules[0].match.path: unknown field (expected one of: path_prefix, path_exact, methods, headers, authority)"]),
+         &["rules[0].match.path: unknown field (expected one of: path_prefix, path_exact, methods, headers, authority, principal)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "match": {"methods": []}}]}"#,
          &["rules[0].match.methods: must be a non-empty list of method names such as [\"GET\", \"POST\"], got an array"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "match": {"methods": ["GET", 1]}}]}"#,
@@ -259,14 +259,14 @@ fn wrong_value(kind: spec::Kind) -> serde_json::Value {
         spec::Kind::Object(_) | spec::Kind::OneOf(_) | spec::Kind::HeaderMatches => {
             json!(["wrong"])
         }
-        spec::Kind::List(_) => json!({"wrong": true}),
+        spec::Kind::List(_) | spec::Kind::BoundedList(..) => json!({"wrong": true}),
         // Everything else refuses an object.
         _ => json!({"wrong": true}),
     }
 }
 
 /// Where a field list lives in a config: 0 top level, 1 a rule, 2 its
-/// match, 3 its key.
+/// match, 3 its key, 4 its first class.
 fn with_field(level: usize, name: &str, value: serde_json::Value) -> serde_json::Value {
     use serde_json::json;
     let mut cfg = json!({"rules": [{"name": "a", "rate": 1}]});
@@ -277,9 +277,13 @@ fn with_field(level: usize, name: &str, value: serde_json::Value) -> serde_json:
             cfg["rules"][0]["match"] = json!({});
             &mut cfg["rules"][0]["match"]
         }
-        _ => {
+        3 => {
             cfg["rules"][0]["key"] = json!({});
             &mut cfg["rules"][0]["key"]
+        }
+        _ => {
+            cfg["rules"][0]["classes"] = json!([{"name": "c"}]);
+            &mut cfg["rules"][0]["classes"][0]
         }
     };
     target[name] = value;
@@ -292,13 +296,20 @@ fn with_field(level: usize, name: &str, value: serde_json::Value) -> serde_json:
 /// schema and README would promise what the filter ignores.)
 #[test]
 fn every_spec_field_is_validated() {
-    let prefix = ["", "rules[0].", "rules[0].match.", "rules[0].key."];
+    let prefix = [
+        "",
+        "rules[0].",
+        "rules[0].match.",
+        "rules[0].key.",
+        "rules[0].classes[0].",
+    ];
     let mut checked = 0;
     let levels = [
         spec::CONFIG_FIELDS,
         spec::RULE_FIELDS,
         spec::MATCH_FIELDS,
         spec::KEY_FIELDS,
+        spec::CLASS_FIELDS,
     ];
     for (level, fields) in levels.iter().enumerate() {
         for f in *fields {
@@ -313,7 +324,7 @@ fn every_spec_field_is_validated() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 7 + 15 + 5 + 4);
+    assert_eq!(checked, 7 + 16 + 6 + 4 + 4);
 }
 
 /// The committed JSON Schema and README table are exactly what the spec
@@ -464,10 +475,36 @@ fn bad_cluster_configs_name_the_field() {
          &["engine.domain: must be a non-empty string, got 7"]),
         (r#"{"engine": {"cluster": "rl", "host": "x"}, "rules": [{"name": "a", "rate": 10}]}"#,
          &["engine.host: unknown field (expected one of: cluster, timeout, fallback_after, domain, max_clock_skew)"]),
+        (r#"{"engine": {"cluster": "rl", "timeout": "500ms"}, "rules": [{"name": "a", "rate": 10, "max_queue_delay": "10ms", "scope": "cluster"}]}"#,
+         &["rules[0].max_queue_delay: 10 ms is shorter than engine.timeout (500 ms): a request waiting for grants from the engine could only be rejected; make it at least engine.timeout"]),
     ];
     for (json, expected) in table {
         assert_eq!(&errors(json), expected, "config: {json}");
     }
+}
+
+#[test]
+fn the_configured_line_names_the_scope_and_the_engine_and_warns_of_an_unused_engine() {
+    let c = parse(
+        br#"{"engine": {"cluster": "rl", "domain": "d"}, "rules": [
+            {"name": "a", "rate": 10, "scope": "cluster", "expected_replicas": 3},
+            {"name": "b", "rate": 5}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.describe(),
+        vec![
+            "a: rate 10/1s (interval 100000000ns), burst 0, max_queue_delay 1000ms, scope cluster (engine cluster \"rl\", domain \"d\", expected_replicas 3, on_engine_failure local_share)".to_string(),
+            "b: rate 5/1s (interval 200000000ns), burst 0, max_queue_delay 1000ms".to_string(),
+        ]
+    );
+    assert!(c.warnings().is_empty());
+    let unused =
+        parse(br#"{"engine": {"cluster": "rl"}, "rules": [{"name": "b", "rate": 5}]}"#).unwrap();
+    assert_eq!(
+        unused.warnings(),
+        vec!["engine: no rule has scope \"cluster\", so the engine block is not used".to_string()]
+    );
 }
 
 #[test]
@@ -501,4 +538,116 @@ fn the_statistics_table_has_not_drifted() {
         readme[i..j].trim() == crate::stats::reference_table().trim(),
         "filters/throttle/README.md statistics table is stale: run `make config-docs`"
     );
+}
+
+#[test]
+fn the_classes_contract_example_parses() {
+    let c = ok(
+        r#"{"rules": [{"name": "api", "rate": "100/s", "max_queue_delay": "2s",
+     "classes": [
+       {"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+       {"name": "normal"},
+       {"name": "batch", "match": {"headers": {"x-priority": "batch"}},
+        "min_share": 0.1, "max_queue_delay": "10s"}]}]}"#,
+    );
+    let k = &c.rules[0].classes;
+    let names: Vec<&str> = k.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["critical", "normal", "batch"]);
+    assert_eq!(
+        (k[0].min_share_ppm, k[0].max_delay_ns),
+        (0, 2 * NS_PER_S),
+        "defaults: no floor, the rule's delay"
+    );
+    assert!(k[1].matcher.is_none());
+    assert_eq!(
+        (k[2].min_share_ppm, k[2].max_delay_ns),
+        (100_000, 10 * NS_PER_S)
+    );
+    assert_eq!(
+        c.rules[0].describe(),
+        "api: rate 100/1s (interval 10000000ns), burst 0, max_queue_delay 2000ms, \
+         classes critical (2000ms) > normal (2000ms) > batch (10000ms, min_share 0.1)"
+    );
+    // A request takes the first class that fits, else the default.
+    let req = |h: Option<&str>| {
+        let mut r = crate::matcher::FakeRequest::get("/");
+        if let Some(v) = h {
+            r = r.with_header("x-priority", v);
+        }
+        c.rules[0].class_of(&mut crate::matcher::Facts::new(r))
+    };
+    assert_eq!(req(Some("critical")), Some(0));
+    assert_eq!(req(Some("batch")), Some(2));
+    assert_eq!(req(Some("other")), Some(1));
+    assert_eq!(req(None), Some(1));
+}
+
+#[test]
+fn a_class_may_match_on_the_callers_principal() {
+    let c = ok(r#"{"rules": [{"name": "api", "rate": 10, "classes": [
+        {"name": "checkout", "match": {"principal": "spiffe://cluster.local/ns/shop/sa/checkout"}},
+        {"name": "rest"}]}]}"#);
+    let mut r = crate::matcher::FakeRequest::get("/");
+    r.principal = Some("spiffe://cluster.local/ns/shop/sa/checkout".into());
+    assert_eq!(
+        c.rules[0].class_of(&mut crate::matcher::Facts::new(r)),
+        Some(0)
+    );
+    let other = crate::matcher::FakeRequest::get("/");
+    assert_eq!(
+        c.rules[0].class_of(&mut crate::matcher::Facts::new(other)),
+        Some(1)
+    );
+}
+
+#[test]
+fn bad_classes_name_the_field() {
+    let rule = |classes: &str, extra: &str| {
+        format!(r#"{{"rules": [{{"name": "api", "rate": 10{extra}, "classes": {classes}}}]}}"#)
+    };
+    #[rustfmt::skip]
+    let table: &[(String, &[&str])] = &[
+        (rule("[]", ""), &["rules[0].classes: must be a list of 1 to 8 classes, got 0 classes"]),
+        (rule(&format!("[{}]", [r#"{"name": "x"}"#; 9].join(",")), ""),
+         &["rules[0].classes: must be a list of 1 to 8 classes, got 9 classes"]),
+        (rule(r#"{"name": "x"}"#, ""), &["rules[0].classes: must be a list of 1 to 8 classes, got an object"]),
+        (rule(r#"[{"name": "a", "match": {"methods": ["GET"]}}]"#, ""),
+         &["rules[0].classes: exactly one class must have no `match` (it takes the requests no other class fits), found 0"]),
+        (rule(r#"[{"name": "a"}, {"name": "b"}]"#, ""),
+         &["rules[0].classes: exactly one class must have no `match` (it takes the requests no other class fits), found 2: a, b"]),
+        (rule(r#"[{"name": "a", "match": {"methods": ["GET"]}}, {"name": "a"}]"#, ""),
+         &["rules[0].classes[1].name: duplicate class name \"a\""]),
+        (rule(r#"[{"name": "a b"}]"#, ""),
+         &["rules[0].classes[0].name: must be 1 to 64 characters of A-Z, a-z, 0-9, '_' or '-', got \"a b\""]),
+        (rule(r#"[{"name": "first-class"}]"#, ""),
+         &["rules[0].classes[0].name: must not contain the word \"class\" (per-class metric names would be ambiguous), got \"first-class\""]),
+        (rule(r#"[{"name": "a"}, {"name": "b", "match": {"methods": ["GET"]}, "min_share": 0.6}]"#, ""),
+         &["rules[0].classes[1].min_share: must be a number from 0 to 0.5, got 0.6"]),
+        (rule(r#"[{"name": "a", "min_share": "10%"}]"#, ""),
+         &["rules[0].classes[0].min_share: must be a number from 0 to 0.5, got \"10%\""]),
+        (rule(r#"[{"name": "a", "min_share": 0.5}, {"name": "b", "match": {"methods": ["GET"]}, "min_share": 0.5},
+                 {"name": "c", "match": {"methods": ["PUT"]}, "min_share": 0.25}]"#, ""),
+         &["rules[0].classes: the classes' `min_share` add up to 1.25; they must add up to at most 1"]),
+        (rule(r#"[{"name": "a", "max_queue_delay": "2h"}]"#, ""),
+         &["rules[0].classes[0].max_queue_delay: must be from 0 to 1h, got \"2h\""]),
+        (rule(r#"[{"name": "a", "colour": 1}]"#, ""),
+         &["rules[0].classes[0].colour: unknown field (expected one of: name, match, min_share, max_queue_delay)"]),
+        (rule(r#"[{"name": "a", "match": {"principal": ""}}]"#, ""),
+         &["rules[0].classes[0].match.principal: must be a non-empty string, got \"\""]),
+        (r#"{"rules": [{"name": "api", "concurrency": 5, "classes": [{"name": "a"}]}]}"#.into(),
+         &["rules[0].classes: requires `rate` (classes order the releases of the rule's rate)"]),
+        (rule(r#"[{"name": "a"}]"#, r#", "key": {"header": "x-user"}"#),
+         &["rules[0].classes: cannot be combined with `key` without `key_quota`: with `key` alone every key has its own rate, so there is no shared queue to order (use `key_quota`: one shared rate ordered by class, each key within its quota)"]),
+        (r#"{"rules": [{"name": "a_class_b", "rate": 1}]}"#.into(),
+         &["rules[0].name: must not contain the word \"class\" between '_' or '-' (per-class metric names would be ambiguous), got \"a_class_b\""]),
+    ];
+    for (json, expected) in table {
+        assert_eq!(&errors(json), expected, "config: {json}");
+    }
+    // A rule name may start or end with the word; with key_quota, keys are fine.
+    ok(r#"{"rules": [{"name": "class-a", "rate": 1}, {"name": "b_class", "rate": 1}]}"#);
+    ok(&rule(
+        r#"[{"name": "a"}]"#,
+        r#", "key": {"header": "x-user"}, "key_quota": 5"#,
+    ));
 }

@@ -5,13 +5,13 @@ use serde_json::{Map, Value};
 
 use super::spec::{self, Field, Kind};
 use super::strict_json;
-use super::{ClusterScope, Config, ConfigError, EngineConfig, OnEngineFailure, Rule};
+use super::{Class, ClusterScope, Config, ConfigError, EngineConfig, OnEngineFailure, Rule};
 use crate::keys::KeySource;
 use crate::matcher::{AuthorityMatch, HeaderMatch, Match};
 use crate::path::{normalize_authority, normalize_path};
 use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
-use crate::units::{describe, parse_duration, parse_rate};
+use crate::units::{describe, parse_duration, parse_rate, MAX_DURATION_NS};
 
 mod adaptive;
 
@@ -183,6 +183,23 @@ impl Validator {
         };
         let rules = self.rules(obj, &defaults);
         let (rules, engine) = (rules?, engine?);
+        if let Some(e) = &engine {
+            for (i, r) in rules.iter().enumerate() {
+                if r.cluster.is_some() && r.max_delay_ns < e.timeout_ns {
+                    self.error(
+                        &format!("rules[{i}].max_queue_delay"),
+                        format!(
+                            "{} ms is shorter than engine.timeout ({} ms): a request waiting for grants from the engine could only be rejected; make it at least engine.timeout",
+                            r.max_delay_ns / crate::clock::NS_PER_MS,
+                            e.timeout_ns / crate::clock::NS_PER_MS
+                        ),
+                    );
+                }
+            }
+            if !self.errors.is_empty() {
+                return None;
+            }
+        }
         if engine.is_none() {
             for (i, r) in rules.iter().enumerate() {
                 if r.cluster.is_some() {
@@ -313,6 +330,12 @@ impl Validator {
                 .adaptive(&join(path, "adaptive"), v, obj, rate.map(|(i, _)| i))
                 .map(Some),
         };
+        let classes = match (obj.get(spec::CLASSES.name), max_delay) {
+            (None, _) => Some(Vec::new()),
+            (Some(v), Some(rule_delay)) => self.classes(&join(path, "classes"), v, rule_delay),
+            // The rule's delay is wrong (reported): the classes' defaults are unknown.
+            (Some(_), None) => None,
+        };
 
         // Relations between fields.
         let has = |f: &Field| obj.contains_key(f.name);
@@ -337,6 +360,20 @@ impl Validator {
                 self.error(
                     &join(path, "key_quota"),
                     "must not exceed `rate` (a key's share of the shared rate cannot be larger than the rate)",
+                );
+            }
+        }
+        if has(&spec::CLASSES) {
+            if !has(&spec::RATE) {
+                self.error(
+                    &join(path, "classes"),
+                    "requires `rate` (classes order the releases of the rule's rate)",
+                );
+            }
+            if has(&spec::KEY) && !has(&spec::KEY_QUOTA) {
+                self.error(
+                    &join(path, "classes"),
+                    "cannot be combined with `key` without `key_quota`: with `key` alone every key has its own rate, so there is no shared queue to order (use `key_quota`: one shared rate ordered by class, each key within its quota)",
                 );
             }
         }
@@ -365,6 +402,148 @@ impl Validator {
             dry_run: dry_run?,
             cluster: cluster?,
             adaptive: adaptive?,
+            classes: classes?,
+        })
+    }
+
+    /// A rule's `classes`; each class's delay defaults to `rule_delay`.
+    fn classes(&mut self, path: &str, value: &Value, rule_delay: u64) -> Option<Vec<Class>> {
+        let max = spec::MAX_CLASSES;
+        let items = match value {
+            Value::Array(items) if (1..=max).contains(&items.len()) => items,
+            other => {
+                self.error(
+                    path,
+                    format!(
+                        "must be a list of 1 to {max} classes, got {}",
+                        match other {
+                            Value::Array(a) => format!("{} classes", a.len()),
+                            v => describe(v),
+                        }
+                    ),
+                );
+                return None;
+            }
+        };
+        let before = self.errors.len();
+        let mut out: Vec<Class> = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("{path}[{i}]");
+            let Some(class) = self.class(&at, item, rule_delay) else {
+                continue;
+            };
+            if out.iter().any(|c| c.name == class.name) {
+                self.error(
+                    &format!("{at}.name"),
+                    format!("duplicate class name \"{}\"", class.name),
+                );
+            }
+            out.push(class);
+        }
+        if self.errors.len() != before {
+            return None;
+        }
+        let defaults: Vec<&str> = out
+            .iter()
+            .filter(|c| c.matcher.is_none())
+            .map(|c| c.name.as_str())
+            .collect();
+        if defaults.len() != 1 {
+            self.error(
+                path,
+                format!(
+                    "exactly one class must have no `match` (it takes the requests no other class fits), found {}{}",
+                    defaults.len(),
+                    if defaults.is_empty() { String::new() } else { format!(": {}", defaults.join(", ")) }
+                ),
+            );
+        }
+        let total: u64 = out.iter().map(|c| u64::from(c.min_share_ppm)).sum();
+        if total > 1_000_000 {
+            self.error(
+                path,
+                format!(
+                    "the classes' `min_share` add up to {}; they must add up to at most 1",
+                    total as f64 / 1e6
+                ),
+            );
+        }
+        (self.errors.len() == before).then_some(out)
+    }
+
+    fn class(&mut self, path: &str, value: &Value, rule_delay: u64) -> Option<Class> {
+        let obj = self.object(path, value, spec::CLASS_FIELDS)?;
+        let before = self.errors.len();
+        let name = match self.get(
+            path,
+            obj,
+            &spec::CLASS_NAME,
+            "the class's name (used in metric names)",
+        )? {
+            Value::String(s) if valid_name(s) && spec::names_are_unambiguous(s, true) => {
+                Some(s.clone())
+            }
+            Value::String(s) if valid_name(s) => {
+                self.error(
+                    &join(path, "name"),
+                    format!("must not contain the word \"class\" (per-class metric names would be ambiguous), got \"{s}\""),
+                );
+                None
+            }
+            other => {
+                self.error(
+                    &join(path, "name"),
+                    format!(
+                        "must be 1 to 64 characters of A-Z, a-z, 0-9, '_' or '-', got {}",
+                        describe(other)
+                    ),
+                );
+                None
+            }
+        };
+        let matcher = match obj.get(spec::CLASS_MATCH.name) {
+            None => Some(None),
+            Some(v) => self.matcher(&join(path, "match"), v).map(Some),
+        };
+        let min_share = match obj.get(spec::MIN_SHARE.name) {
+            None => Some(0),
+            Some(v) => {
+                let spec::Kind::Fraction { max_ppm } = spec::MIN_SHARE.kind else {
+                    return None;
+                };
+                match v.as_f64() {
+                    Some(x) if (0.0..=f64::from(max_ppm) / 1e6).contains(&x) => {
+                        Some((x * 1e6).round() as u32)
+                    }
+                    _ => {
+                        self.error(
+                            &join(path, "min_share"),
+                            format!(
+                                "must be a number from 0 to {}, got {}",
+                                f64::from(max_ppm) / 1e6,
+                                describe(v)
+                            ),
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        let max_delay = self.duration(
+            path,
+            obj,
+            &spec::CLASS_MAX_QUEUE_DELAY,
+            rule_delay,
+            (0, MAX_DURATION_NS, "from 0s to 1h"),
+        );
+        if self.errors.len() != before {
+            return None;
+        }
+        Some(Class {
+            name: name?,
+            matcher: matcher?,
+            min_share_ppm: min_share?,
+            max_delay_ns: max_delay?,
         })
     }
 
@@ -534,19 +713,22 @@ impl Validator {
     }
 
     fn name(&mut self, path: &str, obj: &Map<String, Value>) -> Option<String> {
-        let ok = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 64
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        };
         match self.get(
             path,
             obj,
             &spec::NAME,
             "the rule's name (used in metric names)",
         )? {
-            Value::String(s) if ok(s) => Some(s.clone()),
+            Value::String(s) if valid_name(s) && spec::names_are_unambiguous(s, false) => {
+                Some(s.clone())
+            }
+            Value::String(s) if valid_name(s) => {
+                self.error(
+                    &join(path, "name"),
+                    format!("must not contain the word \"class\" between '_' or '-' (per-class metric names would be ambiguous), got \"{s}\""),
+                );
+                None
+            }
             other => {
                 self.error(
                     &join(path, "name"),
@@ -622,6 +804,9 @@ impl Validator {
                     port: port.map(str::to_string),
                 }
             });
+        }
+        if let Some(v) = obj.get(spec::PRINCIPAL.name) {
+            m.principal = self.text(&join(path, "principal"), v);
         }
         (self.errors.len() == before).then_some(m)
     }
@@ -738,6 +923,14 @@ impl Validator {
             _ => None, // unknown field, already reported
         }
     }
+}
+
+/// 1 to 64 of `A-Za-z0-9_-` (rule and class names).
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 struct RuleDefaults {

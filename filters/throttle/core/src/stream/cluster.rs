@@ -13,18 +13,21 @@ use crate::store::{BlobId, CellId, Store};
 
 use super::{rate, Ctx, Outcome, Wait};
 
-/// A request's first attempt at the grid.
+/// A request's first attempt at the grid. The grid is wall-clock time: the
+/// monotonic clock is read only if the request does not go at once (to
+/// hold it, or to pace it in the fallback).
 pub(super) fn take<S: Store>(
     cx: &Ctx<'_, S>,
     clock: &mut impl Clock,
     counts: &mut Counts,
 ) -> Outcome {
+    let wall = clock.wall();
     attempt(
         cx.env.store,
         cx.index,
         cx.rule,
-        cx.now,
-        clock.wall(),
+        || clock.mono(),
+        wall,
         cx.can_hold,
         Attempt::First,
         counts,
@@ -44,17 +47,18 @@ pub fn retry_grants<S: Store>(
     counts: &mut Counts,
 ) -> Outcome {
     let attempt = Attempt::Retry { waited_ns };
-    self::attempt(store, index, rule, now, wall, true, attempt, counts)
+    self::attempt(store, index, rule, || now, wall, true, attempt, counts)
 }
 
-/// Takes a slot (or the fallback's turn) at monotonic `now`, wall `wall`.
+/// Takes a slot (or the fallback's turn) at wall time `wall`; `now` (the
+/// monotonic time) is read only for an outcome that needs it.
 /// A slot taken counts `slots_taken`.
 #[allow(clippy::too_many_arguments)]
 fn attempt<S: Store>(
     store: S,
     index: usize,
     rule: &Rule,
-    now: u64,
+    now: impl FnOnce() -> u64,
     wall: u64,
     can_hold: bool,
     attempt: Attempt,
@@ -66,7 +70,7 @@ fn attempt<S: Store>(
     let taken = cluster::take(
         &mut store.cell(CellId::Cursor(index)),
         &mut store.blob(BlobId::Grants(index)),
-        &mut store.cell(CellId::Waiting(index)),
+        &mut store.cell(CellId::Ahead(index)),
         &reach,
         wall,
         can_hold,
@@ -77,17 +81,25 @@ fn attempt<S: Store>(
             counts.inc(Stat::SlotsTaken);
             Outcome::Go
         }
+        Take::Early { .. } | Take::Credit => {
+            // Counted as taken: its slot is taken now (early), or the one that
+            // repays it later (credit).
+            counts.inc(Stat::SlotsTaken);
+            counts.inc(Stat::SlotsAhead);
+            Outcome::Go
+        }
         Take::Hold { delay_ns, .. } => {
             counts.inc(Stat::SlotsTaken);
             Outcome::Hold {
-                until: now.saturating_add(delay_ns),
+                until: now().saturating_add(delay_ns),
             }
         }
         Take::Wait => Outcome::Wait(Wait::Grants {
-            deadline: now.saturating_add(attempt.max_delay(&reach)),
+            deadline: now().saturating_add(attempt.max_delay(&reach)),
         }),
         Take::Reject { retry_after_s, .. } => Outcome::Reject { retry_after_s },
         Take::Local { interval_ns } => {
+            let now = now();
             let local = cluster::local_schedule(&reach, interval_ns, attempt);
             let admission = admit(
                 &mut store.cell(CellId::Fallback(index)),
@@ -96,7 +108,13 @@ fn attempt<S: Store>(
                 can_hold,
             );
             // The fallback's schedule is not the rule's: no headers from it.
-            rate::outcome(admission).0
+            match rate::outcome(admission).0 {
+                Outcome::Hold { until } => Outcome::Wait(Wait::Fallback {
+                    until,
+                    deadline: now.saturating_add(attempt.max_delay(&reach)),
+                }),
+                other => other,
+            }
         }
         Take::Deny => Outcome::Reject { retry_after_s: 1 },
         Take::Contention => Outcome::Contention,

@@ -10,12 +10,13 @@
 //! (`would_queue`, `would_reject`), noted for `x-throttle-dry-run`, and the
 //! request goes on (a would-be rejection skips the later stages).
 
+use crate::classes::ClassWaiter;
 use crate::clock::NS_PER_MS;
 use crate::cluster;
 use crate::config::{Config, Rule};
 use crate::matcher::{Facts, Request};
 use crate::reply::{rejection, Reply};
-use crate::stats::{Counts, Stat};
+use crate::stats::{ClassStat, Counts, Stat};
 use crate::store::{CellId, Store};
 use crate::worker::Worker;
 
@@ -39,9 +40,12 @@ pub(super) fn can_hold(config: &Config, rule: &Rule, worker: &Worker) -> bool {
 
 /// Every stage let the request go: it was admitted (unless, under dry-run,
 /// it would have been held).
-pub(super) fn went_through(counts: &mut Counts) {
+pub(super) fn went_through(counts: &mut Counts, class: Option<usize>) {
     if !would(counts) {
         counts.inc(Stat::Admitted);
+        if let Some(c) = class {
+            counts.add_class(c, ClassStat::Admitted, 1);
+        }
     }
 }
 
@@ -75,14 +79,32 @@ impl Stream {
             Outcome::Go => return Next::Stage,
             Outcome::Hold { until } => w.queue.hold(id, index, now, until),
             Outcome::Wait(Wait::Grants { deadline }) => w.grants.wait(id, index, now, deadline),
+            Outcome::Wait(Wait::Fallback { until, .. }) => {
+                w.queue.hold_fallback(id, index, now, until)
+            }
             Outcome::Wait(Wait::Gate { ticket, deadline }) => {
                 w.gate.wait(id, index, ticket, now, deadline)
             }
+            Outcome::Wait(Wait::Class {
+                class,
+                ticket,
+                deadline,
+            }) => w.classes.wait(ClassWaiter {
+                context_id: id,
+                rule: index,
+                class,
+                ticket,
+                since: now,
+                deadline,
+            }),
             Outcome::Reject { retry_after_s } => return self.reject_now(cx, retry_after_s, req, d),
             Outcome::Contention => {
                 d.counts.inc(Stat::Contention);
                 return self.reject_now(cx, 1, req, d);
             }
+        }
+        if let Some(c) = self.class {
+            d.counts.add_class(c, ClassStat::Queued, 1);
         }
         self.held = true;
         if req.is_grpc() {
@@ -106,11 +128,29 @@ impl Stream {
         let first = !would(&d.counts);
         let (stat, note, next) = match outcome {
             Outcome::Go => return Next::Stage,
-            Outcome::Hold { until } => (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage),
+            Outcome::Hold { until } | Outcome::Wait(Wait::Fallback { until, .. }) => {
+                (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
+            }
             Outcome::Wait(Wait::Grants { deadline }) => {
                 // A dry run never waits: its place in the waiting count goes.
-                let _ = cluster::add_waiting(&mut cx.env.store.cell(CellId::Waiting(cx.index)), -1);
+                let _ = cluster::add_waiting(&mut cx.env.store.cell(CellId::Cursor(cx.index)), -1);
                 (Stat::WouldQueue, wait_note(deadline, cx.now), Next::Stage)
+            }
+            Outcome::Wait(Wait::Class { class, ticket, .. }) => {
+                // Dry-run rules do not queue by class (nothing waits); should
+                // a ticket be taken, it is abandoned at once.
+                w.abandon_ticket(
+                    cx.env.store,
+                    ClassWaiter {
+                        context_id: self.id,
+                        rule: cx.index,
+                        class,
+                        ticket,
+                        since: cx.now,
+                        deadline: cx.now,
+                    },
+                );
+                (Stat::WouldQueue, wait_note(cx.now, cx.now), Next::Stage)
             }
             Outcome::Wait(Wait::Gate { .. }) => {
                 // It goes at once, but keeps its ticket as a slot so that
@@ -137,6 +177,14 @@ impl Stream {
         };
         if first {
             d.counts.inc(stat);
+            if let Some(c) = self.class {
+                let s = if stat == Stat::WouldQueue {
+                    ClassStat::Queued
+                } else {
+                    ClassStat::Rejected
+                };
+                d.counts.add_class(c, s, 1);
+            }
         }
         if cx.env.config.dry_run_headers {
             self.note = Some(note);
@@ -152,6 +200,9 @@ impl Stream {
         d: &mut Decision,
     ) -> Next {
         d.counts.inc(Stat::Rejected);
+        if let Some(c) = self.class {
+            d.counts.add_class(c, ClassStat::Rejected, 1);
+        }
         d.verdict = Verdict::Reply(self.rejection(cx, retry_after_s, req));
         Next::Done
     }

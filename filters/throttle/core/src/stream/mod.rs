@@ -29,6 +29,7 @@
 //! answers an [`Outcome`], one line in [`Stream::on_request`], and its
 //! configuration.
 
+mod class;
 mod cluster;
 mod enforce;
 mod gate;
@@ -102,6 +103,8 @@ pub struct Stream {
     rate: Option<rate::Seen>,
     /// The filter answered it itself (the reply carried the headers).
     replied: bool,
+    /// Its priority class, if its rule has classes.
+    class: Option<usize>,
     /// Adaptive rules: what the learner needs of this request.
     learn: Option<Learn>,
 }
@@ -148,6 +151,12 @@ pub fn initial_values(index: usize, rule: &Rule) -> Vec<Initial> {
     if rule.concurrency.is_some() {
         out.push(Initial::Cell(CellId::Gate(index)));
     }
+    if !rule.classes.is_empty() {
+        out.push(Initial::Blob(
+            BlobId::Classes(index),
+            crate::classes::Tickets::default().encode(),
+        ));
+    }
     if rule.adaptive.is_some() {
         out.push(Initial::Blob(
             BlobId::Tally(index),
@@ -155,14 +164,7 @@ pub fn initial_values(index: usize, rule: &Rule) -> Vec<Initial> {
         ));
     }
     if rule.cluster.is_some() {
-        out.extend(
-            [
-                CellId::Cursor(index),
-                CellId::Waiting(index),
-                CellId::Fallback(index),
-            ]
-            .map(Initial::Cell),
-        );
+        out.extend([CellId::Cursor(index), CellId::Fallback(index)].map(Initial::Cell));
         out.push(Initial::Blob(
             BlobId::Grants(index),
             Grants::default().encode(),
@@ -182,6 +184,11 @@ impl Stream {
     /// The rule that applied.
     pub fn rule(&self) -> Option<usize> {
         self.rule
+    }
+
+    /// Its priority class, if its rule has classes.
+    pub fn class(&self) -> Option<usize> {
+        self.class
     }
 
     /// The rule that applies to a request (None: none matches).
@@ -254,20 +261,35 @@ impl Stream {
             rule: Some(index),
             counts: Counts::of(&[(Stat::Requests, 1)]),
         };
-        let cx = Ctx {
+        self.class = rule.class_of(req);
+        // A cluster rule's grid is wall-clock time: on its fast path (a slot
+        // now) no stage needs the monotonic clock, which is read after its
+        // stage only if the request is held or answered (one clock read per
+        // request; the glue's clock reads each clock at most once).
+        let grid_first = rule.cluster.is_some() && (self.class.is_none() || rule.dry_run);
+        let mut cx = Ctx {
             env,
             index,
             rule,
-            now: clock.mono(),
+            now: if grid_first { 0 } else { clock.mono() },
             can_hold: enforce::can_hold(env.config, rule, worker),
         };
-        let outcome = if rule.cluster.is_some() {
-            cluster::take(&cx, clock, &mut d.counts)
-        } else {
-            let (outcome, seen) = rate::admit_rate(&cx, req);
-            self.rate = seen;
-            outcome
+        let outcome = match self.class {
+            Some(c) if !rule.dry_run => {
+                let (outcome, seen) = class::enter(&cx, c, req, clock, &mut d.counts);
+                self.rate = seen;
+                outcome
+            }
+            _ if rule.cluster.is_some() => cluster::take(&cx, clock, &mut d.counts),
+            _ => {
+                let (outcome, seen) = rate::admit_rate(&cx, req);
+                self.rate = seen;
+                outcome
+            }
         };
+        if grid_first && (outcome != Outcome::Go || rule.concurrency.is_some()) {
+            cx.now = clock.mono();
+        }
         if self.enforce(&cx, outcome, worker, req, &mut d) == Next::Done {
             return d;
         }
@@ -280,7 +302,7 @@ impl Stream {
                 return d;
             }
         }
-        enforce::went_through(&mut d.counts);
+        enforce::went_through(&mut d.counts, self.class);
         d
     }
 
@@ -297,6 +319,7 @@ impl Stream {
             return Decision::pass();
         };
         self.rule = Some(index);
+        self.class = rule.class_of(req);
         let mut d = Decision {
             verdict: Verdict::Continue,
             rule: Some(index),

@@ -105,6 +105,11 @@ pub(super) fn outcome(admission: Admission) -> (Outcome, Option<Seen>) {
 }
 
 impl Seen {
+    /// What a stage that is not the rate's leaves: the schedule at `tat`.
+    pub(super) fn new(tat: u64, rejected: bool) -> Seen {
+        Seen { tat, rejected }
+    }
+
     /// The rate-limit headers of this request at `now` (none for dry-run
     /// rules unless clients see dry runs).
     pub(super) fn headers(

@@ -824,28 +824,95 @@ fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
         ranges,
     )
     .unwrap();
+    // ...and repays what its requests took on credit, as it does after publishing.
+    cluster::repay(
+        &mut store.cell(CellId::Cursor(0)),
+        &mut store.blob(BlobId::Grants(0)),
+        &mut store.cell(CellId::Ahead(0)),
+        &reach,
+        p.clock.wall,
+    )
+    .unwrap();
 }
 
 fn waiting(p: &Proc) -> u64 {
+    cluster::Cursor::decode(p.cells.borrow().get(CellId::Cursor(0))).waiting
+}
+
+/// The ahead cell: `owed` slots, ahead until `until_ms`.
+fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
+    cluster::Ahead { owed, until_ms }.encode()
+}
+
+/// The process owes the one request of credit it may take (burst 0).
+fn spend_credit(p: &Proc) {
     p.cells
-        .borrow()
-        .get(CellId::Waiting(0))
-        .map_or(0, |[n, _]| n)
+        .borrow_mut()
+        .cells
+        .insert(CellId::Ahead(0), (ahead(1, 0), 1));
+}
+
+#[test]
+fn a_cluster_request_without_grants_goes_at_once_on_credit_once() {
+    let mut p = cluster(false);
+    assert_eq!(p.get(10), Verdict::Continue);
+    assert_eq!(
+        p.cells.borrow().get(CellId::Ahead(0)),
+        Some(ahead(1, 0)),
+        "the process owes one slot"
+    );
+    // The credit is spent: the next one waits for grants.
+    assert_eq!(p.get(11), Verdict::Hold);
+    assert_eq!(waiting(&p), 1);
+    assert_eq!(
+        p.stats(),
+        s(&[
+            ("admitted", 1),
+            ("held", 1),
+            ("queued", 1),
+            ("slots_ahead", 1),
+            ("slots_taken", 1)
+        ])
+    );
+    // Grants arrive: the first (just behind now) repays the credit, the
+    // second (within one interval) is 11's.
+    p.at(5);
+    let grid = cluster::rule_reach(&p.config.rules[0]).unwrap().grid;
+    let k = grid.slot_at_or_after(p.clock.wall) - 1;
+    publish(&p, Mode::Grid, &[(k, k + 2)]);
+    assert_eq!(
+        (
+            waiting(&p),
+            cluster::Ahead::decode(p.cells.borrow().get(CellId::Ahead(0))).owed
+        ),
+        (1, 0),
+        "repaid"
+    );
+    p.tick();
+    assert_eq!(waiting(&p), 0);
+    assert_eq!(
+        p.held_until(),
+        Some(5 * MS + grid.slot_time(k + 1) - p.clock.wall),
+        "held until the second slot's time"
+    );
 }
 
 #[test]
 fn a_cluster_request_waits_for_grants_and_takes_the_first_one_at_its_time() {
     let mut p = cluster(false);
+    spend_credit(&p);
     assert_eq!(p.get(10), Verdict::Hold);
     assert_eq!(waiting(&p), 1);
     p.at(5);
     p.tick();
     assert!(p.resumed.is_empty(), "no grant yet: still waiting");
-    // The engine grants slots 2 ms and 4 ms of wall time ahead (100/s: a slot per 10 ms).
+    // The engine grants the slot just behind now and the next one (100/s: a
+    // slot per 10 ms); the first repays the credit taken before.
     let grid = cluster::rule_reach(&p.config.rules[0]).unwrap().grid;
-    let k = grid.slot_at_or_after(p.clock.wall + 2 * MS);
+    let k = grid.slot_at_or_after(p.clock.wall) - 1;
     publish(&p, Mode::Grid, &[(k, k + 2)]);
-    let wait = grid.slot_time(k) - p.clock.wall;
+    let wait = grid.slot_time(k + 1) - p.clock.wall;
+    assert!(wait > 0 && wait <= 10 * MS, "within one interval: held for");
     p.tick();
     assert_eq!(waiting(&p), 0, "it left the waiting count");
     assert!(p.resumed.is_empty());
@@ -866,6 +933,7 @@ fn a_cluster_request_waits_for_grants_and_takes_the_first_one_at_its_time() {
 #[test]
 fn a_retry_in_fallback_may_hold_only_what_is_left_of_max_queue_delay() {
     let mut p = cluster(false);
+    spend_credit(&p);
     assert_eq!(p.get(10), Verdict::Hold);
     // The engine fails: local pacing at one request per 10 ms. The
     // fallback schedule is already 450 ms ahead (others paced locally).
@@ -894,6 +962,7 @@ fn a_retry_in_fallback_may_hold_only_what_is_left_of_max_queue_delay() {
 fn a_cluster_dry_run_never_waits_and_gives_its_waiting_place_back() {
     let mut p = cluster(true);
     p.config.dry_run_headers = true;
+    spend_credit(&p);
     assert_eq!(p.get(10), Verdict::Continue);
     assert_eq!(waiting(&p), 0);
     assert_eq!(
@@ -1005,4 +1074,43 @@ fn adaptive_rules_refuse_at_once_what_would_be_held_past_its_deadline() {
         p.tick();
         assert_eq!(p.resumed, vec![(3, 100 * MS)]);
     }
+}
+
+/// A request whose response side is quiet ([`Stream::response_is_quiet`]: the
+/// glue then skips the response's callbacks) would get nothing from them:
+/// no header, count, wake or tick, whatever comes. Held requests, gated
+/// rules and rate-limit headers are not quiet.
+#[test]
+fn a_quiet_response_side_answers_nothing() {
+    let cases = [
+        (r#"{"rules": [{"name": "a", "rate": "10/s"}]}"#, true),
+        (
+            r#"{"rules": [{"name": "a", "rate": "10/s", "key": {"header": "x-user"}}]}"#,
+            true,
+        ),
+        (
+            r#"{"rules": [{"name": "a", "rate": "10/s"}], "rate_limit_headers": true}"#,
+            false,
+        ),
+        (r#"{"rules": [{"name": "a", "concurrency": 5}]}"#, false),
+    ];
+    for (json, quiet) in cases {
+        let mut p = Proc::new(json);
+        assert_eq!(p.get(1), Verdict::Continue, "{json}");
+        assert_eq!(p.streams[&1].response_is_quiet(&p.config), quiet, "{json}");
+        let before = p.totals.clone();
+        let headers = p.respond(1, false);
+        p.response_end(1);
+        p.done(1);
+        if quiet {
+            assert!(headers.is_empty(), "{json}: {headers:?}");
+            assert_eq!(p.totals, before, "{json}");
+            assert!(!p.woke);
+        }
+    }
+    // A second request within 100 ms at 10/s is held: not quiet.
+    let mut p = Proc::new(r#"{"rules": [{"name": "a", "rate": "10/s"}]}"#);
+    p.get(1);
+    assert_eq!(p.get(2), Verdict::Hold);
+    assert!(!p.streams[&2].response_is_quiet(&p.config));
 }

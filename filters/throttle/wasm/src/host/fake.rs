@@ -56,6 +56,8 @@ pub struct State {
     pub recorded: Vec<(String, u64)>,
     pub queues: Vec<(String, VecDeque<Vec<u8>>)>,
     pub logs: Vec<(Level, String)>,
+    /// Calls of each host function, by its name in the ABI (`get_shared_data`, ...).
+    pub hostcalls: BTreeMap<&'static str, usize>,
 }
 
 impl State {
@@ -80,24 +82,32 @@ impl Fake {
     pub fn state(&self) -> std::cell::RefMut<'_, State> {
         self.0.borrow_mut()
     }
+
+    /// The state, one more call of host function `name` counted.
+    fn call(&self, name: &'static str) -> std::cell::RefMut<'_, State> {
+        let mut s = self.state();
+        *s.hostcalls.entry(name).or_default() += 1;
+        s
+    }
 }
 
 impl Host for Fake {
     fn log(&self, level: Level, msg: &str) {
-        self.state().logs.push((level, msg.to_string()));
+        self.call("log").logs.push((level, msg.to_string()));
     }
 
     fn monotonic_ns(&self) -> u64 {
-        let mut s = self.state();
+        let mut s = self.call("clock_time_get");
         s.clock_reads += 1;
         s.now
     }
 
     fn wall_ns(&self) -> u64 {
-        self.state().wall
+        self.call("get_current_time_nanoseconds").wall
     }
 
     fn random(&self, buf: &mut [u8]) -> bool {
+        drop(self.call("random_get"));
         for (i, b) in buf.iter_mut().enumerate() {
             *b = i as u8 ^ 0x5a;
         }
@@ -105,7 +115,7 @@ impl Host for Fake {
     }
 
     fn shared_get(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), u32> {
-        let s = self.state();
+        let s = self.call("get_shared_data");
         if s.shared_broken {
             return Err(10);
         }
@@ -116,7 +126,7 @@ impl Host for Fake {
     }
 
     fn shared_set(&self, key: &str, value: &[u8], cas: u32) -> Result<bool, u32> {
-        let mut s = self.state();
+        let mut s = self.call("set_shared_data");
         if s.shared_broken {
             return Err(10);
         }
@@ -131,7 +141,7 @@ impl Host for Fake {
     }
 
     fn request_header(&self, name: &str) -> Option<Vec<u8>> {
-        let s = self.state();
+        let s = self.call("get_header_map_value");
         s.request
             .get(&s.current)?
             .iter()
@@ -149,7 +159,7 @@ impl Host for Fake {
     }
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        let s = self.state();
+        let s = self.call("get_property");
         if let ["request", "headers", name] = path {
             let lines: Vec<&[u8]> = s
                 .request
@@ -164,7 +174,7 @@ impl Host for Fake {
     }
 
     fn set_response_header(&self, name: &str, value: &str) {
-        let mut s = self.state();
+        let mut s = self.call("replace_header_map_value");
         let id = s.current;
         s.response
             .entry(id)
@@ -173,7 +183,7 @@ impl Host for Fake {
     }
 
     fn send_reply(&self, reply: &Reply) -> bool {
-        let mut s = self.state();
+        let mut s = self.call("send_local_response");
         let id = s.current;
         if s.gone.contains(&id) {
             return false;
@@ -183,13 +193,14 @@ impl Host for Fake {
     }
 
     fn set_effective_context(&self, id: u32) -> bool {
-        let mut s = self.state();
+        let mut s = self.call("set_effective_context");
         s.current = id;
         !s.gone.contains(&id)
     }
 
     fn resume_request(&self, id: u32) -> Result<(), u32> {
-        let mut s = self.state();
+        let mut s = self.call("set_effective_context");
+        *s.hostcalls.entry("continue_stream").or_default() += 1;
         s.current = id;
         if s.gone.contains(&id) {
             return Err(2);
@@ -199,12 +210,12 @@ impl Host for Fake {
     }
 
     fn set_tick_period_ms(&self, ms: u32) -> bool {
-        self.state().tick_ms = ms;
+        self.call("set_tick_period_milliseconds").tick_ms = ms;
         true
     }
 
     fn define_metric(&self, kind: Kind, name: &str) -> Option<u32> {
-        let mut s = self.state();
+        let mut s = self.call("define_metric");
         if let Some(i) = s.metrics.iter().position(|(n, _, _)| n == name) {
             return u32::try_from(i).ok();
         }
@@ -213,13 +224,13 @@ impl Host for Fake {
     }
 
     fn increment_metric(&self, id: u32, delta: i64) {
-        if let Some(m) = self.state().metrics.get_mut(id as usize) {
+        if let Some(m) = self.call("increment_metric").metrics.get_mut(id as usize) {
             m.2 += delta;
         }
     }
 
     fn record_metric(&self, id: u32, value: u64) {
-        let mut s = self.state();
+        let mut s = self.call("record_metric");
         let Some(m) = s.metrics.get_mut(id as usize) else {
             return;
         };
@@ -232,7 +243,7 @@ impl Host for Fake {
     }
 
     fn metric(&self, id: u32) -> Option<u64> {
-        let s = self.state();
+        let s = self.call("get_metric");
         s.metrics
             .get(id as usize)
             .and_then(|(_, _, v)| u64::try_from(*v).ok())
@@ -245,7 +256,7 @@ impl Host for Fake {
         body: &[u8],
         timeout_ms: u32,
     ) -> Result<u32, u32> {
-        let mut s = self.state();
+        let mut s = self.call("http_call");
         if !s.clusters.iter().any(|c| c == cluster) {
             return Err(2);
         }
@@ -265,23 +276,30 @@ impl Host for Fake {
     }
 
     fn http_call_status(&self) -> Option<u16> {
-        self.state().answer.as_ref().and_then(|(status, _)| *status)
+        self.call("get_header_map_value")
+            .answer
+            .as_ref()
+            .and_then(|(status, _)| *status)
     }
 
     fn http_call_body(&self, size: usize) -> Option<Vec<u8>> {
-        let s = self.state();
+        let s = self.call("get_buffer_bytes");
         let (_, body) = s.answer.as_ref()?;
         Some(body.iter().take(size).copied().collect())
     }
 
     fn register_queue(&self, name: &str) -> Option<u32> {
-        let mut s = self.state();
+        let mut s = self.call("register_shared_queue");
         s.queues.push((name.to_string(), VecDeque::new()));
         u32::try_from(s.queues.len() - 1).ok()
     }
 
     fn enqueue(&self, queue: u32, data: &[u8]) -> bool {
-        match self.state().queues.get_mut(queue as usize) {
+        match self
+            .call("enqueue_shared_queue")
+            .queues
+            .get_mut(queue as usize)
+        {
             Some((_, q)) => {
                 q.push_back(data.to_vec());
                 true
@@ -291,6 +309,10 @@ impl Host for Fake {
     }
 
     fn dequeue(&self, queue: u32) -> Option<Vec<u8>> {
-        self.state().queues.get_mut(queue as usize)?.1.pop_front()
+        self.call("dequeue_shared_queue")
+            .queues
+            .get_mut(queue as usize)?
+            .1
+            .pop_front()
     }
 }

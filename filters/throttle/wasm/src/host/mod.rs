@@ -102,6 +102,28 @@ impl<H: Host> Clock for HostClock<H> {
         self.0.monotonic_ns()
     }
     fn wall(&mut self) -> u64 {
-        self.0.wall_ns()
+        skewed(self.0.wall_ns())
     }
+}
+
+/// Test builds only (cargo feature `test-clock`): the wall clock moved by
+/// `THROTTLE_TEST_WALL_OFFSET_MS` milliseconds, read from the VM's
+/// environment (Envoy's `vm_config.environment_variables`), so that a test
+/// can run one proxy with a skewed clock (libfaketime hangs Envoy at start).
+#[cfg(feature = "test-clock")]
+fn skewed(ns: u64) -> u64 {
+    static OFFSET_NS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let offset = *OFFSET_NS.get_or_init(|| {
+        std::env::var("THROTTLE_TEST_WALL_OFFSET_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .map_or(0, |ms| ms.saturating_mul(1_000_000))
+    });
+    ns.saturating_add_signed(offset)
+}
+
+/// The host's wall clock as it is (only test builds can move it).
+#[cfg(not(feature = "test-clock"))]
+fn skewed(ns: u64) -> u64 {
+    ns
 }

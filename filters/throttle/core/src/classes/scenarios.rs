@@ -1,0 +1,449 @@
+//! Whole requests through the class queues, on two workers over one
+//! in-memory store, exact to the nanosecond: release order across workers,
+//! floors, displacement, cancellation, quotas, dry-run.
+
+use crate::clock::{NS_PER_MS, NS_PER_S};
+use crate::matcher::FakeRequest;
+use crate::reply::rejection;
+use crate::stats::{ClassStat, Stat};
+use crate::stream::Verdict;
+
+use super::sim::{Fate, Process};
+use super::{floor_of, tickets, MAX};
+
+const MS: u64 = NS_PER_MS;
+
+/// The issue's example: 100/s (one slot every 10 ms), critical > normal >
+/// batch (floor 10%, 10 s).
+const CONTRACT: &str = r#"{"rules": [{"name": "api", "rate": "100/s", "max_queue_delay": "2s",
+  "classes": [
+    {"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+    {"name": "normal"},
+    {"name": "batch", "match": {"headers": {"x-priority": "batch"}},
+     "min_share": 0.1, "max_queue_delay": "10s"}]}]}"#;
+
+fn req(class: &str) -> FakeRequest {
+    let r = FakeRequest::get("/");
+    if class == "normal" {
+        r
+    } else {
+        r.with_header("x-priority", class)
+    }
+}
+
+/// Whether the slot due at `at` (100/s) is one of batch's floor slots.
+fn batch_floor(p: &Process, at: u64) -> bool {
+    let mut w = [0u64; MAX];
+    w[2] = 1;
+    floor_of(at / (10 * MS), &p.config.rules[0].classes, &w) == Some(2)
+}
+
+/// A time (ms multiple of 10 from `from`) whose slot and the next `n` are
+/// no floor slots of batch, so that plain priority decides them.
+fn plain_run(p: &Process, from: u64, n: u64) -> u64 {
+    (0..1000)
+        .map(|k| from + k * 10 * MS)
+        .find(|&t| (0..=n).all(|j| !batch_floor(p, t + j * 10 * MS)))
+        .unwrap()
+}
+
+#[test]
+fn a_critical_request_on_one_worker_leaves_before_a_batch_request_on_the_other() {
+    let mut p = Process::new(CONTRACT, 2).unwrap();
+    let t0 = plain_run(&p, 1000 * NS_PER_S, 3);
+    assert_eq!(p.request(0, 1, req("normal"), t0), Verdict::Continue);
+    // The next slot is due at t0 + 10 ms: batch (worker 0) queues first,
+    // critical (worker 1) a millisecond later.
+    assert_eq!(p.request(0, 2, req("batch"), t0 + MS), Verdict::Hold);
+    assert_eq!(p.request(1, 3, req("critical"), t0 + 2 * MS), Verdict::Hold);
+    // Worker 0 ticks first when the slot is due: it grants it to critical,
+    // whose request it does not hold, so it releases nothing.
+    p.tick(0, t0 + 10 * MS);
+    assert_eq!(p.order, vec![1]);
+    // Worker 1's tick resumes critical.
+    p.tick(1, t0 + 11 * MS);
+    assert_eq!(p.seen[&3].fate, Fate::Released(t0 + 11 * MS));
+    // The next slot (t0 + 20 ms) is batch's.
+    p.tick(0, t0 + 19 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Held, "not a nanosecond early");
+    p.tick(0, t0 + 20 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 20 * MS));
+    assert_eq!(p.order, vec![1, 3, 2]);
+    assert!(!p.needs_ticks());
+    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!((c(0, ClassStat::Queued), c(0, ClassStat::Released)), (1, 1));
+    assert_eq!((c(2, ClassStat::Queued), c(2, ClassStat::Released)), (1, 1));
+    assert_eq!(c(1, ClassStat::Admitted), 1);
+    assert_eq!(p.totals[&(0, Stat::Released)], 2);
+    assert_eq!(p.totals.get(&(0, Stat::Held)).copied().unwrap_or(0), 0);
+}
+
+#[test]
+fn a_new_request_goes_at_once_only_if_nobody_at_or_above_it_waits() {
+    let mut p = Process::new(CONTRACT, 2).unwrap();
+    let t0 = plain_run(&p, 1000 * NS_PER_S, 4);
+    p.request(0, 1, req("normal"), t0);
+    assert_eq!(p.request(0, 2, req("normal"), t0 + MS), Verdict::Hold);
+    // 30 ms later three slots are due, and no tick came: a critical request
+    // takes one at once (nobody above it waits) ...
+    assert_eq!(
+        p.request(1, 3, req("critical"), t0 + 30 * MS),
+        Verdict::Continue
+    );
+    // ... but a normal one queues behind the normal one waiting (FIFO).
+    assert_eq!(p.request(1, 4, req("normal"), t0 + 30 * MS), Verdict::Hold);
+    // One tick grants both due slots in ticket order; each worker resumes its own.
+    p.tick(1, t0 + 30 * MS);
+    p.tick(0, t0 + 31 * MS);
+    assert_eq!(p.order, vec![1, 3, 4, 2]);
+    // The schedule took 4 slots in all: the next is due at t0 + 40 ms.
+    assert_eq!(
+        p.request(0, 5, req("critical"), t0 + 39 * MS),
+        Verdict::Hold
+    );
+}
+
+#[test]
+fn batch_keeps_its_floor_while_critical_takes_all_the_rest() {
+    let mut p = Process::new(CONTRACT, 2).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    let mut id = 0;
+    let mut batch = Vec::new();
+    // 300 batch requests wait (a 10 s delay fits 100 of them at their 10/s floor;
+    // the estimate counts critical's arrivals, so the later ones are refused).
+    for k in 0..300u64 {
+        id += 1;
+        if p.request(0, id, req("batch"), t0 + k * 100_000) == Verdict::Hold {
+            batch.push(id);
+        }
+    }
+    // Critical arrives at 200/s on worker 1 for 10 s, twice the rate; both
+    // workers tick every millisecond.
+    for ms in 0..10_000u64 {
+        let now = t0 + 30 * MS + ms * MS;
+        if ms % 5 == 0 {
+            id += 1;
+            p.request(1, id, req("critical"), now);
+        }
+        p.tick(0, now);
+        p.tick(1, now);
+    }
+    let released = |class: usize| {
+        p.seen
+            .values()
+            .filter(|s| s.class == Some(class) && matches!(s.fate, Fate::Released(_) | Fate::Now))
+            .count() as u64
+    };
+    let (crit, bat) = (released(0), released(2));
+    // Every slot due from t0 to the last tick (t0 + 10.029 s) was used (the
+    // last one may be granted and not yet resumed): batch a tenth of them.
+    let slots = (30 + 9_999) / 10 + 1;
+    assert!(
+        (slots - 1..=slots).contains(&(crit + bat)),
+        "{crit} + {bat} of {slots}"
+    );
+    assert!(
+        (97..=105).contains(&bat),
+        "batch got {bat} of {}",
+        crit + bat
+    );
+    // Critical's overflow is rejected at once, never displaced.
+    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert!(c(0, ClassStat::Rejected) > 0);
+    assert_eq!(c(0, ClassStat::Displaced), 0);
+}
+
+#[test]
+fn strict_priority_without_a_floor_starves_the_lower_class() {
+    let json = CONTRACT.replace("\"min_share\": 0.1, ", "");
+    let mut p = Process::new(&json, 1).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    p.request(0, 1, req("critical"), t0);
+    assert_eq!(p.request(0, 2, req("batch"), t0 + MS), Verdict::Hold);
+    let mut id = 2;
+    for ms in 2..3000u64 {
+        let now = t0 + ms * MS;
+        if ms % 5 == 0 {
+            id += 1;
+            p.request(0, id, req("critical"), now);
+        }
+        p.tick(0, now);
+    }
+    // Pushed back by critical, batch's turn moved past nothing certain
+    // within its 10 s: it still waits, and new batch requests are refused.
+    assert_eq!(p.seen[&2].fate, Fate::Held);
+    id += 1;
+    assert!(matches!(
+        p.request(0, id, req("batch"), t0 + 3 * NS_PER_S),
+        Verdict::Reply(_)
+    ));
+}
+
+#[test]
+fn a_held_request_pushed_past_its_delay_is_displaced_and_counted() {
+    // 10/s; batch may wait 1 s, critical 2 s.
+    let json = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "2s",
+      "classes": [
+        {"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+        {"name": "batch", "max_queue_delay": "1s"}]}]}"#;
+    let mut p = Process::new(json, 2).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    // Batch's 2nd and 3rd: turns at +100 and +200 ms.
+    assert_eq!(p.request(0, 2, req("batch"), t0 + MS), Verdict::Hold);
+    assert_eq!(p.request(0, 3, req("batch"), t0 + MS), Verdict::Hold);
+    // 12 critical requests arrive on the other worker: 1.2 s of slots ahead
+    // of batch, more than batch's 1 s.
+    for k in 0..12 {
+        assert_eq!(
+            p.request(1, 10 + k, req("critical"), t0 + 2 * MS),
+            Verdict::Hold
+        );
+    }
+    // The next tick of worker 0 sees that 11 slots are due by batch's
+    // deadline (t0 + 1.001 s) and 12 critical wait: both are displaced.
+    p.tick(0, t0 + 3 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Displaced(t0 + 3 * MS));
+    assert_eq!(p.seen[&3].fate, Fate::Displaced(t0 + 3 * MS));
+    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!(c(1, ClassStat::Displaced), 2);
+    assert_eq!(
+        p.totals[&(0, Stat::Rejected)],
+        2,
+        "a displaced request is a rejection"
+    );
+    // Their tickets are abandoned: the slots go to critical, none is lost.
+    for ms in 3..=1300 {
+        p.tick(0, t0 + ms * MS);
+        p.tick(1, t0 + ms * MS);
+    }
+    let crit: Vec<u64> = (10..22)
+        .map(|id| match p.seen[&id].fate {
+            Fate::Released(t) => (t - t0) / MS,
+            other => panic!("{id}: {other:?}"),
+        })
+        .collect();
+    assert_eq!(crit, (1..=12).map(|k| k * 100).collect::<Vec<_>>());
+    assert!(!p.needs_ticks());
+}
+
+#[test]
+fn a_request_whose_estimated_turn_is_too_far_is_rejected_at_once() {
+    let json = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "250ms",
+      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                  {"name": "batch"}]}]}"#;
+    let mut p = Process::new(json, 1).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    p.request(0, 1, req("batch"), t0);
+    assert_eq!(p.request(0, 2, req("batch"), t0), Verdict::Hold); // +100 ms
+    assert_eq!(p.request(0, 3, req("batch"), t0), Verdict::Hold); // +200 ms
+                                                                  // Exactly as the schedule without classes: the 4th's turn is 300 ms away.
+    let Verdict::Reply(r) = p.request(0, 4, req("batch"), t0) else {
+        panic!("not rejected")
+    };
+    assert_eq!(r, rejection(429, 1, false, Vec::new()));
+    // Critical only waits for critical: it goes next (+100 ms).
+    assert_eq!(p.request(0, 5, req("critical"), t0), Verdict::Hold);
+    p.tick(0, t0 + 100 * MS);
+    assert_eq!(p.seen[&5].fate, Fate::Released(t0 + 100 * MS));
+    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!(c(1, ClassStat::Rejected), 1);
+}
+
+#[test]
+fn a_cancelled_ticket_gives_its_slot_to_the_next_in_line() {
+    let mut p = Process::new(CONTRACT, 2).unwrap();
+    let t0 = plain_run(&p, 1000 * NS_PER_S, 3);
+    p.request(0, 1, req("critical"), t0);
+    p.request(0, 2, req("critical"), t0 + MS);
+    p.request(1, 3, req("critical"), t0 + MS);
+    // Its client goes away before the grant: being next in line, it is
+    // skipped at once, and worker 0 has nothing left to tick for.
+    p.done(2);
+    assert_eq!(p.seen[&2].fate, Fate::Cancelled);
+    assert!(!p.workers[0].needs_ticks());
+    p.tick(1, t0 + 10 * MS);
+    assert_eq!(p.seen[&3].fate, Fate::Released(t0 + 10 * MS));
+    assert!(!p.needs_ticks());
+    let t = tickets::load(&mut crate::store::Store::blob(
+        crate::testing::MemStore(&p.cells),
+        crate::store::BlobId::Classes(0),
+    ))
+    .unwrap()
+    .0;
+    assert_eq!(
+        (t.lines[0].next, t.lines[0].granted, t.lines[0].abandoned),
+        (2, 2, 0)
+    );
+    assert_eq!(p.totals[&(0, Stat::Cancelled)], 1);
+}
+
+#[test]
+fn a_granted_ticket_whose_client_left_passes_its_slot_on() {
+    let mut p = Process::new(CONTRACT, 2).unwrap();
+    let t0 = plain_run(&p, 1000 * NS_PER_S, 3);
+    p.request(0, 1, req("critical"), t0);
+    p.request(0, 2, req("critical"), t0 + MS);
+    p.request(1, 3, req("critical"), t0 + MS);
+    // Worker 1 grants the slot to ticket 0 (request 2, on worker 0) ...
+    p.tick(1, t0 + 10 * MS);
+    // ... whose client goes before worker 0 resumes it.
+    p.done(2);
+    p.tick(0, t0 + 11 * MS);
+    // The grant went on to request 3 at once (no new slot taken).
+    p.tick(1, t0 + 12 * MS);
+    assert_eq!(p.seen[&3].fate, Fate::Released(t0 + 12 * MS));
+    assert_eq!(
+        p.request(0, 4, req("critical"), t0 + 19 * MS),
+        Verdict::Hold,
+        "next slot at +20"
+    );
+}
+
+#[test]
+fn the_key_quota_still_bounds_each_key() {
+    let json = r#"{"rules": [{"name": "api", "rate": "100/s", "max_queue_delay": "1s",
+      "key": {"header": "x-user"}, "key_quota": "10/s",
+      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                  {"name": "batch"}]}]}"#;
+    let mut p = Process::new(json, 1).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    let user = |who: &str| req("critical").with_header("x-user", who);
+    // One user's critical requests: its quota (10/s, 1 s) admits 11 places.
+    let verdicts: Vec<bool> = (0..14)
+        .map(|i| !matches!(p.request(0, i, user("alice"), t0), Verdict::Reply(_)))
+        .collect();
+    assert_eq!(verdicts.iter().filter(|&&v| v).count(), 11);
+    // Another user is not held back by alice's quota.
+    assert_eq!(p.request(0, 100, user("bob"), t0), Verdict::Hold);
+}
+
+#[test]
+fn dry_run_counts_the_classes_and_holds_nothing() {
+    let json = CONTRACT.replace(
+        "\"name\": \"api\",",
+        "\"name\": \"api\", \"dry_run\": true,",
+    );
+    let mut p = Process::new(&json, 1).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    for i in 0..5 {
+        assert_eq!(p.request(0, i, req("batch"), t0), Verdict::Continue);
+    }
+    assert_eq!(p.request(0, 9, req("critical"), t0), Verdict::Continue);
+    assert!(!p.needs_ticks());
+    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!((c(2, ClassStat::Admitted), c(2, ClassStat::Queued)), (1, 4));
+    assert_eq!(c(0, ClassStat::Queued), 1);
+    assert_eq!(p.totals[&(0, Stat::WouldQueue)], 5);
+}
+
+/// A cluster rule of 100/s (grid slot k at k x 10 ms wall time) whose engine
+/// granted this proxy `ranges`, in `mode`.
+fn cluster(ranges: &[(u64, u64)], mode: crate::cluster::Mode) -> Process {
+    let json = r#"{"engine": {"cluster": "rls"},
+      "rules": [{"name": "api", "rate": "100/s", "max_queue_delay": "1s", "scope": "cluster",
+      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                  {"name": "batch"}]}]}"#;
+    let p = Process::new(json, 2).unwrap();
+    let reach = crate::cluster::rule_reach(&p.config.rules[0]).unwrap();
+    let store = crate::testing::MemStore(&p.cells);
+    crate::cluster::publish(
+        &mut crate::store::Store::blob(store, crate::store::BlobId::Grants(0)),
+        &mut crate::store::Store::cell(store, crate::store::CellId::Cursor(0)),
+        &reach,
+        1000 * NS_PER_S,
+        mode,
+        50,
+        ranges,
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn in_cluster_scope_the_owned_grid_slots_are_granted_by_class() {
+    // Slot k is at k x 10 ms: this proxy owns slots 100_000..100_010 and
+    // 100_020..100_030 (t0 .. t0 + 100 ms, t0 + 200 .. 300 ms).
+    let t0 = 1000 * NS_PER_S;
+    let mut p = cluster(
+        &[(100_000, 100_010), (100_020, 100_030)],
+        crate::cluster::Mode::Grid,
+    );
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.totals[&(0, Stat::SlotsTaken)], 1);
+    assert_eq!(p.request(0, 2, req("batch"), t0 + MS), Verdict::Hold);
+    assert_eq!(p.request(1, 3, req("critical"), t0 + 2 * MS), Verdict::Hold);
+    // The next owned slot (t0 + 10 ms) is critical's, the one after batch's.
+    p.tick(0, t0 + 10 * MS);
+    p.tick(1, t0 + 10 * MS);
+    p.tick(0, t0 + 20 * MS);
+    assert_eq!(p.order, vec![1, 3, 2]);
+    assert_eq!(p.totals[&(0, Stat::SlotsTaken)], 3);
+    // Slots 100_010..100_020 are not ours: after the first range, a request
+    // waits for slot 100_020 (t0 + 200 ms).
+    for k in 0..7 {
+        assert_eq!(
+            p.request(0, 10 + k, req("critical"), t0 + 21 * MS),
+            Verdict::Hold
+        );
+    }
+    p.request(1, 20, req("critical"), t0 + 21 * MS);
+    for ms in 21..200 {
+        p.tick(0, t0 + ms * MS);
+        p.tick(1, t0 + ms * MS);
+    }
+    assert_eq!(p.seen[&20].fate, Fate::Held);
+    p.tick(1, t0 + 200 * MS);
+    assert_eq!(p.seen[&20].fate, Fate::Released(t0 + 200 * MS));
+}
+
+#[test]
+fn in_cluster_scope_deny_rejects_and_local_paces() {
+    let t0 = 1000 * NS_PER_S;
+    let mut p = cluster(&[], crate::cluster::Mode::Deny);
+    assert!(matches!(
+        p.request(0, 1, req("critical"), t0),
+        Verdict::Reply(_)
+    ));
+    // Local fallback at 20/s: one every 50 ms, from the fallback schedule.
+    let mut p = cluster(
+        &[],
+        crate::cluster::Mode::Local {
+            interval_ns: 50 * MS,
+        },
+    );
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.request(0, 2, req("batch"), t0), Verdict::Hold);
+    assert_eq!(p.request(1, 3, req("critical"), t0), Verdict::Hold);
+    p.tick(0, t0 + 50 * MS);
+    p.tick(1, t0 + 50 * MS);
+    assert_eq!(p.seen[&3].fate, Fate::Released(t0 + 50 * MS));
+    p.tick(0, t0 + 100 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 100 * MS));
+    assert!(
+        !p.totals.contains_key(&(0, Stat::SlotsTaken)),
+        "no grid slot"
+    );
+}
+
+#[test]
+fn with_concurrency_a_released_class_request_then_waits_for_a_slot() {
+    let json = r#"{"rules": [{"name": "api", "rate": "100/s", "concurrency": 1, "max_queue_delay": "1s",
+      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                  {"name": "batch"}]}]}"#;
+    let mut p = Process::new(json, 1).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.request(0, 2, req("critical"), t0 + MS), Verdict::Hold);
+    // Its slot comes at +10 ms; the only concurrency slot is still taken.
+    p.tick(0, t0 + 10 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Held);
+    assert!(p.workers[0].gate.contains(2), "waiting at the gate now");
+    // The first request's stream ends: its slot goes back, the critical one goes.
+    p.done(1);
+    p.tick(0, t0 + 12 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 12 * MS));
+    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!(c(0, ClassStat::Released), 1);
+    assert_eq!(p.totals[&(0, Stat::InFlight)], 1);
+}

@@ -1,0 +1,222 @@
+//! The worker's part of the class queues, on each tick (see the module
+//! docs of [`crate::classes`]): grant the due slots, pass on the grants of
+//! its abandoned tickets, release its requests whose ticket was granted, and
+//! answer those whose turn can no longer come in time (`displaced`).
+
+use crate::clock::{Clock, NS_PER_S};
+use crate::config::{Config, Rule};
+use crate::reply::rejection;
+use crate::stats::{ClassStat, Counts, Stat};
+use crate::store::{BlobId, Store, StoreError};
+use crate::worker::{TickAction, TickPlan, Worker};
+
+use super::slots::{self, Slots};
+use super::tickets::{self, Abandoned, Settled, Tickets};
+use super::{cannot_make_it, turn_ns, Backlog, ClassWaiter};
+
+/// Most rounds of granting and passing on in one tick.
+const ROUNDS: usize = 64;
+
+/// How often a worker checks its waiters of a rule for a turn that can no
+/// longer come in time (deadlines themselves are kept at every tick).
+pub const CHECK_EVERY_NS: u64 = 10 * crate::clock::NS_PER_MS;
+
+/// Slots another worker may have taken and not yet granted when this one
+/// reads the shared state (see the check in `class_turn`).
+pub const GRANTS_IN_FLIGHT: u64 = 2;
+
+impl Worker {
+    /// The class queues' part of a tick, for every rule with waiters or
+    /// abandoned tickets on this worker.
+    pub(crate) fn class_turns<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        clock: &mut impl Clock,
+        plan: &mut TickPlan,
+    ) {
+        let now = clock.mono();
+        for index in self.classes.rules() {
+            let Some(rule) = cfg.rules.get(index) else {
+                continue;
+            };
+            let wall = if rule.cluster.is_some() {
+                clock.wall()
+            } else {
+                0
+            };
+            if self
+                .class_turn(cfg, rule, index, store, (now, wall), plan)
+                .is_err()
+            {
+                // The shared value or the schedule failed: nothing is
+                // granted this tick; waiters past their deadline still go.
+                self.class_deadlines(cfg, index, store, now, plan);
+            }
+        }
+    }
+
+    fn class_turn<S: Store>(
+        &mut self,
+        cfg: &Config,
+        rule: &Rule,
+        index: usize,
+        store: S,
+        (now, wall): (u64, u64),
+        plan: &mut TickPlan,
+    ) -> Result<(), StoreError> {
+        let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
+            return Ok(());
+        };
+        let mut blob = store.blob(BlobId::Classes(index));
+        let mut t = Tickets::default();
+        for _ in 0..ROUNDS {
+            let g = tickets::grant_due(&mut blob, &mut slots, &rule.classes, now)?;
+            t = g.tickets;
+            let mut passed = false;
+            for (c, ticket, counted) in self.classes.abandoned_of(index) {
+                if t.lines.get(c).is_none_or(|l| ticket > l.granted) {
+                    continue;
+                }
+                let (after, out) = tickets::settle(&mut blob, &mut slots, c, ticket, counted)?;
+                t = after;
+                if out != Settled::NotYet {
+                    self.classes.passed_on(index, c, ticket);
+                    passed = true;
+                }
+            }
+            if !passed {
+                break;
+            }
+        }
+        let taken = slots.grid_taken();
+        if taken > 0 {
+            plan.count(
+                index,
+                Stat::SlotsTaken,
+                i32::try_from(taken).unwrap_or(i32::MAX),
+            );
+        }
+        for (c, line) in t.lines.iter().enumerate().take(rule.classes.len()) {
+            for w in self.classes.granted(index, c, line.granted) {
+                self.classes.remove(w.context_id);
+                self.releasing.insert(w.context_id, w.class);
+                self.release(cfg, store, w.context_id, index, w.since, now, plan);
+            }
+        }
+        for w in self.classes.expired(index, now) {
+            self.displace(cfg, store, w, 1, now, plan);
+        }
+        if self.classes.is_empty() || !self.classes.check_due(index, now, CHECK_EVERY_NS) {
+            return Ok(());
+        }
+        // The schedule first, then the tickets: a grant made by another worker in between
+        // then shows in the tickets (fewer ahead) while the schedule read misses its slot
+        // (more slots seem left), so a race only errs on the side of keeping a request. Only
+        // a grant whose slot is taken and whose ticket is not yet marked (a few microseconds)
+        // errs the other way, by one slot per worker granting at that instant:
+        // `GRANTS_IN_FLIGHT` slots of tolerance cover it. (The deadline still bounds the wait.)
+        let outlook = slots.outlook(now, true)?;
+        let (t, _) = tickets::load(&mut blob)?;
+        let b = Backlog {
+            classes: &rule.classes,
+            tickets: &t,
+            outlook,
+            now,
+        };
+        for w in self.classes.of_rule(index) {
+            let line = t.lines.get(w.class).copied().unwrap_or_default();
+            let position = w
+                .ticket
+                .saturating_sub(line.granted)
+                .saturating_add(1)
+                .saturating_sub(line.abandoned.into())
+                .max(1);
+            let beyond = position.saturating_sub(GRANTS_IN_FLIGHT).max(1);
+            if w.ticket >= line.granted && cannot_make_it(&b, w.class, beyond, w.deadline) {
+                let retry = turn_ns(&b, w.class, position, true)
+                    .unwrap_or(NS_PER_S)
+                    .div_ceil(NS_PER_S)
+                    .max(1);
+                self.displace(cfg, store, w, retry, now, plan);
+            }
+        }
+        Ok(())
+    }
+
+    /// Without the shared state: only the waiters past their deadline go.
+    fn class_deadlines<S: Store>(
+        &mut self,
+        cfg: &Config,
+        index: usize,
+        store: S,
+        now: u64,
+        plan: &mut TickPlan,
+    ) {
+        for w in self.classes.expired(index, now) {
+            self.displace(cfg, store, w, 1, now, plan);
+        }
+    }
+
+    /// Answers a waiter whose turn cannot come in time; its ticket is abandoned.
+    ///
+    /// Another worker may have granted its ticket since this tick read the
+    /// shared value: the abandonment tells (atomically), and such a request
+    /// is released instead, on the slot it was granted.
+    fn displace<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        w: ClassWaiter,
+        retry_after_s: u64,
+        now: u64,
+        plan: &mut TickPlan,
+    ) {
+        self.classes.remove(w.context_id);
+        let blob = &mut store.blob(BlobId::Classes(w.rule));
+        match tickets::abandon(blob, w.class, w.ticket) {
+            Ok(Abandoned::Granted) => {
+                self.releasing.insert(w.context_id, w.class);
+                self.release(cfg, store, w.context_id, w.rule, w.since, now, plan);
+                return;
+            }
+            Ok(Abandoned::Skipped) => {}
+            Ok(Abandoned::Counted) => self.classes.abandon(w.rule, w.class, w.ticket, true),
+            Err(_) => self.classes.abandon(w.rule, w.class, w.ticket, false),
+        }
+        let status = cfg.rules.get(w.rule).map_or(429, |r| r.reject_status);
+        let grpc = self.grpc.contains(&w.context_id);
+        plan.actions.push(TickAction::Reply {
+            id: w.context_id,
+            rule: w.rule,
+            reply: rejection(status, retry_after_s, grpc, Vec::new()),
+        });
+        let mut c = Counts::NONE;
+        c.add_class(w.class, ClassStat::Displaced, 1);
+        plan.merge(w.rule, &c);
+    }
+
+    /// A class waiter leaves (its stream ended, or Envoy answered it): its
+    /// ticket is abandoned. Returns whether it was waiting.
+    pub(crate) fn leave_class<S: Store>(&mut self, store: S, id: u32) -> bool {
+        let Some(w) = self.classes.remove(id) else {
+            return false;
+        };
+        self.abandon_ticket(store, w);
+        true
+    }
+
+    /// Abandons a waiter's ticket in the shared value; keeps it here if it
+    /// must still be settled. (If the store fails, it is kept as counted:
+    /// settled once next in line or granted, whichever the value shows.)
+    pub(crate) fn abandon_ticket<S: Store>(&mut self, store: S, w: ClassWaiter) {
+        let how = tickets::abandon(&mut store.blob(BlobId::Classes(w.rule)), w.class, w.ticket);
+        match how {
+            Ok(Abandoned::Skipped) => {}
+            Ok(Abandoned::Counted) => self.classes.abandon(w.rule, w.class, w.ticket, true),
+            Ok(Abandoned::Granted) | Err(_) => {
+                self.classes.abandon(w.rule, w.class, w.ticket, false)
+            }
+        }
+    }
+}

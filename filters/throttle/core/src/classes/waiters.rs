@@ -1,0 +1,193 @@
+//! One worker's requests waiting in class queues, by ticket, and the
+//! abandoned tickets it must still pass on when their turn comes (as the
+//! gate keeps its abandoned tickets, [`crate::gate::GateWaiters`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A request waiting for its class's grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassWaiter {
+    pub context_id: u32,
+    pub rule: usize,
+    pub class: usize,
+    pub ticket: u64,
+    /// When it started waiting (monotonic ns).
+    pub since: u64,
+    /// When its class's `max_queue_delay` runs out.
+    pub deadline: u64,
+}
+
+/// (rule, class, ticket).
+type Place = (usize, usize, u64);
+
+/// One worker's class waiters and abandoned tickets.
+#[derive(Debug, Default)]
+pub struct ClassWaiters {
+    by_place: BTreeMap<Place, ClassWaiter>,
+    place_of: HashMap<u32, Place>,
+    /// Abandoned tickets whose grant is still to pass on, with whether the
+    /// shared value counts them as abandoned.
+    abandoned: BTreeMap<Place, bool>,
+    /// Waiters by deadline.
+    deadlines: BTreeSet<(u64, u32)>,
+    /// When each rule's waiters were last checked for displacement.
+    checked: HashMap<usize, u64>,
+}
+
+impl ClassWaiters {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requests waiting now.
+    pub fn len(&self) -> usize {
+        self.place_of.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.place_of.is_empty()
+    }
+
+    /// Whether anything needs ticks: waiters, or abandoned tickets.
+    pub fn needs_ticks(&self) -> bool {
+        !self.place_of.is_empty() || !self.abandoned.is_empty()
+    }
+
+    pub fn contains(&self, context_id: u32) -> bool {
+        self.place_of.contains_key(&context_id)
+    }
+
+    /// Rules with waiters or abandoned tickets here, ascending.
+    pub fn rules(&self) -> Vec<usize> {
+        let mut r: Vec<usize> = self
+            .by_place
+            .keys()
+            .chain(self.abandoned.keys())
+            .map(|&(rule, _, _)| rule)
+            .collect();
+        r.sort_unstable();
+        r.dedup();
+        r
+    }
+
+    /// Starts waiting.
+    pub fn wait(&mut self, w: ClassWaiter) {
+        self.remove(w.context_id);
+        let place = (w.rule, w.class, w.ticket);
+        self.place_of.insert(w.context_id, place);
+        self.by_place.insert(place, w);
+        self.deadlines.insert((w.deadline, w.context_id));
+    }
+
+    /// Stops waiting (its stream ended, or it is released or displaced).
+    pub fn remove(&mut self, context_id: u32) -> Option<ClassWaiter> {
+        let place = self.place_of.remove(&context_id)?;
+        let w = self.by_place.remove(&place)?;
+        self.deadlines.remove(&(w.deadline, context_id));
+        Some(w)
+    }
+
+    /// Waiters of `rule` and `class` with a ticket below `granted` (their
+    /// grant came), in ticket order.
+    pub fn granted(&self, rule: usize, class: usize, granted: u64) -> Vec<ClassWaiter> {
+        self.by_place
+            .range((rule, class, 0)..(rule, class, granted))
+            .map(|(_, w)| *w)
+            .collect()
+    }
+
+    /// Waiters of `rule` whose deadline is at or before `now`.
+    pub fn expired(&self, rule: usize, now: u64) -> Vec<ClassWaiter> {
+        self.deadlines
+            .range(..=(now, u32::MAX))
+            .filter_map(|(_, id)| self.place_of.get(id).and_then(|p| self.by_place.get(p)))
+            .filter(|w| w.rule == rule)
+            .copied()
+            .collect()
+    }
+
+    /// Whether `rule`'s waiters are due for a displacement check at `now`
+    /// (at most every `every_ns`); records the check.
+    pub fn check_due(&mut self, rule: usize, now: u64, every_ns: u64) -> bool {
+        let last = self.checked.entry(rule).or_insert(0);
+        if now < last.saturating_add(every_ns) && *last != 0 {
+            return false;
+        }
+        *last = now;
+        true
+    }
+
+    /// Keeps an abandoned ticket until its grant is passed on.
+    pub fn abandon(&mut self, rule: usize, class: usize, ticket: u64, counted: bool) {
+        self.abandoned.insert((rule, class, ticket), counted);
+    }
+
+    /// Abandoned tickets of `rule`: (class, ticket, counted), by class then ticket.
+    pub fn abandoned_of(&self, rule: usize) -> Vec<(usize, u64, bool)> {
+        self.abandoned
+            .range((rule, 0, 0)..=(rule, usize::MAX, u64::MAX))
+            .map(|(&(_, c, t), &counted)| (c, t, counted))
+            .collect()
+    }
+
+    /// The grant of an abandoned ticket was passed on.
+    pub fn passed_on(&mut self, rule: usize, class: usize, ticket: u64) {
+        self.abandoned.remove(&(rule, class, ticket));
+    }
+
+    /// Waiters of `rule`, by class then ticket (oldest first within a class).
+    pub fn of_rule(&self, rule: usize) -> Vec<ClassWaiter> {
+        self.by_place
+            .range((rule, 0, 0)..=(rule, usize::MAX, u64::MAX))
+            .map(|(_, w)| *w)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(id: u32, rule: usize, class: usize, ticket: u64) -> ClassWaiter {
+        ClassWaiter {
+            context_id: id,
+            rule,
+            class,
+            ticket,
+            since: 0,
+            deadline: 100,
+        }
+    }
+
+    #[test]
+    fn waiters_by_rule_class_and_ticket() {
+        let mut q = ClassWaiters::new();
+        q.wait(w(1, 0, 1, 5));
+        q.wait(w(2, 0, 0, 9));
+        q.wait(w(3, 2, 0, 1));
+        q.wait(w(4, 0, 1, 2));
+        assert_eq!(q.len(), 4);
+        let ids: Vec<u32> = q.of_rule(0).iter().map(|w| w.context_id).collect();
+        assert_eq!(ids, vec![2, 4, 1]);
+        assert_eq!(q.rules(), vec![0, 2]);
+        assert_eq!(q.remove(4).map(|w| w.ticket), Some(2));
+        assert_eq!(q.remove(4), None);
+        assert!(!q.contains(4) && q.contains(1));
+    }
+
+    #[test]
+    fn abandoned_tickets_keep_the_worker_ticking_until_passed_on() {
+        let mut q = ClassWaiters::new();
+        q.wait(w(1, 3, 0, 7));
+        q.remove(1);
+        assert!(!q.needs_ticks());
+        q.abandon(3, 0, 7, true);
+        q.abandon(3, 1, 2, false);
+        assert!(q.needs_ticks() && q.is_empty());
+        assert_eq!(q.rules(), vec![3]);
+        assert_eq!(q.abandoned_of(3), vec![(0, 7, true), (1, 2, false)]);
+        q.passed_on(3, 0, 7);
+        q.passed_on(3, 1, 2);
+        assert!(!q.needs_ticks());
+    }
+}

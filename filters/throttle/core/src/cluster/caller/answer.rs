@@ -1,0 +1,327 @@
+//! The calling VM's answers: what a good answer grants (and the checks
+//! that catch counters lost, clocks apart, or a service that answers
+//! nonsense), and when failures switch the rules to their fallback.
+
+use super::*;
+
+impl Caller {
+    /// The answer to the call in flight: `Ok((status, body))`, or the failure
+    /// the host reported (transport error, timeout). Returns one update per
+    /// rule (new grants, mode) to publish.
+    pub fn on_answer(
+        &mut self,
+        now: u64,
+        answer: Result<(u16, &[u8]), Failure>,
+    ) -> Vec<RuleUpdate> {
+        let Some(call) = self.in_flight.take() else {
+            return Vec::new();
+        };
+        let counted = answer
+            .and_then(|(status, body)| self.engine.read(status, body, &call.claims))
+            .and_then(|c| {
+                if now.saturating_sub(call.sent_at) > self.timeout_ns {
+                    return Err(Failure::Timeout);
+                }
+                self.check(&call, &c).map(|()| c)
+            });
+        match counted {
+            Ok(c) => self.succeeded(now, &call, &c),
+            Err(f) => {
+                self.in_flight = Some(call);
+                self.failed(now, f)
+            }
+        }
+    }
+
+    /// Consistency of a parsed answer with what this process knows: the
+    /// per-hour call count grows, its own member adds show, slot counters
+    /// never go back, and the service's hour is ours.
+    fn check(&self, call: &InFlight, counted: &[Counted]) -> Result<(), Failure> {
+        let tolerance = (self.skew_ns + self.timeout_ns).div_ceil(NS_PER_S) + 1;
+        for (p, c) in call.plan.iter().zip(counted) {
+            let Some(r) = self.rules.get(p.rule) else {
+                continue;
+            };
+            let sent = r.fleet_time(call.sent_at);
+            let ours = (WINDOW_NS - sent % WINDOW_NS).div_ceil(NS_PER_S);
+            if c.reset_s.abs_diff(ours) > tolerance && c.reset_s.abs_diff(ours + 3600) > tolerance {
+                return Err(Failure::Clock(format!(
+                    "the service's hour ends in {} s, ours in {ours} s: clocks differ by more than max_clock_skew",
+                    c.reset_s
+                )));
+            }
+            let lost = |why: String| {
+                Err(Failure::Lost(format!(
+                    "{why}: counters were lost (Redis restarted?)"
+                )))
+            };
+            match p.purpose {
+                Purpose::Gen => {
+                    let hour = sent / WINDOW_NS;
+                    if let Some((h, last)) = r.gen {
+                        if h == hour && c.after <= last {
+                            return lost(format!(
+                                "the hour's call count went back from {last} to {}",
+                                c.after
+                            ));
+                        }
+                    }
+                }
+                Purpose::MemberLook if c.after == 0 && r.member_adds.contains(&p.epoch) => {
+                    return lost("a member counter this proxy added to reads 0".into());
+                }
+                Purpose::Share | Purpose::Leftover => {
+                    let before = c.after - p.hits;
+                    let seen = lookup(&r.seen, p.epoch);
+                    if before < seen {
+                        return lost(format!("slot counter went back from {seen} to {before}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn succeeded(&mut self, now: u64, call: &InFlight, counted: &[Counted]) -> Vec<RuleUpdate> {
+        if let Some(since) = self.failing_since.take() {
+            if self.rules.iter().any(|r| r.mode != Mode::Grid) {
+                self.events.push(format!(
+                    "the engine answers again after {} ms of failures: cluster rules are back on the grid",
+                    now.saturating_sub(since) / crate::clock::NS_PER_MS
+                ));
+            }
+        }
+        self.warned_at = None;
+        let mut ranges: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.rules.len()];
+        for (p, c) in call.plan.iter().zip(counted) {
+            let Some(r) = self.rules.get_mut(p.rule) else {
+                continue;
+            };
+            let g = r.spec.grid;
+            match p.purpose {
+                Purpose::Probe(j) => {
+                    let mine = r.own_adds.iter().filter(|&&f| f == p.epoch).count();
+                    r.skew.record(j, c.after, mine as u64);
+                }
+                Purpose::Gen => r.gen = Some((r.fleet_time(call.sent_at) / WINDOW_NS, c.after)),
+                Purpose::NameAdd | Purpose::GridAdd => {}
+                Purpose::NameLook | Purpose::GridLook => {
+                    if r.seen_second.0 != p.epoch {
+                        r.seen_second = (p.epoch, None, None);
+                    }
+                    if p.purpose == Purpose::NameLook {
+                        r.seen_second.1 = Some(c.after);
+                    } else {
+                        r.seen_second.2 = Some(c.after);
+                    }
+                    if let (_, Some(name), Some(grid)) = r.seen_second {
+                        if name > grid {
+                            r.stats.mismatch += 1;
+                            let due = r
+                                .mismatch_warned
+                                .is_none_or(|t| now.saturating_sub(t) >= WARN_EVERY_NS);
+                            if due {
+                                r.mismatch_warned = Some(now);
+                                self.events.push(format!(
+                                    "rule {}: {name} proxies carry a rule of this name, {grid} of them at this rate ({}): the others count on another grid with its own full rate (a rollout of a new rate, or configurations that differ?) (said at most every {} s)",
+                                    r.spec.name,
+                                    r.spec.grid.interval_ns,
+                                    WARN_EVERY_NS / NS_PER_S
+                                ));
+                            }
+                        }
+                        r.seen_second = (p.epoch, None, None);
+                    }
+                }
+                Purpose::MemberLook => {
+                    r.stats.members = c.after.max(1);
+                    r.member_looks.push(r.stats.members);
+                    if r.member_looks.len() > MEMBERS_MEMORY {
+                        r.member_looks.remove(0);
+                    }
+                    r.stats.members_recent_max = r.member_looks.iter().copied().max().unwrap_or(1);
+                }
+                Purpose::DemandLook => {
+                    r.stats.demand = c.after;
+                    bump(&mut r.demand_totals, p.epoch, |_| c.after);
+                }
+                Purpose::MemberAdd => {
+                    r.member_adds.push(p.epoch);
+                    r.own_adds.push(p.epoch);
+                    if r.own_adds.len() > OWN_ADDS_MEMORY {
+                        r.own_adds.remove(0);
+                    }
+                }
+                Purpose::DemandAdd => r.demand_ranges.push((p.epoch, c.after - p.hits, c.after)),
+                Purpose::Share | Purpose::Leftover => {
+                    bump(&mut r.seen, p.epoch, |v| v.max(c.after));
+                    let before = c.after - p.hits;
+                    let end = c.after.min(g.slots_per_epoch);
+                    if before < end {
+                        // The fleet's slots, in this process's time.
+                        let shift = r
+                            .skew
+                            .offset_epochs
+                            .saturating_mul(i64::try_from(g.slots_per_epoch).unwrap_or(i64::MAX));
+                        if let Some(list) = ranges.get_mut(p.rule) {
+                            list.extend(g.position_ranges(p.epoch, before, end).into_iter().map(
+                                |(a, b)| {
+                                    (
+                                        a.saturating_add_signed(shift),
+                                        b.saturating_add_signed(shift),
+                                    )
+                                },
+                            ));
+                        }
+                        bump(&mut r.granted, p.epoch, |v| v + (end - before));
+                        r.stats.granted += end - before;
+                    }
+                }
+            }
+        }
+        for (i, list) in ranges.iter_mut().enumerate() {
+            let Some(r) = self.rules.get_mut(i) else {
+                continue;
+            };
+            if let Some(delta) = r.skew.estimate() {
+                r.skew.offset_epochs = r.skew.offset_epochs.saturating_add(delta);
+                let ms = r.offset_ns().unsigned_abs() / crate::clock::NS_PER_MS;
+                r.stats.clock_offset_ms = ms;
+                if let Some(n) = r
+                    .stats
+                    .failed
+                    .get_mut(Failure::Clock(String::new()).index())
+                {
+                    *n += 1;
+                }
+                self.events.push(format!(
+                    "rule {}: this proxy's clock is about {ms} ms {} the other proxies' of the rule (max_clock_skew {} ms): its grid now follows theirs; set the clocks by NTP",
+                    r.spec.name,
+                    if r.skew.offset_epochs > 0 { "ahead of" } else { "behind" },
+                    self.skew_ns / crate::clock::NS_PER_MS
+                ));
+                r.skew.restart();
+                // The same fleet slots, at other local times: granted
+                // before, and in this answer.
+                let shift = delta
+                    .saturating_mul(i64::try_from(r.spec.grid.slots_per_epoch).unwrap_or(i64::MAX));
+                r.shift = r.shift.saturating_add(shift);
+                r.last_epoch = None;
+                for range in list.iter_mut() {
+                    *range = (
+                        range.0.saturating_add_signed(shift),
+                        range.1.saturating_add_signed(shift),
+                    );
+                }
+            }
+        }
+        ranges
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, list)| {
+                let r = self.rules.get_mut(i)?;
+                if let Some(since) = r.stats.fallback_since.take() {
+                    r.stats.fallback_ns += now.saturating_sub(since);
+                }
+                r.mode = Mode::Grid;
+                Some(RuleUpdate {
+                    rule: i,
+                    mode: Mode::Grid,
+                    grant_rate_per_s: grant_rate(r),
+                    ranges: list,
+                    reset: std::mem::take(&mut r.reset),
+                    shift: std::mem::take(&mut r.shift),
+                })
+            })
+            .collect()
+    }
+
+    pub(super) fn failed(&mut self, now: u64, why: Failure) -> Vec<RuleUpdate> {
+        let mut updates = Vec::new();
+        if let Some(call) = self.in_flight.take() {
+            for i in rules_of(&call.plan) {
+                let Some(r) = self.rules.get_mut(i) else {
+                    continue;
+                };
+                r.stats.failures += 1;
+                if let Some(n) = r.stats.failed.get_mut(why.index()) {
+                    *n += 1;
+                }
+                if matches!(why, Failure::Lost(_)) {
+                    // Slots granted ahead may be granted again from the
+                    // fresh counters: drop them, and start counting anew.
+                    r.forget_counters();
+                    updates.push(RuleUpdate {
+                        rule: i,
+                        mode: r.mode,
+                        grant_rate_per_s: 0,
+                        ranges: Vec::new(),
+                        reset: std::mem::take(&mut r.reset),
+                        shift: 0,
+                    });
+                }
+            }
+        }
+        self.failing_since.get_or_insert(now);
+        let fell_back = self.fallback_if_due(now);
+        let due = self
+            .warned_at
+            .is_none_or(|t| now.saturating_sub(t) >= WARN_EVERY_NS);
+        let in_fallback = self.rules.iter().any(|r| r.mode != Mode::Grid);
+        if !fell_back.is_empty() || (in_fallback && due) {
+            self.warned_at = Some(now);
+            let since = self.failing_since.map_or(0, |t| now.saturating_sub(t));
+            self.events.push(format!(
+                "engine calls failing for {} ms ({}), cluster rules in their on_engine_failure fallback: {} (said at most every {} s while it lasts)",
+                since / crate::clock::NS_PER_MS,
+                why.kind(),
+                why.explain(&self.cluster, &self.domain),
+                WARN_EVERY_NS / NS_PER_S
+            ));
+        }
+        updates.extend(fell_back);
+        updates
+    }
+
+    pub(super) fn fallback_if_due(&mut self, now: u64) -> Vec<RuleUpdate> {
+        let Some(since) = self.failing_since else {
+            return Vec::new();
+        };
+        if now.saturating_sub(since) < self.fallback_after_ns {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, r) in self.rules.iter_mut().enumerate() {
+            if r.mode != Mode::Grid {
+                continue;
+            }
+            // The proxies the engine last counted (the most over ~5 s before
+            // the failure), kept while it lasts; `expected_replicas` only if
+            // it never counted any.
+            let divisor = match r.stats.members_recent_max {
+                0 => u64::from(r.spec.expected_replicas.max(1)),
+                seen => seen,
+            };
+            r.mode = match r.spec.on_engine_failure {
+                OnEngineFailure::Deny => Mode::Deny,
+                OnEngineFailure::LocalFull => Mode::Local {
+                    interval_ns: r.spec.grid.interval_ns,
+                },
+                OnEngineFailure::LocalShare => Mode::Local {
+                    interval_ns: r.spec.grid.interval_ns.saturating_mul(divisor),
+                },
+            };
+            r.stats.fallback_since = Some(now);
+            out.push(RuleUpdate {
+                rule: i,
+                mode: r.mode,
+                grant_rate_per_s: 0,
+                ranges: Vec::new(),
+                reset: false,
+                shift: 0,
+            });
+        }
+        out
+    }
+}

@@ -1,0 +1,389 @@
+//! Where this proxy's clock stands against the other proxies' of a rule, in
+//! whole epochs, from the member counters every proxy adds to.
+//!
+//! Each proxy with demand adds 1 to `members(X)` in its own epoch `X - k`
+//! ([`super::caller`]). So at our epoch `f`, a look at `members(f + k + j)`
+//! (hits 0) counts, for `j >= 1`, the proxies whose clock is at least about
+//! `j` epochs ahead of ours (they are already there), and for `j <= -1`
+//! every proxy but those more than about `|j|` epochs behind (they are not
+//! there yet). Our own add is taken out (we know which counters we added
+//! to), so every count is of the other proxies only. "About": calls come within the first
+//! quarter of an epoch, so each count is right to a quarter of an epoch.
+//!
+//! The caller probes two offsets per call, each ahead and behind (4 looks),
+//! in turn over offsets out to about 2.5 s ([`Skew::new`]). After a full sweep
+//! it asks [`Skew::estimate`]. Others' adds already in our future counters
+//! can only mean they are ahead: if more than half of them have reached `j`
+//! epochs past us but not the next offset probed, we are about halfway
+//! between the two behind, and move forward (whatever their number). Others
+//! missing from our recent past could also have started, gone idle or gone
+//! away: we take it that we are ahead only with two others at least (with
+//! one, it moves instead, so two proxies never chase each other), only if
+//! they are present further back, and only if the answer stays put over two
+//! sweeps (an idle or gone proxy's absence grows). Behind twice in a row (the
+//! smaller of the two: a count right at an offset may tip either way), or
+//! ahead twice within an epoch, is a correction: the caller
+//! then counts epochs on the fleet's clock, that many epochs off its own, and
+//! keeps the grants in its own time ([`super::caller`]). With offsets at most
+//! 5 epochs apart, one correction leaves us within 2 epochs, which the grid's
+//! ordering absorbs (and the next sweeps refine).
+
+/// Offsets probed, in epochs (each also negated), as far as [`REACH_NS`].
+const OFFSETS: [i64; 10] = [1, 2, 3, 4, 6, 8, 11, 15, 20, 25];
+
+/// How far probes reach, ns: a clock off by more is not seen here (others
+/// beyond the reach look absent), and the service's hour check
+/// ([`super::caller`]) catches it instead.
+pub const REACH_NS: u64 = 2_600_000_000;
+
+/// One rule's view of its clock against the other proxies'.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skew {
+    /// The offsets probed (positive; each is probed ahead and behind).
+    offsets: Vec<i64>,
+    /// The last count seen at `+offsets[i]` and at `-offsets[i]`.
+    ahead: Vec<Option<u64>>,
+    behind: Vec<Option<u64>>,
+    /// The next offset to probe.
+    next: usize,
+    /// The last sweep's answer, waiting to be confirmed by the next.
+    pending: Option<i64>,
+    /// Our clock's offset from the fleet's, in epochs (positive: ahead).
+    pub offset_epochs: i64,
+}
+
+impl Skew {
+    /// The probes of a grid whose epochs last `epoch_ns`: every offset of
+    /// the offsets probed (1 to 25 epochs) within [`REACH_NS`] (at least one).
+    pub fn new(epoch_ns: u64) -> Skew {
+        let mut offsets: Vec<i64> = OFFSETS
+            .iter()
+            .copied()
+            .filter(|&j| j.unsigned_abs().saturating_mul(epoch_ns) <= REACH_NS)
+            .collect();
+        if offsets.is_empty() {
+            offsets.push(1);
+        }
+        let n = offsets.len();
+        Skew {
+            offsets,
+            ahead: vec![None; n],
+            behind: vec![None; n],
+            next: 0,
+            pending: None,
+            offset_epochs: 0,
+        }
+    }
+
+    /// The offsets (epochs from `k` ahead of ours) to look at in this call:
+    /// two, each ahead and behind.
+    pub fn probes(&mut self) -> [i64; 4] {
+        let n = self.offsets.len().max(1);
+        let a = self.offsets.get(self.next).copied().unwrap_or(1);
+        let b = self.offsets.get((self.next + 1) % n).copied().unwrap_or(1);
+        self.next = (self.next + 2) % n;
+        [a, -a, b, -b]
+    }
+
+    /// The count seen at offset `j`, less our own adds to that counter
+    /// (`mine`: more than one if our clock stepped back over it): only the
+    /// other proxies count.
+    pub fn record(&mut self, j: i64, count: u64, mine: u64) {
+        let count = count.saturating_sub(mine);
+        let Some(i) = self.offsets.iter().position(|&o| o == j.abs()) else {
+            return;
+        };
+        let slot = if j > 0 {
+            self.ahead.get_mut(i)
+        } else {
+            self.behind.get_mut(i)
+        };
+        if let Some(slot) = slot {
+            *slot = Some(count);
+        }
+    }
+
+    /// After a full sweep: the correction (epochs to add to the offset), if
+    /// two sweeps in a row agree. Starts a new sweep either way.
+    pub fn estimate(&mut self) -> Option<i64> {
+        if self.ahead.iter().chain(&self.behind).any(Option::is_none) {
+            return None;
+        }
+        let now = self.sweep();
+        self.ahead.iter_mut().for_each(|c| *c = None);
+        self.behind.iter_mut().for_each(|c| *c = None);
+        let confirmed = match (self.pending, now) {
+            // Behind (others' adds are in our future: unambiguous): the same
+            // direction twice (a count right at an offset may tip either
+            // way), the smaller of the two.
+            (Some(a), Some(b)) if a < 0 && b < 0 => Some(a.max(b)),
+            // Ahead (others missing from our recent past): only if it stays
+            // put, which a proxy that went idle or away does not (its
+            // absence grows sweep after sweep).
+            (Some(a), Some(b)) if a > 0 && b > 0 && a.abs_diff(b) <= 1 => Some(a.min(b)),
+            _ => None,
+        };
+        self.pending = if confirmed.is_some() { None } else { now };
+        confirmed
+    }
+
+    /// One sweep's answer (None: in step with the majority, or alone).
+    fn sweep(&self) -> Option<i64> {
+        // A proxy skips an epoch's add now and then (a late call): one seen
+        // at the next two offsets further has passed this one too. So a
+        // count ahead is read as at least the smaller of the next two, and
+        // those behind as the most seen at that offset or nearer. Not
+        // further: a proxy ahead that has only just started adding shows at
+        // the offsets near its own first (it has not added to the nearer
+        // ones), and before it shows in our past; read as having passed
+        // every nearer offset, it would be the whole majority of the others
+        // in our future, and the proxies in step would move to its clock.
+        let seen: Vec<u64> = self.ahead.iter().map(|c| c.unwrap_or(0)).collect();
+        let ahead: Vec<u64> = (0..seen.len())
+            .map(|i| {
+                let next_two = match (seen.get(i + 1), seen.get(i + 2)) {
+                    (Some(&a), Some(&b)) => a.min(b),
+                    _ => 0,
+                };
+                seen.get(i).copied().unwrap_or(0).max(next_two)
+            })
+            .collect();
+        let mut behind: Vec<u64> = self.behind.iter().map(|c| c.unwrap_or(0)).collect();
+        for i in 1..behind.len() {
+            let nearer = behind.get(i - 1).copied().unwrap_or(0);
+            if let Some(c) = behind.get_mut(i) {
+                *c = (*c).max(nearer);
+            }
+        }
+        let in_future = ahead.first().copied().unwrap_or(0);
+        let in_past = behind.last().copied().unwrap_or(0);
+        let others = in_future.max(in_past);
+        let majority = |n: u64| n.saturating_mul(2) > others;
+        // Behind: more than half of the others have reached j epochs past us.
+        let ahead: Vec<bool> = ahead.iter().map(|&c| majority(c)).collect();
+        if let Some(m) = self.midway(&ahead) {
+            return Some(-m);
+        }
+        // Ahead: more than half of the others, present further back, have not
+        // reached j epochs before us yet. With one other, it moves instead.
+        if others < 2 || in_past < others {
+            return None;
+        }
+        let behind: Vec<bool> = behind
+            .iter()
+            .map(|&c| majority(in_past.saturating_sub(c)))
+            .collect();
+        self.midway(&behind)
+    }
+
+    /// Where the majority stands, from which offsets it is beyond: halfway
+    /// between the last offset it is beyond (of those in a row from the
+    /// first) and the next one; the last offset if it is beyond all.
+    fn midway(&self, beyond: &[bool]) -> Option<i64> {
+        let n = beyond.iter().take_while(|&&b| b).count();
+        let last = *self.offsets.get(n.checked_sub(1)?)?;
+        Some(match self.offsets.get(n) {
+            Some(&next) => last + (next - last) / 2,
+            None => last,
+        })
+    }
+
+    /// Forgets what was seen (the frame changed).
+    pub fn restart(&mut self) {
+        self.ahead.iter_mut().for_each(|c| *c = None);
+        self.behind.iter_mut().for_each(|c| *c = None);
+        self.pending = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// A full sweep of counts of the other proxies: `ahead(j)` at +j,
+    /// `at_or_after(j)` at -j (our own add comes on top there, and is taken out).
+    fn sweep(s: &mut Skew, ahead: impl Fn(i64) -> u64, at_or_after: impl Fn(i64) -> u64) {
+        for _ in 0..s.offsets.len().div_ceil(2) {
+            for j in s.probes() {
+                if j > 0 {
+                    s.record(j, ahead(j), 0);
+                } else {
+                    // Our own add is in the count, and taken out.
+                    s.record(j, at_or_after(-j) + 1, 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn probes_reach_about_two_and_a_half_seconds_whatever_the_epoch() {
+        assert_eq!(
+            Skew::new(100 * MS).offsets,
+            vec![1, 2, 3, 4, 6, 8, 11, 15, 20, 25]
+        );
+        assert_eq!(Skew::new(250 * MS).offsets, vec![1, 2, 3, 4, 6, 8]);
+        assert_eq!(Skew::new(1000 * MS).offsets, vec![1, 2]);
+        assert_eq!(Skew::new(5000 * MS).offsets, vec![1]);
+        let mut s = Skew::new(1000 * MS);
+        assert_eq!([s.probes(), s.probes()], [[1, -1, 2, -2], [1, -1, 2, -2]]);
+        let mut s = Skew::new(100 * MS);
+        assert_eq!(
+            [s.probes(), s.probes(), s.probes(), s.probes(), s.probes()],
+            [
+                [1, -1, 2, -2],
+                [3, -3, 4, -4],
+                [6, -6, 8, -8],
+                [11, -11, 15, -15],
+                [20, -20, 25, -25]
+            ]
+        );
+    }
+
+    #[test]
+    fn in_step_with_the_fleet_nothing_moves() {
+        let mut s = Skew::new(100 * MS);
+        // 5 proxies: 4 others, none ahead, all in at every offset behind.
+        for _ in 0..3 {
+            sweep(&mut s, |_| 0, |_| 4);
+            assert_eq!(s.estimate(), None);
+        }
+    }
+
+    #[test]
+    fn a_proxy_ahead_that_just_started_does_not_move_the_ones_in_step() {
+        let mut s = Skew::new(100 * MS);
+        // One other in step (present at every offset behind), and one 8
+        // epochs ahead that started adding 3 epochs ago: in our counters +6
+        // to +8 only, not yet in our past. Not a majority of the two.
+        let newcomer = |j: i64| u64::from((6..=8).contains(&j));
+        for _ in 0..3 {
+            sweep(&mut s, newcomer, |_| 1);
+            assert_eq!(s.estimate(), None);
+        }
+        // Once it has been ahead for a while it shows at every offset up to
+        // +8, and in our past too: still one of two, nothing moves.
+        for _ in 0..3 {
+            sweep(&mut s, |j| u64::from(j <= 8), |_| 2);
+            assert_eq!(s.estimate(), None);
+        }
+        // A skipped add at one offset is read through: the two others both
+        // 8 epochs ahead, one missing at +3: we move forward.
+        let gap = |j: i64| if j == 3 { 1 } else { u64::from(j <= 8) * 2 };
+        sweep(&mut s, gap, |_| 2);
+        s.estimate();
+        sweep(&mut s, gap, |_| 2);
+        assert_eq!(s.estimate(), Some(-9));
+    }
+
+    #[test]
+    fn three_epochs_ahead_of_two_others_is_corrected_after_two_sweeps() {
+        let mut s = Skew::new(100 * MS);
+        // Us ahead by ~3.3 epochs: the two others have not reached -1, -2, -3
+        // yet; at -4 and beyond they are in.
+        let behind = |j: i64| if j <= 3 { 0 } else { 2 };
+        sweep(&mut s, |_| 0, behind);
+        assert_eq!(s.estimate(), None, "one sweep is not enough");
+        sweep(&mut s, |_| 0, behind);
+        assert_eq!(s.estimate(), Some(3));
+        // Ahead by ~13: beyond 11, not 15: halfway, 13.
+        let mut s = Skew::new(100 * MS);
+        let behind = |j: i64| if j <= 11 { 0 } else { 2 };
+        sweep(&mut s, |_| 0, behind);
+        sweep(&mut s, |_| 0, behind);
+        assert_eq!(
+            s.estimate(),
+            None,
+            "the second sweep only confirms after the first estimate"
+        );
+        sweep(&mut s, |_| 0, behind);
+        assert_eq!(s.estimate(), Some(13));
+    }
+
+    #[test]
+    fn the_one_behind_moves_forward_and_with_one_other_the_one_ahead_stays() {
+        let twice = |s: &mut Skew, ahead: &dyn Fn(i64) -> u64, behind: &dyn Fn(i64) -> u64| {
+            sweep(s, ahead, behind);
+            assert_eq!(s.estimate(), None, "one sweep is not enough");
+            sweep(s, ahead, behind);
+            s.estimate()
+        };
+        // Two others 8+ epochs ahead of us.
+        let mut s = Skew::new(100 * MS);
+        let ahead = |j: i64| if j <= 8 { 2 } else { 0 };
+        assert_eq!(twice(&mut s, &ahead, &|_| 2), Some(-9));
+        // One other ahead: the one behind moves forward...
+        let mut s = Skew::new(100 * MS);
+        let one = |j: i64| u64::from(j <= 8);
+        assert_eq!(twice(&mut s, &one, &|_| 1), Some(-9));
+        // ...and the one ahead of a single other stays (it cannot tell
+        // that one from a proxy that started late or went idle).
+        let mut s = Skew::new(100 * MS);
+        let alone_ahead = |j: i64| if j <= 8 { 0 } else { 1 };
+        assert_eq!(twice(&mut s, &|_| 0, &alone_ahead), None);
+    }
+
+    #[test]
+    fn ahead_of_two_others_is_taken_only_if_they_were_there_before_and_it_stays_put() {
+        // Two others missing from our last 8 epochs, present before: ahead by ~9.
+        let mut s = Skew::new(100 * MS);
+        let behind = |j: i64| if j <= 8 { 0 } else { 2 };
+        sweep(&mut s, |_| 0, behind);
+        assert_eq!(s.estimate(), None);
+        sweep(&mut s, |_| 0, behind);
+        assert_eq!(s.estimate(), Some(9));
+        // Missing everywhere we look: not there at all (not started, idle).
+        let mut s = Skew::new(100 * MS);
+        for _ in 0..3 {
+            sweep(&mut s, |_| 0, |_| 0);
+            assert_eq!(s.estimate(), None);
+        }
+        // Missing for longer and longer (they went idle): never confirmed.
+        let mut s = Skew::new(100 * MS);
+        for gone in [3, 6, 11, 15] {
+            sweep(&mut s, |_| 0, move |j: i64| if j <= gone { 0 } else { 2 });
+            assert_eq!(s.estimate(), None, "gone for {gone}");
+        }
+    }
+
+    #[test]
+    fn a_minority_out_of_step_moves_nobody_in_step() {
+        // 5 proxies: 2 others ahead by 5, 2 in step: we stay.
+        let mut s = Skew::new(100 * MS);
+        let ahead = |j: i64| if j <= 6 { 2 } else { 0 };
+        for _ in 0..3 {
+            sweep(&mut s, ahead, |_| 4);
+            assert_eq!(s.estimate(), None);
+        }
+    }
+
+    #[test]
+    fn two_sweeps_must_agree_on_the_direction_and_the_smaller_is_taken() {
+        let mut s = Skew::new(100 * MS);
+        // Ahead: 3 then 4 is confirmed (the smaller), 3 then 7 is not.
+        sweep(&mut s, |_| 0, |j| if j <= 2 { 0 } else { 2 });
+        assert_eq!(s.estimate(), None);
+        sweep(&mut s, |_| 0, |j| if j <= 3 { 0 } else { 2 });
+        assert_eq!(s.estimate(), Some(2), "2 then 3: the smaller");
+        sweep(&mut s, |_| 0, |j| if j <= 2 { 0 } else { 2 });
+        assert_eq!(s.estimate(), None);
+        sweep(&mut s, |_| 0, |j| if j <= 6 { 0 } else { 2 });
+        assert_eq!(s.estimate(), None, "2 then 7: not put");
+        // Behind: the same direction twice, the smaller.
+        let mut s = Skew::new(100 * MS);
+        sweep(&mut s, |j| if j <= 3 { 2 } else { 0 }, |_| 2);
+        assert_eq!(s.estimate(), None);
+        sweep(&mut s, |j| if j <= 6 { 2 } else { 0 }, |_| 2);
+        assert_eq!(s.estimate(), Some(-3), "-3 then -7: the smaller");
+        // Ahead, then behind: no answer; then behind twice.
+        let mut s = Skew::new(100 * MS);
+        sweep(&mut s, |_| 0, |j| if j <= 3 { 0 } else { 2 });
+        assert_eq!(s.estimate(), None);
+        let two_ahead = |j: i64| if j <= 4 { 2 } else { 0 };
+        sweep(&mut s, two_ahead, |_| 2);
+        assert_eq!(s.estimate(), None, "ahead then behind");
+        sweep(&mut s, two_ahead, |_| 2);
+        assert_eq!(s.estimate(), Some(-5));
+    }
+}

@@ -1,0 +1,192 @@
+//! Stage: a rule with priority classes (see [`crate::classes`]). The request
+//! goes at once if a slot is due and no class at or above its own waits (and
+//! the slot is no floor slot of a lower class waiting); else it takes a
+//! ticket of its class and waits for a grant, unless its estimated turn lies
+//! beyond its class's `max_queue_delay` (rejected at once). With `key_quota`,
+//! the key's quota is taken first, as without classes.
+
+use crate::classes::{self, slots, tickets, Backlog, Slots};
+use crate::clock::{Clock, NS_PER_S};
+use crate::keys::candidate_slots;
+use crate::matcher::{Facts, Request};
+use crate::schedule::{admit_keyed, Admission, Schedule};
+use crate::stats::{Counts, Stat};
+use crate::store::{BlobId, Store, StoreError};
+
+use super::rate::Seen;
+use super::{Ctx, Outcome, Wait};
+
+/// Admits one request of class `class` (an index into the rule's classes).
+/// `clock`'s wall time is read only for cluster rules; a grid slot taken
+/// counts `slots_taken`.
+pub(super) fn enter<S: Store, R: Request>(
+    cx: &Ctx<'_, S>,
+    class: usize,
+    req: &mut Facts<R>,
+    clock: &mut impl Clock,
+    counts: &mut Counts,
+) -> (Outcome, Option<Seen>) {
+    match try_enter(cx, class, req, clock, counts) {
+        Ok(out) => out,
+        Err(_) => (Outcome::Contention, None),
+    }
+}
+
+fn try_enter<S: Store, R: Request>(
+    cx: &Ctx<'_, S>,
+    c: usize,
+    req: &mut Facts<R>,
+    clock: &mut impl Clock,
+    counts: &mut Counts,
+) -> Result<(Outcome, Option<Seen>), StoreError> {
+    let rule = cx.rule;
+    let (Some(schedule), Some(k)) = (rule.schedule, rule.classes.get(c)) else {
+        return Ok((Outcome::Go, None));
+    };
+    let (store, index, now) = (cx.env.store, cx.index, cx.now);
+    let max_delay = k.max_delay_ns;
+    let mut blob = store.blob(BlobId::Classes(index));
+    let wall = if rule.cluster.is_some() {
+        clock.wall()
+    } else {
+        0
+    };
+    let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
+        return Ok((Outcome::Go, None));
+    };
+    let (t, _) = tickets::load(&mut blob)?;
+    let busy = t.anyone_waits();
+    let waiting = t.waiting();
+    let outlook = slots.outlook(now, busy)?;
+    let interval = schedule.interval_ns;
+    let fast = outlook.next_at <= now && !waiting.iter().take(c + 1).any(|&w| w > 0);
+    if !fast {
+        // Would it be rejected? Then nothing is touched (not even the quota).
+        let b = Backlog {
+            classes: &rule.classes,
+            tickets: &t,
+            outlook,
+            now,
+        };
+        let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
+        if !cx.can_hold || turn.is_none_or(|ns| ns > max_delay) {
+            return Ok(reject(turn, max_delay, cx.can_hold, now, &t, c, interval));
+        }
+    }
+    if let Some(quota) = rule.quota {
+        let key = rule.key.as_ref().and_then(|k| k.extract(req));
+        let fp = cx
+            .env
+            .hasher
+            .fingerprint(&rule.name, key.as_deref().unwrap_or_default());
+        let quota = Schedule {
+            max_delay_ns: max_delay,
+            ..quota
+        };
+        let taken = admit_keyed(
+            &mut store.table(index),
+            fp,
+            candidate_slots(fp, rule.key_slots),
+            &quota,
+            now,
+            true,
+        );
+        match taken {
+            Admission::Now { .. } | Admission::Hold { .. } => {}
+            Admission::Reject { retry_after_s, .. } => {
+                return Ok((
+                    Outcome::Reject { retry_after_s },
+                    Some(Seen::new(now, true)),
+                ))
+            }
+            Admission::Contention => return Ok((Outcome::Contention, None)),
+        }
+    }
+    if fast {
+        let ok = |slot: u64| classes::may_go_now(slot, c, &rule.classes, &waiting);
+        if let Some(slot) = slots.take_due(now, busy, &ok)? {
+            counts.add(
+                Stat::SlotsTaken,
+                i32::try_from(slots.grid_taken()).unwrap_or(i32::MAX),
+            );
+            if c + 1 < rule.classes.len() {
+                // The classes below weigh this class's arrivals.
+                tickets::count_arrival(&mut blob, c, now)?;
+            }
+            let tat = slot.saturating_mul(interval).saturating_add(interval);
+            return Ok((Outcome::Go, Some(Seen::new(tat.max(now), false))));
+        }
+        // The slot went meanwhile, or it is a lower class's floor slot: queue.
+    }
+    if !cx.can_hold {
+        return Ok((
+            Outcome::Reject { retry_after_s: 1 },
+            Some(Seen::new(now, true)),
+        ));
+    }
+    let mut refused: Option<Option<u64>> = None;
+    let (t, ticket) = tickets::take_ticket(&mut blob, c, now, |t| {
+        let b = Backlog {
+            classes: &rule.classes,
+            tickets: t,
+            outlook,
+            now,
+        };
+        let turn = classes::turn_ns(&b, c, t.waiting().get(c).copied().unwrap_or(0) + 1, true);
+        let fits = turn.is_some_and(|ns| ns <= max_delay);
+        refused = (!fits).then_some(turn);
+        fits
+    })?;
+    match ticket {
+        Some(ticket) => {
+            let ahead: u64 = t.waiting().iter().take(c + 1).sum();
+            let tat = outlook
+                .next_at
+                .saturating_add(ahead.saturating_mul(interval));
+            Ok((
+                Outcome::Wait(Wait::Class {
+                    class: c,
+                    ticket,
+                    deadline: now.saturating_add(max_delay),
+                }),
+                Some(Seen::new(tat, false)),
+            ))
+        }
+        None => Ok(reject(
+            refused.flatten(),
+            max_delay,
+            true,
+            now,
+            &t,
+            c,
+            interval,
+        )),
+    }
+}
+
+/// A rejection at once: its `retry-after` is how far the estimated turn lies
+/// beyond `max_delay` (if there is no turn in sight, the time the backlog at
+/// or above the class takes at the full rate), at least 1 s.
+fn reject(
+    turn: Option<u64>,
+    max_delay: u64,
+    can_hold: bool,
+    now: u64,
+    t: &classes::Tickets,
+    c: usize,
+    interval: u64,
+) -> (Outcome, Option<Seen>) {
+    let beyond = match turn {
+        _ if !can_hold => 0,
+        Some(ns) => ns.saturating_sub(max_delay),
+        None => {
+            let ahead: u64 = t.waiting().iter().take(c + 1).sum::<u64>() + 1;
+            ahead.saturating_mul(interval).saturating_sub(max_delay)
+        }
+    };
+    let retry_after_s = beyond.div_ceil(NS_PER_S).max(1);
+    (
+        Outcome::Reject { retry_after_s },
+        Some(Seen::new(now, true)),
+    )
+}
