@@ -3,14 +3,16 @@
 A `Load` is what `vegeta attack` is asked (a rate, a duration, headers; each request has a
 timeout); `run()` waits for it, `start()` runs it in the background (`Running.result()`), and
 both give a `Result`: every request's start, status and latency (from `vegeta encode --to
-csv`). An open loop keeps sending at its rate whatever the answers take: it opens more
-connections (up to `max_workers`) rather than sending less, as independent clients would.
+csv`), and its response headers. An open loop keeps sending at its rate whatever the answers
+take: it opens more connections (up to `max_workers`) rather than sending less, as independent
+clients would.
 
 Vegeta v12.13.0 (`go install github.com/tsenart/vegeta/v12@v12.13.0`) is installed by the
-benchmark families that use it (perf/priority/setup.sh)."""
+benchmark families that use it (perf/priority/setup.sh, perf/adaptive/setup.sh)."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import os
 import subprocess
@@ -27,11 +29,23 @@ VERSION = "v12.13.0"
 
 @dataclass(frozen=True)
 class Hit:
-    """One request: when it started (Unix ns), its status (0: no answer), its latency (ns)."""
+    """One request: when it started (Unix ns), its status (0: no answer), its latency (ns), its
+    response's header lines in lower case ("name: value\n..."), its number in the attack."""
 
     start_ns: int
     code: int
     latency_ns: int
+    headers: str = ""
+    seq: int = 0
+
+    @property
+    def sent(self) -> float:
+        """When it started, wall-clock seconds (Unix time)."""
+        return self.start_ns / 1e9
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_ns / 1e9
 
 
 @dataclass(frozen=True)
@@ -40,9 +54,12 @@ class Result:
 
     @classmethod
     def from_csv(cls, text: str) -> Result:
-        """`vegeta encode --to csv`: timestamp, code, latency, bytes out, bytes in, error, body,
-        attack, seq, method, url, headers (the first three are what we read)."""
-        hits = [Hit(int(row[0]), int(row[1]), int(row[2])) for row in csv.reader(text.splitlines()) if len(row) >= 3]
+        """`vegeta encode --to csv`: timestamp (ns), code, latency (ns), bytes out, bytes in,
+        error, body (base64), attack, seq, method, url, headers (base64)."""
+        hits = [Hit(int(row[0]), int(row[1]), int(row[2]),
+                    base64.b64decode(row[11]).decode("latin-1", "replace").lower() if len(row) > 11 else "",
+                    int(row[8]) if len(row) > 8 and row[8] else 0)
+                for row in csv.reader(text.splitlines()) if len(row) >= 3]
         return cls(tuple(sorted(hits, key=lambda h: h.start_ns)))
 
     @property
@@ -71,10 +88,11 @@ class Load:
     timeout_s: float = 5.0
     workers: int = 32  # connections opened at the start
     max_workers: int = 2000  # at most this many at once (each one request in flight)
+    keepalive: bool = True
 
     def argv(self, out: Path) -> list[str]:
         cmd = [go_bin("vegeta"), "attack", f"-rate={self.rate:g}/1s", f"-duration={self.duration_s:g}s",
-               f"-timeout={self.timeout_s:g}s", "-keepalive=true", f"-workers={self.workers}",
+               f"-timeout={self.timeout_s:g}s", f"-keepalive={str(self.keepalive).lower()}", f"-workers={self.workers}",
                f"-max-workers={self.max_workers}", f"-output={out}"]
         return cmd + [a for h in self.headers for a in ("-header", h)]
 

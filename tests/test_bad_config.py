@@ -25,6 +25,19 @@ CASES: dict[str, tuple[dict | str, str]] = {
                          "rules[0].key_quota: must not exceed `rate`"),
     "empty header name": ({"rules": [{"name": "h", "rate": 1, "match": {"headers": {"": True}}}]},
                           'rules[0].match.headers."": must be a header name'),
+    "adaptive start below min": ({"rules": [{"name": "a", "rate": 5, "adaptive": {"min_rate": 10, "max_rate": 20}}]},
+                                 "rules[0].adaptive.min_rate: must not exceed `rate` (the rate it starts at lies "
+                                 "within its bounds)"),
+    "adaptive mode": ({"rules": [{"name": "a", "rate": 10, "adaptive": {"min_rate": 1, "max_rate": 20,
+                                                                          "mode": "learn"}}]},
+                      'rules[0].adaptive.mode: must be one of "enforce", "observe", got "learn"'),
+    "adaptive cluster": ({"engine": {"cluster": "throttle_engine"},
+                          "rules": [{"name": "a", "rate": 10, "scope": "cluster",
+                                     "adaptive": {"min_rate": 1, "max_rate": 20}}]},
+                         'rules[0].adaptive: cannot be combined with `scope: "cluster"`'),
+    "adaptive classes": ({"rules": [{"name": "a", "rate": 10, "adaptive": {"min_rate": 1, "max_rate": 20},
+                                     "classes": [{"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "rest"}]}]},
+                         "rules[0].adaptive: cannot be combined with `classes`"),
 }
 
 

@@ -52,10 +52,12 @@ PLUGIN = {"engine": {"cluster": "throttle_engine", "timeout": "50ms"},
                     {"name": "prio", "rate": "100/s", "max_queue_delay": "500ms", "match": {"path_prefix": "/p/"},
                      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
                                  {"name": "batch", "min_share": 0.2, "max_queue_delay": "200ms"}]},
+                    {"name": "learned", "rate": "100/s", "max_queue_delay": "200ms",
+                     "adaptive": {"min_rate": "10/s", "max_rate": "1000/s"}, "match": {"path_prefix": "/a/"}},
                     {"name": "default", "rate": "200/s", "burst": 0, "max_queue_delay": "200ms",
                      "match": {"path_prefix": "/"}}],
           "max_held_per_worker": 10000, "reject_status": 429}
-RULES = ("default", "shared", "prio")
+RULES = ("default", "shared", "prio", "learned")
 CLASSFUL = {"prio"}
 CLUSTER_STATS = ("requests", "slots_taken", "slots_granted", "engine_calls", "engine_failures")
 STATS = ("admitted", "queued", "released", "rejected", "cancelled")
@@ -251,7 +253,11 @@ def scraped(request, tools, wasm, upstream, engine):
                                    headers=["x-priority: critical"], allow_initial_errors=True).start()
             batch = fortio.Load(f"{envoy.url}/p/", connections=30, qps=120, duration_s=6,
                                 allow_initial_errors=True).start()
-            loads = (impatient, shared, critical, batch)
+            # The adaptive rule: 150/s offered against a start of 100/s; the upstream answers
+            # every request at once, so the learner probes above the rate.
+            learned = fortio.Load(f"{envoy.url}/a/", connections=20, qps=150, duration_s=6,
+                                  allow_initial_errors=True).start()
+            loads = (impatient, shared, critical, batch, learned)
             try:
                 fortio.load(envoy.url, connections=100, qps=400, duration_s=6, allow_initial_errors=True, timeout_s=60)
                 for load in loads:
@@ -279,7 +285,8 @@ def test_every_throttle_panel_returns_data(scraped):
     for rule in RULES:
         assert stats[rule]["queued"] > 0 and stats[rule]["released"] > 0, stats
     assert stats["default"]["rejected"] > 0, stats
-    for rule, want in (("default", {"default"}), ("shared", {"shared"}), ("prio", {"prio"}), (".*", set(RULES))):
+    for rule, want in (("default", {"default"}), ("shared", {"shared"}), ("prio", {"prio"}),
+                       ("learned", {"learned"}), (".*", set(RULES))):
         for title, expr in panel_queries(dashboard("throttle.json")):
             q = fill(expr, variables(rule))
             r = prom.query(q, at)
@@ -390,3 +397,24 @@ def test_class_panels_show_each_class(scraped):
     # Critical (60/s of 100/s, ahead of batch) waits for about one slot; batch for its place
     # behind it: its p99 is the longer, by far on any machine.
     assert waits["prio critical p99"] < waits["prio batch p99"], waits
+
+
+def test_adaptive_panels_show_the_learner(scraped):
+    """The adaptive rule's row: the learned rate of the one proxy within the rule's bounds, what it
+    passed, and the moves of its learner as Envoy counted them; a rule without adaptive learns nothing."""
+    prom, at, stats = scraped
+    s = stats["learned"]
+    # 150/s offered against 100/s, every answer fast and 200: the learner probes above the rate.
+    assert s["adaptive_probe"] > 0 and 10_000 <= s["adaptive_rate"] <= 1_000_000, s
+    values = panel_values(prom, at, "learned")
+    lines = values["Learned rate vs passed, per proxy"]
+    (learned,) = [v for k, v in lines.items() if k.endswith(" learned")]
+    assert learned == s["adaptive_rate"] / 1000, (lines, s)
+    (passed,) = [v for k, v in lines.items() if k.endswith(" passed")]
+    assert passed > 0, lines
+    moved = values["What moved the learned rate /s"]
+    assert moved["learned probe"] > 0, moved
+    assert (moved["learned shed"] > 0) == (s["adaptive_shed"] > 0), (moved, s)
+    default = panel_values(prom, at, "default")["Learned rate vs passed, per proxy"]
+    (other,) = [v for k, v in default.items() if k.endswith(" learned")]
+    assert other == 0, default

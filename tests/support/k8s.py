@@ -24,10 +24,12 @@ PLUGIN_KUSTOMIZATIONS = sorted(
                  "".join(f.read_text() for f in p.parent.glob("*.yaml")), re.M))
 # Everything `kustomize build` must render and the validators must accept: the overlays, the
 # monitoring stack, the engine, and the examples not used by an overlay (the waypoint Gateway
-# plugin; priority classes with the VirtualService that sets their header).
+# plugin; priority classes with the VirtualService that sets their header; the adaptive plugin for
+# reviews).
 KUSTOMIZATIONS = [f"k8s/overlays/{o}" for o in OVERLAYS] + ["k8s/monitoring", "k8s/engine",
                                                            "istio/wasmplugin-waypoint-gateway",
-                                                           "istio/priority-sidecar"]
+                                                           "istio/priority-sidecar",
+                                                           "istio/wasmplugin-sidecar-adaptive"]
 TOOLS_JSON = ROOT / "build" / "k8s" / "tools.json"
 # The image the tests configure, as an operator would (`tools/wasm_image.py set-url`). The
 # `.test` domain never resolves (RFC 6761); Istio's fetcher is pointed at the local registry.

@@ -5,8 +5,9 @@
 
 Two dashboards, provisioned into Grafana by the `grafana-dashboards` ConfigMap:
 - throttle.json: the throttle's decisions per rule, held requests, wait-time quantiles, priority
-  classes (passed, share of the releases, rejected and displaced, wait per class), and cluster
-  scope (calls to the engine per proxy, fallback, grid slots, the rate of all proxies);
+  classes (passed, share of the releases, rejected and displaced, wait per class), cluster scope
+  (calls to the engine per proxy, fallback, grid slots, the rate of all proxies), and adaptive
+  rules (the learned rate per proxy vs passed and offered, what moved it);
 - mesh.json: request rate and p50/p90/p99 per workload from Istio's standard metrics.
 
 Every query uses only the template variables defined here; tests/k8s/test_k8s_dashboards.py
@@ -140,6 +141,30 @@ def class_panels(d: db.Dashboard) -> db.Dashboard:
     return d
 
 
+def adaptive_panels(d: db.Dashboard) -> db.Dashboard:
+    """The row of rules with `adaptive` (filters/throttle/README.md "Adaptive pacing"): one learned
+    rate per rule per Envoy process; its stats stay 0 for other rules."""
+    d = d.with_row(db.Row("Adaptive (rules with adaptive)"))
+    d = d.with_panel(panel("Learned rate vs passed, per proxy", "reqps", [
+        (f"max by (throttle_rule, {PROXY}) (throttle_adaptive_rate{{{THROTTLE_SEL}}}) / 1000",
+         "{{throttle_rule}} {{pod}} {{instance}} learned"),
+        (f"{rate_of('released', f'throttle_rule, {PROXY}')} + {rate_of('admitted', f'throttle_rule, {PROXY}')}",
+         "{{throttle_rule}} {{pod}} {{instance}} passed"),
+        (rate_of("requests", f"throttle_rule, {PROXY}"), "{{throttle_rule}} {{pod}} {{instance}} offered"),
+    ], "The rate each Envoy process paces the rule at, learned from the upstream's answers (gauge "
+       "adaptive_rate, requests per second x 1000; in observe mode the rate it would pace at), within "
+       "the rule's min_rate..max_rate; and what it passed upstream (released + admitted) and was offered.",
+        w=12))
+    d = d.with_panel(panel("What moved the learned rate /s", "short", [
+        (rate_of(f"adaptive_{why}"), f"{{{{throttle_rule}}}} {why}")
+        for why in ("shed", "failed", "queue", "drained", "probe", "kept", "retry_after")
+    ], "Cuts: shed (429/503 beyond the tolerance), failed (other 5xx, resets), queue (requests in flight "
+       "and latency kept growing). Drained: a queue gone, back to the capacity measured. Probe: a short "
+       "step above the rate; kept: the upstream delivered it. retry_after: rounds the upstream's "
+       "Retry-After held probes back.", w=12))
+    return d
+
+
 def throttle_dashboard() -> db.Dashboard:
 
     d = (db.Dashboard("Throttle").uid("envoy-throttle").tags(["envoy", "wasm", "throttle"])
@@ -179,7 +204,7 @@ def throttle_dashboard() -> db.Dashboard:
         f"sum by (throttle_rule) (rate(throttle_wait_ms_sum{{{THROTTLE_SEL}}}[{RATE}])) / "
         f"sum by (throttle_rule) (rate(throttle_wait_ms_count{{{THROTTLE_SEL}}}[{RATE}]))", "{{throttle_rule}}")],
         "Mean hold time of released requests.", w=12))
-    return cluster_scope_panels(class_panels(d))
+    return adaptive_panels(cluster_scope_panels(class_panels(d)))
 
 
 MESH_SEL = ('reporter=~"$reporter", destination_workload_namespace=~"$namespace", '

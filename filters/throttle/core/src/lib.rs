@@ -34,6 +34,7 @@
     )
 )]
 
+pub mod adaptive;
 pub mod classes;
 pub mod clock;
 pub mod cluster;

@@ -142,6 +142,33 @@ impl HeldQueue {
         }
     }
 
+    /// A faster rate for rule `rule` (interval `old` -> `new`, shorter) at
+    /// `now`: its held requests come forward by `new / old`, in order, never
+    /// later than they were due (`adaptive::learner::retime`). Whether any moved.
+    pub fn retime(&mut self, rule: usize, now: u64, old: u64, new: u64) -> bool {
+        let mut moved = false;
+        for (_, held) in self.live.values_mut() {
+            if held.rule == rule {
+                let at = crate::adaptive::learner::retime(held.release_at, now, old, new);
+                moved |= at != held.release_at;
+                held.release_at = at;
+            }
+        }
+        if moved {
+            self.heap = self
+                .live
+                .iter()
+                .map(|(&id, &(seq, r))| Reverse((r.release_at, seq, id)))
+                .collect();
+        }
+        moved
+    }
+
+    /// Whether a request of rule `rule` is held.
+    pub fn holds_rule(&self, rule: usize) -> bool {
+        self.live.values().any(|(_, h)| h.rule == rule)
+    }
+
     /// Entries in the heap, live or cancelled (for tests of the memory bound).
     pub fn heap_len(&self) -> usize {
         self.heap.len()
@@ -224,5 +251,21 @@ mod tests {
         );
         q.hold(1, 0, 0, 5);
         assert_eq!(due(&mut q, u64::MAX), vec![1]);
+    }
+
+    #[test]
+    fn a_faster_rate_brings_a_rules_held_requests_forward_in_order() {
+        let mut q = HeldQueue::new();
+        q.hold(1, 0, 0, 100);
+        q.hold(2, 0, 0, 200);
+        q.hold(3, 1, 0, 150);
+        assert!(q.retime(0, 0, 10, 5));
+        assert_eq!(due(&mut q, 100), vec![1, 2], "rule 0 at 50 and 100");
+        assert_eq!(due(&mut q, 150), vec![3], "rule 1 untouched");
+        assert!(
+            !q.retime(0, 0, 5, 10),
+            "nothing held, or slower: nothing moves"
+        );
+        assert!(!q.holds_rule(0));
     }
 }

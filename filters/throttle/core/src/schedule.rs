@@ -69,6 +69,16 @@ impl Schedule {
         }
     }
 
+    /// The same schedule at another interval (a learned rate), keeping its
+    /// burst in requests and its longest hold; itself for 0 (nothing learned).
+    pub fn at_interval(&self, interval_ns: u64) -> Schedule {
+        if interval_ns == 0 || interval_ns == self.interval_ns {
+            return *self;
+        }
+        let burst = self.tau_ns.checked_div(self.interval_ns).unwrap_or(0);
+        Schedule::new(interval_ns, burst, self.max_delay_ns)
+    }
+
     /// Seconds a rejected client should wait before its retry could be held
     /// (the `retry-after` header): rounded up, at least 1.
     pub fn retry_after_s(&self, wait_ns: u64, queue_full: bool) -> u64 {
@@ -147,11 +157,43 @@ pub fn admit<C: SharedCell>(
     now: u64,
     can_hold: bool,
 ) -> Admission {
+    admit_paced(cell, schedule, false, now, can_hold, &mut || None)
+}
+
+/// [`admit`], at the interval the learner keeps in the cell's first word
+/// (`learned`; 0 there: `schedule`'s own interval). The first word is
+/// written back as it was loaded, so admissions never undo the learner, and
+/// reading the interval costs no extra load (an unkeyed cell's first word
+/// is 0 otherwise). `deadline`, asked only when the request would be held
+/// (and at most once), bounds its hold below `max_queue_delay`: a turn
+/// beyond it is rejected at once, taking no slot.
+pub fn admit_paced<C: SharedCell>(
+    cell: &mut C,
+    schedule: &Schedule,
+    learned: bool,
+    now: u64,
+    can_hold: bool,
+    deadline: &mut dyn FnMut() -> Option<u64>,
+) -> Admission {
+    let mut asked: Option<Option<u64>> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
         let Ok((stored, token)) = cell.load() else {
             return Admission::Contention;
         };
-        let (admission, new) = decide(schedule, 0, stored.map(|[_, tat]| tat), now, can_hold);
+        let first = stored.map_or(0, |[w, _]| w);
+        let mut paced = if learned {
+            schedule.at_interval(first)
+        } else {
+            *schedule
+        };
+        let stored_tat = stored.map(|[_, tat]| tat);
+        if let Step::Hold { release_at, .. } = paced.step(stored_tat, now, can_hold) {
+            let own = *asked.get_or_insert_with(&mut *deadline);
+            if let Some(d) = own.filter(|d| release_at.saturating_sub(now) > *d) {
+                paced.max_delay_ns = paced.max_delay_ns.min(d);
+            }
+        }
+        let (admission, new) = decide(&paced, first, stored_tat, now, can_hold);
         let Some(new) = new else { return admission };
         match cell.store(new, token) {
             Ok(true) => return admission,
@@ -243,15 +285,48 @@ pub fn admit_with_quota<C: SharedCell, T: KeyTable>(
     now: u64,
     can_hold: bool,
 ) -> Admission {
+    admit_with_quota_paced(
+        shared,
+        table,
+        fingerprint,
+        slots,
+        (schedule, false),
+        quota,
+        now,
+        can_hold,
+    )
+}
+
+/// [`admit_with_quota`] whose shared schedule may be learned (see
+/// [`admit_paced`]); each key's quota stays as configured.
+#[allow(clippy::too_many_arguments)]
+pub fn admit_with_quota_paced<C: SharedCell, T: KeyTable>(
+    shared: &mut C,
+    table: &mut T,
+    fingerprint: u64,
+    slots: (u32, u32),
+    (schedule, learned): (&Schedule, bool),
+    quota: &Schedule,
+    now: u64,
+    can_hold: bool,
+) -> Admission {
     let Ok((stored, _)) = shared.load() else {
         return Admission::Contention;
     };
-    let (peek, _) = decide(schedule, 0, stored.map(|[_, t]| t), now, can_hold);
+    let first = stored.map_or(0, |[w, _]| w);
+    let paced = if learned {
+        schedule.at_interval(first)
+    } else {
+        *schedule
+    };
+    let (peek, _) = decide(&paced, first, stored.map(|[_, t]| t), now, can_hold);
     if matches!(peek, Admission::Reject { .. }) {
         return peek;
     }
     match admit_keyed(table, fingerprint, slots, quota, now, true) {
-        Admission::Now { .. } | Admission::Hold { .. } => admit(shared, schedule, now, can_hold),
+        Admission::Now { .. } | Admission::Hold { .. } => {
+            admit_paced(shared, schedule, learned, now, can_hold, &mut || None)
+        }
         other => other,
     }
 }
@@ -524,6 +599,79 @@ mod tests {
             Admission::Reject { .. }
         ));
         assert_eq!(k(admit(&mut c, &s, 2 * MS, true)), NOW);
+    }
+
+    /// A learned rate lives in the cell's first word: admissions pace at it
+    /// and write it back untouched; 0 there is the configured interval.
+    #[test]
+    fn a_learned_interval_in_the_first_word_paces_and_survives() {
+        #[derive(Default)]
+        struct Both(Option<[u64; 2]>, u32);
+        impl SharedCell for Both {
+            type Token = u32;
+            fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
+                Ok((self.0, self.1))
+            }
+            fn store(&mut self, v: [u64; 2], t: u32) -> Result<bool, StoreError> {
+                if t != self.1 {
+                    return Ok(false);
+                }
+                self.0 = Some(v);
+                self.1 += 1;
+                Ok(true)
+            }
+        }
+        let s = Schedule::new(2 * MS, 1, 100 * MS); // 500/s, burst 1
+        let mut c = Both(Some([0, 0]), 0);
+        let none = &mut || None;
+        assert_eq!(k(admit_paced(&mut c, &s, true, 1000 * MS, true, none)), NOW);
+        assert_eq!(c.0, Some([0, 1002 * MS]), "0: the configured interval");
+        // The learner stores 10 ms (100/s): burst 1 means tau 10 ms now.
+        c.0 = Some([10 * MS, 1002 * MS]);
+        assert_eq!(k(admit_paced(&mut c, &s, true, 1000 * MS, true, none)), NOW);
+        assert_eq!(
+            k(admit_paced(&mut c, &s, true, 1000 * MS, true, none)),
+            hold(1002 * MS)
+        );
+        assert_eq!(c.0, Some([10 * MS, 1022 * MS]), "the first word is kept");
+        // Not learned (observe mode, or another rule): the word is kept, not used.
+        assert_eq!(
+            k(admit_paced(&mut c, &s, false, 1000 * MS, true, none)),
+            hold(1020 * MS)
+        );
+        assert_eq!(c.0, Some([10 * MS, 1024 * MS]));
+        // A request's own deadline shorter than its turn: rejected at once,
+        // no slot taken, retry-after from the learned rate; asked only once,
+        // and only because it would have been held.
+        let mut asked = 0;
+        let mut deadline = || {
+            asked += 1;
+            Some(10 * MS) // its turn is 14 ms away (tat 1024 ms - tau 10 ms)
+        };
+        let tat_before = c.0;
+        assert_eq!(
+            k(admit_paced(
+                &mut c,
+                &s,
+                true,
+                1000 * MS,
+                true,
+                &mut deadline
+            )),
+            Admission::Reject {
+                retry_after_s: 1,
+                queue_full: false,
+                tat: 0
+            }
+        );
+        assert_eq!((asked, c.0), (1, tat_before));
+        let mut never = || -> Option<u64> { panic!("asked on the fast path") };
+        assert_eq!(
+            k(admit_paced(&mut c, &s, true, 2000 * MS, true, &mut never)),
+            NOW
+        );
+        assert_eq!(s.at_interval(0), s);
+        assert_eq!(s.at_interval(10 * MS).tau_ns, 10 * MS);
     }
 
     /// Over any window the schedule admits at most rate x window + burst + 1.

@@ -61,6 +61,14 @@ pub enum Stat {
     FallbackMs,
     ClockOffsetMs,
     GridMismatch,
+    AdaptiveRate,
+    AdaptiveShed,
+    AdaptiveFailed,
+    AdaptiveQueue,
+    AdaptiveDrained,
+    AdaptiveProbe,
+    AdaptiveKept,
+    AdaptiveRetryAfter,
 }
 
 /// A stat's name, kind and meaning.
@@ -143,10 +151,26 @@ pub const TABLE: [Spec; COUNT] = [
         "Cluster scope: how far this proxy's clock was found from the other proxies' of the rule (ms, whole epochs; 0: in step); its grid follows theirs."),
     spec(Stat::GridMismatch, "grid_mismatch", Kind::Counter,
         "Cluster scope: seconds in which more proxies carried a rule of this name than this rule's grid: another rate under the same name counts on its own grid, with its own full rate (a rollout of a new rate, or configurations that differ)."),
+    spec(Stat::AdaptiveRate, "adaptive_rate", Kind::Gauge,
+        "Adaptive: the rate paced at (in observe mode, the rate it would pace at), in requests per second x 1000; set by the learning VM every ~100 ms."),
+    spec(Stat::AdaptiveShed, "adaptive_shed", Kind::Counter,
+        "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance."),
+    spec(Stat::AdaptiveFailed, "adaptive_failed", Kind::Counter,
+        "Adaptive: cuts because of 5xx other than 503 and 504, or resets, beyond the tolerance (a 504 counts as latency)."),
+    spec(Stat::AdaptiveQueue, "adaptive_queue", Kind::Counter,
+        "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind)."),
+    spec(Stat::AdaptiveDrained, "adaptive_drained", Kind::Counter,
+        "Adaptive: drains ended (the queue a cut found is gone): back to the capacity measured."),
+    spec(Stat::AdaptiveProbe, "adaptive_probe", Kind::Counter,
+        "Adaptive: probes above the rate."),
+    spec(Stat::AdaptiveKept, "adaptive_kept", Kind::Counter,
+        "Adaptive: probes the upstream delivered (their rate kept)."),
+    spec(Stat::AdaptiveRetryAfter, "adaptive_retry_after", Kind::Counter,
+        "Adaptive: rounds in which the upstream's `Retry-After` held probes back."),
 ];
 
 /// Number of stats.
-pub const COUNT: usize = 30;
+pub const COUNT: usize = 38;
 
 impl Stat {
     /// Every stat, in table order.
@@ -181,6 +205,14 @@ impl Stat {
         Stat::FallbackMs,
         Stat::ClockOffsetMs,
         Stat::GridMismatch,
+        Stat::AdaptiveRate,
+        Stat::AdaptiveShed,
+        Stat::AdaptiveFailed,
+        Stat::AdaptiveQueue,
+        Stat::AdaptiveDrained,
+        Stat::AdaptiveProbe,
+        Stat::AdaptiveKept,
+        Stat::AdaptiveRetryAfter,
     ];
 
     /// The counter of each failure kind, in the order of
@@ -287,7 +319,7 @@ const CLASSES: usize = crate::classes::MAX;
 /// decision so the glue can apply them (and tests can assert them exactly):
 /// deltas of counters and gauges, and samples (a histogram's value, or a
 /// gauge's new level).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Counts {
     deltas: [i32; COUNT],
     /// By class, grown on first use: empty for rules without classes, so
@@ -308,7 +340,16 @@ impl Counts {
         samples: Vec::new(),
         class_samples: Vec::new(),
     };
+}
 
+// By hand: `Default` is derived for arrays of at most 32 elements.
+impl Default for Counts {
+    fn default() -> Counts {
+        Counts::NONE
+    }
+}
+
+impl Counts {
     /// Adds `delta` to class `class`'s `stat`.
     pub fn add_class(&mut self, class: usize, stat: ClassStat, delta: i32) {
         if delta == 0 || class >= CLASSES {

@@ -14,8 +14,8 @@
 /// a plain value in tests. `load` returns the value and a version token;
 /// `store` succeeds only if the value has not changed since that token was read.
 ///
-/// Rate cells hold `[fingerprint, tat]` (fingerprint 0 for unkeyed cells);
-/// gate cells hold `[next, done]`.
+/// Rate cells hold `[fingerprint, tat]` (for unkeyed cells, 0 or the interval
+/// an adaptive rule's learner keeps there); gate cells hold `[next, done]`.
 pub trait SharedCell {
     /// Version token of a loaded value.
     type Token: Copy;
@@ -56,7 +56,8 @@ pub const MAX_CAS_ATTEMPTS: u32 = 64;
 /// Which shared cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CellId {
-    /// A rule's unkeyed rate schedule (`[0, tat]`).
+    /// A rule's unkeyed rate schedule (`[0, tat]`; an adaptive rule keeps
+    /// its learned interval in the first word: `[interval, tat]`).
     Rate(usize),
     /// Slot `n` of a rule's key table (`[fingerprint, tat]`).
     Slot(usize, u32),
@@ -72,6 +73,8 @@ pub enum CellId {
     Ahead(usize),
     /// Cluster scope: which VM of the process calls the engine (`[holder, until]`).
     Caller,
+    /// Adaptive rules: which VM of the process learns their rates (`[holder, until]`).
+    Learner,
 }
 
 /// Which shared variable-size value.
@@ -82,6 +85,9 @@ pub enum BlobId {
     /// A rule with priority classes: its tickets per class
     /// ([`crate::classes::Tickets`]).
     Classes(usize),
+    /// Adaptive: what the workers saw of a rule's answers since the learner
+    /// last took it (`adaptive::Tally` as little-endian words).
+    Tally(usize),
 }
 
 /// Shared 16-byte cells with compare-and-swap, addressed by [`CellId`]. A
@@ -267,7 +273,7 @@ impl CellId {
             | CellId::Cursor(i)
             | CellId::Fallback(i)
             | CellId::Ahead(i) => Some(i),
-            CellId::Caller => None,
+            CellId::Caller | CellId::Learner => None,
         }
     }
 
@@ -286,6 +292,10 @@ impl CellId {
                 .push(KEY_ROOT.as_bytes())?
                 .push(b"caller/")?
                 .number(config_hash, true),
+            CellId::Learner => Key::new()
+                .push(KEY_ROOT.as_bytes())?
+                .push(b"learner/")?
+                .number(config_hash, true),
         }
     }
 }
@@ -294,7 +304,7 @@ impl BlobId {
     /// The rule the value belongs to.
     pub fn rule(self) -> usize {
         match self {
-            BlobId::Grants(i) | BlobId::Classes(i) => i,
+            BlobId::Grants(i) | BlobId::Classes(i) | BlobId::Tally(i) => i,
         }
     }
 
@@ -303,6 +313,7 @@ impl BlobId {
         match self {
             BlobId::Grants(_) => rule_key(rule_name, "G"),
             BlobId::Classes(_) => rule_key(rule_name, "C"),
+            BlobId::Tally(_) => rule_key(rule_name, "T"),
         }
     }
 }
@@ -339,10 +350,15 @@ mod tests {
             (CellId::Fallback(3), format!("t3/{id}/f")),
             (CellId::Ahead(3), format!("t3/{id}/a")),
             (CellId::Caller, "throttle/v3/caller/00000000000000ab".into()),
+            (
+                CellId::Learner,
+                "throttle/v3/learner/00000000000000ab".into(),
+            ),
         ];
         for (id, want) in cells {
             assert_eq!(id.key(name, 0xab).unwrap().as_str(), want, "{id:?}");
-            assert_eq!(id.rule(), (id != CellId::Caller).then_some(3));
+            let per_process = matches!(id, CellId::Caller | CellId::Learner);
+            assert_eq!(id.rule(), (!per_process).then_some(3));
         }
         assert_eq!(
             CellId::Caller.key("", u64::MAX).unwrap().as_str(),
@@ -358,6 +374,11 @@ mod tests {
             format!("t3/{id}/C")
         );
         assert_eq!(BlobId::Classes(3).rule(), 3);
+        assert_eq!(
+            BlobId::Tally(3).key(name).unwrap().as_str(),
+            format!("t3/{id}/T")
+        );
+        assert_eq!(BlobId::Tally(3).rule(), 3);
         for k in [SEED_KEY, WAKE_KEY, WAKE_QUEUE_PREFIX] {
             assert!(k.starts_with(KEY_ROOT));
         }

@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::adaptive::learner::interval_in;
+use crate::adaptive::{Mode, Tally};
 use crate::classes::ClassWaiters;
 use crate::clock::Clock;
 use crate::clock::NS_PER_MS;
@@ -113,6 +115,15 @@ pub struct Worker {
     pub grants: GrantWaiters,
     /// Held gRPC requests (a tick-time rejection answers them the gRPC way).
     pub grpc: HashSet<u32>,
+    /// Adaptive rules: what this worker saw of each rule's traffic since it
+    /// last added it to the shared tally (by rule index).
+    pub tallies: Vec<Tally>,
+    /// Adaptive rules: held requests by context id -> rule (a release
+    /// counts as sent upstream).
+    pub learning_held: HashMap<u32, usize>,
+    /// Adaptive rules: the interval this worker last saw each rule pace at
+    /// while holding its requests (0: none seen).
+    pub paced: Vec<u64>,
     /// Requests waiting in the class queues of rules with priority classes.
     pub classes: ClassWaiters,
     /// Class requests being resumed: context id -> class (its counters).
@@ -199,7 +210,71 @@ impl Worker {
         let from_classes = self.leave_class(store, id);
         self.releasing.remove(&id);
         self.grpc.remove(&id);
+        self.learning_held.remove(&id);
         from_queue || from_gate || from_grants || from_classes
+    }
+
+    /// Adaptive rule `rule`'s tally of this worker.
+    pub fn tally(&mut self, rule: usize) -> Option<&mut Tally> {
+        if self.tallies.len() <= rule {
+            self.tallies.resize(rule.saturating_add(1), Tally::EMPTY);
+        }
+        self.tallies.get_mut(rule)
+    }
+
+    /// Every rule's tally with something in it, leaving zeros (the glue adds
+    /// them to the shared ones; one it could not add goes back with
+    /// [`Worker::keep_tally`]).
+    pub fn take_tallies(&mut self) -> Vec<(usize, Tally)> {
+        self.tallies
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, t)| **t != Tally::EMPTY)
+            .map(|(i, t)| (i, std::mem::take(t)))
+            .collect()
+    }
+
+    /// Puts back a tally that could not be added to the shared one.
+    pub fn keep_tally(&mut self, rule: usize, t: &Tally) {
+        if let Some(mine) = self.tally(rule) {
+            mine.merge(t);
+        }
+    }
+
+    /// Adaptive rules in enforce mode: a faster learned rate brings this
+    /// worker's held requests of the rule forward (the learner moves the
+    /// schedule's end alike, `adaptive::learner`); a slower one leaves them
+    /// at the time they were promised. One load of the rule's cell per tick,
+    /// only while the worker holds its requests.
+    fn follow_learned_rates<S: Store>(&mut self, cfg: &Config, store: S, now: u64) {
+        for (index, rule) in cfg.rules.iter().enumerate() {
+            let (Some(a), Some(schedule)) = (rule.adaptive, rule.schedule) else {
+                continue;
+            };
+            if a.mode != Mode::Enforce {
+                continue;
+            }
+            if self.paced.len() <= index {
+                self.paced.resize(index + 1, 0);
+            }
+            if !self.queue.holds_rule(index) {
+                if let Some(p) = self.paced.get_mut(index) {
+                    *p = 0;
+                }
+                continue;
+            }
+            let Ok((value, _)) = store.load(CellId::Rate(index)) else {
+                continue;
+            };
+            let first = value.map_or(0, |[w, _]| w);
+            let interval = interval_in(first, schedule.interval_ns);
+            if let Some(p) = self.paced.get_mut(index) {
+                if *p != 0 && interval < *p {
+                    self.queue.retime(index, now, *p, interval);
+                }
+                *p = interval;
+            }
+        }
     }
 
     /// Returns `id`'s concurrency slot, if it holds one (idempotent). Returns
@@ -231,6 +306,9 @@ impl Worker {
     ) -> TickPlan {
         let mut plan = TickPlan::default();
         let now = clock.mono();
+        if !self.queue.is_empty() {
+            self.follow_learned_rates(cfg, store, now);
+        }
         let back_on_grid = self.rate_releases(cfg, store, now, &mut plan);
         self.class_turns(cfg, store, clock, &mut plan);
         if !self.grants.is_empty() {
@@ -465,9 +543,13 @@ impl Worker {
     /// slot, if any, is returned).
     pub fn resumed<S: Store>(&mut self, cfg: &Config, store: S, id: u32, ok: bool) -> Counts {
         self.grpc.remove(&id);
+        let learning = self.learning_held.remove(&id);
         let mut c = Counts::of(&[(Stat::Held, -1)]);
         let class = self.releasing.remove(&id);
         if ok {
+            if let Some(t) = learning.and_then(|rule| self.tally(rule)) {
+                t.sent();
+            }
             c.inc(Stat::Released);
             let waited = self.waited.get(&id).copied();
             if let Some(ms) = waited {

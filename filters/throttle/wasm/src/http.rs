@@ -3,10 +3,12 @@
 
 use std::rc::Rc;
 
+use throttle_core::adaptive::retry_after::retry_after_s;
 use throttle_core::clock::Once;
 use throttle_core::matcher::Facts;
 use throttle_core::stats::Counts;
 use throttle_core::stream::{Env, Stream, Verdict};
+use throttle_core::NS_PER_S;
 
 use crate::host::{Host, HostClock, Level};
 use crate::plugin::Plugin;
@@ -132,6 +134,21 @@ impl<H: Host> HttpStream<H> {
             self.busy();
             return Flow::Continue;
         };
+        if self.stream.learns() {
+            // An adaptive rule learns from the answer: its status, and the
+            // upstream's Retry-After when it shed.
+            let status = host
+                .response_header(":status")
+                .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u16>().ok());
+            if let Some(status) = status {
+                let retry_after = (status == 429 || status == 503)
+                    .then(|| host.response_header("retry-after"))
+                    .flatten()
+                    .and_then(|v| retry_after_s(&v, host.wall_ns() / NS_PER_S));
+                self.stream
+                    .on_answer(&mut w, host.monotonic_ns(), status, retry_after);
+            }
+        }
         let out =
             self.stream
                 .on_response_headers(env, &mut w, || host.monotonic_ns(), end_of_stream);
@@ -185,6 +202,10 @@ impl<H: Host> HttpStream<H> {
             self.busy();
             return;
         };
+        if self.stream.learns() {
+            // Upstream and never answered: its client left first.
+            self.stream.on_gone(&mut w, host.monotonic_ns());
+        }
         let out = self.stream.on_done(env, &mut w);
         drop(w);
         self.count(&plugin, rule, &out.counts);

@@ -5,9 +5,11 @@
 
 use std::rc::Rc;
 
+use throttle_core::adaptive::{add_tally, Learners};
 use throttle_core::config;
 use throttle_core::stats::Counts;
 use throttle_core::store::WAKE_QUEUE_PREFIX;
+use throttle_core::store::{BlobId, Store};
 use throttle_core::stream::Env;
 use throttle_core::worker::{TickAction, TickPlan};
 
@@ -28,6 +30,9 @@ pub struct Root<H: Host> {
     queue: Option<u32>,
     /// Cluster scope: this VM's side of the calls to the engine.
     calls: Option<Calls>,
+    /// Adaptive rules: this VM's side of the learning (it learns while it
+    /// holds the learner lease).
+    learners: Option<Learners>,
 }
 
 impl<H: Host> Root<H> {
@@ -39,6 +44,7 @@ impl<H: Host> Root<H> {
             worker: Rc::default(),
             queue: None,
             calls: None,
+            learners: None,
         }
     }
 
@@ -98,6 +104,10 @@ impl<H: Host> Root<H> {
         if self.calls.is_some() {
             self.worker.tick_for_calls(self.host);
         }
+        self.learners = Learners::new(&plugin.config, me);
+        if self.learners.is_some() {
+            self.worker.tick_for_learner(self.host);
+        }
         let summary = plugin.config.describe();
         self.log(
             Level::Info,
@@ -148,10 +158,44 @@ impl<H: Host> Root<H> {
             Err(_) => TickPlan::default(),
         };
         self.carry_out(&plugin, plan);
+        if self.learners.is_some() {
+            self.learn(&plugin, now);
+        }
         let had_traffic = plugin.metrics.flush(self.host);
         self.worker.after_tick(self.host, had_traffic);
         if let Some(calls) = self.calls.as_mut() {
             calls.on_tick(self.host, &plugin);
+        }
+    }
+
+    /// Adaptive rules, on each tick: this worker's tallies go into the
+    /// shared ones (one it cannot add stays for the next tick), and, every
+    /// round, the VM holding the learner lease learns (statistics: the rate
+    /// gauge and what moved it).
+    fn learn(&mut self, plugin: &Plugin, now: u64) {
+        let store = self.store(plugin);
+        let tallies = match self.worker.core.try_borrow_mut() {
+            Ok(mut w) => w.take_tallies(),
+            Err(_) => Vec::new(),
+        };
+        for (rule, tally) in tallies {
+            if !add_tally(&mut store.blob(BlobId::Tally(rule)), &tally) {
+                if let Ok(mut w) = self.worker.core.try_borrow_mut() {
+                    w.keep_tally(rule, &tally);
+                }
+            }
+        }
+        let Some(learners) = self.learners.as_mut() else {
+            return;
+        };
+        for round in learners.on_tick(store, now) {
+            if plugin.metrics.count(self.host, round.rule, &round.counts) {
+                self.worker.tick_to_flush(self.host);
+            }
+            if let (Some(change), Some(rule)) = (round.change, plugin.config.rules.get(round.rule))
+            {
+                self.log(Level::Debug, &format!("rule '{}': {change}", rule.name));
+            }
         }
     }
 

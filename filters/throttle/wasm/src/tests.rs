@@ -801,6 +801,87 @@ fn only_one_vm_of_the_process_calls_the_engine() {
     assert_eq!(resumed, vec![10, 20], "both workers' requests got slots");
 }
 
+/// An adaptive rule on the fake host: each worker's tally reaches shared
+/// data on its tick, the VM holding the learner lease cuts the rate in the
+/// rule's cell when the upstream sheds (429 + Retry-After), and publishes
+/// the rate gauge and what moved it; requests then pace at the learned rate.
+#[test]
+fn adaptive_rules_learn_from_answers_and_pace_at_the_learned_rate() {
+    let host = Fake::new();
+    let config = r#"{"rules": [{"name": "api", "rate": "200/s", "max_queue_delay": "1s",
+        "adaptive": {"min_rate": "10/s", "max_rate": "1000/s"}}]}"#;
+    let mut w = Worker::new(host, 1, config);
+    assert_eq!(
+        host.state().tick_ms,
+        crate::worker::LEARNER_TICK_MS,
+        "ticks to learn"
+    );
+    let mut id = 100;
+    // 2 s at 100/s; the upstream sheds every other request with Retry-After: 1.
+    // Once the learner cuts below 100/s some requests are held: they are
+    // answered when a tick resumes them.
+    let answer = |w: &mut Worker, id: u32| {
+        let status = if id % 2 == 0 { "429" } else { "200" };
+        host.state().upstream.insert(
+            id,
+            vec![
+                (":status".to_string(), status.as_bytes().to_vec()),
+                ("retry-after".to_string(), b"1".to_vec()),
+            ],
+        );
+        w.respond(id, true);
+        w.done(id);
+    };
+    let (mut sent, mut held) = (0, 0);
+    for ms in (0..2000).step_by(10) {
+        w.at(ms);
+        id += 1;
+        match w.request(id, &[]) {
+            Flow::Continue => {
+                sent += 1;
+                w.at(ms + 5);
+                answer(&mut w, id);
+            }
+            _ => held += 1,
+        }
+        if ms % 100 == 0 {
+            w.tick();
+            let resumed: Vec<u32> = host.state().resumed.drain(..).collect();
+            for r in resumed {
+                answer(&mut w, r);
+            }
+        }
+    }
+    // Half the answers are 429s at any rate: the first learner round
+    // (100 ms) cuts to just under the good half, ~48/s; a 429 share that a
+    // cut does not lower costs one more cut, then is tolerated (the rate
+    // stays above the 10/s floor instead of walking down to it).
+    assert!(sent >= 10, "the first round went at once at 200/s: {sent}");
+    let rate = w.metric("api", "adaptive_rate");
+    let cuts = w.metric("api", "adaptive_shed");
+    assert!(
+        (10_000..50_000).contains(&rate) && (1..=2).contains(&cuts),
+        "{cuts} cuts to {rate} mreq/s {:?}",
+        w.stats("api")
+    );
+    assert!(w.metric("api", "adaptive_retry_after") >= 1);
+    let released = w.metric("api", "released");
+    assert!(
+        (20..=110).contains(&(sent + released)),
+        "at most the 50/s answered well over 2 s went upstream, at least the 10/s floor: \
+         {sent} at once + {released} released, {held} held"
+    );
+    // The interval is in the rule's cell: new requests pace at it (two at
+    // once: the second waits one learned interval, longer than 5 ms of 200/s).
+    let key = throttle_core::store::CellId::Rate(0).key("api", 0).unwrap();
+    let (value, _) = host.shared_get(key.as_str()).unwrap();
+    let first = u64::from_le_bytes(value.unwrap()[..8].try_into().unwrap());
+    assert!(first > 10 * MS, "learned interval {first} ns");
+    w.at(10_000);
+    assert_eq!(w.request(1, &[]), Flow::Continue);
+    assert_eq!(w.request(2, &[]), Flow::Pause);
+}
+
 /// 10/s: critical above batch, on two workers of one process.
 const CLASSES: &str = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "1s",
   "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},

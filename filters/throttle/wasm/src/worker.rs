@@ -26,6 +26,12 @@ pub const FLUSH_MS: u32 = 100;
 /// enough to call once per epoch (at least 100 ms) at the right phase.
 pub const CALLER_TICK_MS: u32 = 20;
 
+/// Tick period of a VM with adaptive rules while nothing is held: its
+/// tally goes to the shared one, and the VM holding the learner lease
+/// learns, every round (`adaptive::ROUND_NS`); the lease (300 ms) outlasts
+/// a few late ticks.
+pub const LEARNER_TICK_MS: u32 = FLUSH_MS;
+
 /// A worker's state and tick.
 #[derive(Debug, Default)]
 pub struct WorkerGlue {
@@ -36,6 +42,10 @@ pub struct WorkerGlue {
     tick_ms: Cell<u32>,
     /// Whether this VM may call the engine (cluster rules): it keeps a slow tick.
     calls: Cell<bool>,
+    /// Whether this VM has adaptive rules: it keeps a tick every
+    /// `LEARNER_TICK_MS` (to hand over its tally and, holding the learner
+    /// lease, to learn).
+    learner: Cell<bool>,
 }
 
 impl WorkerGlue {
@@ -63,6 +73,12 @@ impl WorkerGlue {
         self.at_least(host, FLUSH_MS);
     }
 
+    /// Starts the tick of a VM with adaptive rules.
+    pub fn tick_for_learner<H: Host>(&self, host: H) {
+        self.learner.set(true);
+        self.at_least(host, LEARNER_TICK_MS);
+    }
+
     /// Starts the tick of a VM with cluster rules.
     pub fn tick_for_calls<H: Host>(&self, host: H) {
         self.calls.set(true);
@@ -78,7 +94,7 @@ impl WorkerGlue {
             TICK_MS
         } else if self.calls.get() {
             CALLER_TICK_MS
-        } else if had_traffic {
+        } else if had_traffic || self.learner.get() {
             FLUSH_MS
         } else {
             0

@@ -14,6 +14,8 @@ mod validate;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_adaptive;
 
 use std::fmt;
 
@@ -114,6 +116,8 @@ pub struct Rule {
     pub dry_run: bool,
     /// `scope: "cluster"`: one rate across all proxies (None: per process).
     pub cluster: Option<ClusterScope>,
+    /// `adaptive`: the rate is learned within these bounds.
+    pub adaptive: Option<crate::adaptive::Settings>,
     /// Priority classes, highest first (empty: none).
     pub classes: Vec<Class>,
 }

@@ -335,6 +335,12 @@ pub const CLASSES: Field = field(
     Default::Absent,
     "Priority classes inside the rule's queue, highest first (at most 8). A request takes the first class whose `match` fits, else the one class without `match`. The rule's rate stays one exact schedule; each release goes to the highest class with requests waiting, except the releases that `min_share` reserves for a lower class. A held request whose turn moves past its class's `max_queue_delay` (pushed back by higher classes) is answered with `reject_status` and counted `displaced`. Requires `rate`; with `key`, requires `key_quota` (see Priority classes).",
 );
+pub const ADAPTIVE: Field = field(
+    "adaptive",
+    Kind::Object(ADAPTIVE_FIELDS),
+    Default::Absent,
+    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); not with `scope: \"cluster\"` nor with `classes`. See \"Adaptive pacing\".",
+);
 pub const RULE_FIELDS: &[Field] = &[
     NAME,
     RATE,
@@ -351,6 +357,7 @@ pub const RULE_FIELDS: &[Field] = &[
     EXPECTED_REPLICAS,
     ON_ENGINE_FAILURE,
     CLASSES,
+    ADAPTIVE,
 ];
 
 /// Most classes a rule may have.
@@ -380,6 +387,24 @@ pub const CLASS_MAX_QUEUE_DELAY: Field = field(
     "Longest a request of the class may wait (0 to 1h). A request whose estimated turn lies further is rejected at once; a held request whose turn moves past it is answered then (`displaced`).",
 );
 pub const CLASS_FIELDS: &[Field] = &[CLASS_NAME, CLASS_MATCH, MIN_SHARE, CLASS_MAX_QUEUE_DELAY];
+
+pub const ADAPTIVE_MIN_RATE: Field = required(
+    "min_rate",
+    Kind::Rate,
+    "Lowest rate it paces at, whatever the upstream answers. At most `rate`.",
+);
+pub const ADAPTIVE_MAX_RATE: Field = required(
+    "max_rate",
+    Kind::Rate,
+    "Highest rate it paces at, however well the upstream answers. At least `rate`.",
+);
+pub const ADAPTIVE_MODE: Field = field(
+    "mode",
+    Kind::Choice(&["enforce", "observe"]),
+    Default::Choice("enforce"),
+    "`\"enforce\"`: pace at the learned rate. `\"observe\"`: learn it and report it (what it would pace at) while pacing at `rate`, to watch before trusting it.",
+);
+pub const ADAPTIVE_FIELDS: &[Field] = &[ADAPTIVE_MIN_RATE, ADAPTIVE_MAX_RATE, ADAPTIVE_MODE];
 
 pub const PATH_PREFIX: Field = field(
     "path_prefix",

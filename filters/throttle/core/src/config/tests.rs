@@ -147,7 +147,7 @@ fn concurrency_alone_or_with_a_rate() {
 fn bad_configs_name_the_field() {
     let table: &[(&str, &[&str])] = &[
         (r#"{"rules": [{"name": "a", "rate": 1, "colour": "red"}]}"#,
-         &["rules[0].colour: unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure, classes)"]),
+         &["rules[0].colour: unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure, classes, adaptive)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "key_quota": "1/s"}]}"#, &["rules[0].key_quota: requires `key` and `rate`"]),
         (r#"{"rules": [{"name": "a", "concurrency": 1, "key": {"path": true}, "key_quota": "1/s"}]}"#,
          &["rules[0].key_quota: requires `key` and `rate`",
@@ -157,7 +157,7 @@ fn bad_configs_name_the_field() {
         (r#"{"rules": [{"name": "a", "rate": 1}], "": 5}"#,
          &["\"\": unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, dry_run_headers, rate_limit_headers, engine)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "": 5}]}"#,
-         &["rules[0].\"\": unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure, classes)"]),
+         &["rules[0].\"\": unknown field (expected one of: name, rate, burst, max_queue_delay, concurrency, match, key, key_quota, key_slots, reject_status, dry_run, scope, expected_replicas, on_engine_failure, classes, adaptive)"]),
         (r#"{"rules": [{"name": "a", "rate": 1}], "max_held": 5}"#,
          &["max_held: unknown field (expected one of: rules, max_held_per_worker, reject_status, dry_run, dry_run_headers, rate_limit_headers, engine)"]),
         (r#"{"rules": [{"name": "a", "rate": 1, "burst": -1}]}"#,
@@ -324,7 +324,7 @@ fn every_spec_field_is_validated() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 7 + 15 + 6 + 4 + 4);
+    assert_eq!(checked, 7 + 16 + 6 + 4 + 4);
 }
 
 /// The committed JSON Schema and README table are exactly what the spec

@@ -13,6 +13,8 @@ use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
 use crate::units::{describe, parse_duration, parse_rate, MAX_DURATION_NS};
 
+mod adaptive;
+
 /// Parses and validates a configuration. Returns every problem found.
 pub fn parse(bytes: &[u8]) -> Result<Config, Vec<ConfigError>> {
     let (value, duplicates) = strict_json::parse(bytes).map_err(|e| {
@@ -322,6 +324,12 @@ impl Validator {
             self.integer(path, obj, &spec::RULE_REJECT_STATUS, defaults.reject_status);
         let dry_run = self.boolean(path, obj, &spec::RULE_DRY_RUN, defaults.dry_run);
         let cluster = self.scope(path, obj, rate.map(|(interval, _)| interval));
+        let adaptive = match obj.get(spec::ADAPTIVE.name) {
+            None => Some(None),
+            Some(v) => self
+                .adaptive(&join(path, "adaptive"), v, obj, rate.map(|(i, _)| i))
+                .map(Some),
+        };
         let classes = match (obj.get(spec::CLASSES.name), max_delay) {
             (None, _) => Some(Vec::new()),
             (Some(v), Some(rule_delay)) => self.classes(&join(path, "classes"), v, rule_delay),
@@ -393,6 +401,7 @@ impl Validator {
             reject_status: u16::try_from(reject_status?).ok()?,
             dry_run: dry_run?,
             cluster: cluster?,
+            adaptive: adaptive?,
             classes: classes?,
         })
     }

@@ -43,7 +43,8 @@ pub use cluster::retry_grants;
 pub use outcome::{Outcome, Wait};
 pub use response::{EndDecision, ResponseDecision};
 
-use crate::clock::Clock;
+use crate::adaptive::{Observation, Outcome as Answer};
+use crate::clock::{Clock, NS_PER_MS};
 use crate::cluster::Grants;
 use crate::config::{Config, Rule};
 use crate::keys::KeyHasher;
@@ -104,6 +105,19 @@ pub struct Stream {
     replied: bool,
     /// Its priority class, if its rule has classes.
     class: Option<usize>,
+    /// Adaptive rules: what the learner needs of this request.
+    learn: Option<Learn>,
+}
+
+/// An adaptive rule's request, as its learner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Learn {
+    /// When it arrived (the decision's time).
+    arrived: u64,
+    /// It went upstream at once (else at its release, if any).
+    sent_now: bool,
+    /// Its answer (or its client's leaving) was recorded.
+    done: bool,
 }
 
 /// What the decisions need besides the request: the configuration, the
@@ -141,6 +155,12 @@ pub fn initial_values(index: usize, rule: &Rule) -> Vec<Initial> {
         out.push(Initial::Blob(
             BlobId::Classes(index),
             crate::classes::Tickets::default().encode(),
+        ));
+    }
+    if rule.adaptive.is_some() {
+        out.push(Initial::Blob(
+            BlobId::Tally(index),
+            crate::adaptive::learner::encode(&crate::adaptive::Tally::EMPTY),
         ));
     }
     if rule.cluster.is_some() {
@@ -183,8 +203,46 @@ impl Stream {
 
     /// The request's headers arrived: pick the rule, then run its stages.
     /// `clock` is read only if a rule applies (the wall clock only for
-    /// cluster rules).
+    /// cluster rules). An adaptive rule's request is counted in the worker's
+    /// tally: arrived, and sent if it continues (a held one is counted sent
+    /// at its release, [`Worker::resumed`]).
     pub fn on_request<S: Store, R: Request>(
+        &mut self,
+        env: Env<'_, S>,
+        worker: &mut Worker,
+        req: &mut Facts<R>,
+        clock: &mut impl Clock,
+    ) -> Decision {
+        let d = self.run_stages(env, worker, req, clock);
+        let Some(index) = d.rule else {
+            return d;
+        };
+        if env
+            .config
+            .rules
+            .get(index)
+            .is_some_and(|r| r.adaptive.is_some())
+        {
+            let sent_now = d.verdict == Verdict::Continue;
+            if let Some(t) = worker.tally(index) {
+                t.arrived();
+                if sent_now {
+                    t.sent();
+                }
+            }
+            if d.verdict == Verdict::Hold {
+                worker.learning_held.insert(self.id, index);
+            }
+            self.learn = matches!(d.verdict, Verdict::Continue | Verdict::Hold).then_some(Learn {
+                arrived: clock.mono(),
+                sent_now,
+                done: false,
+            });
+        }
+        d
+    }
+
+    fn run_stages<S: Store, R: Request>(
         &mut self,
         env: Env<'_, S>,
         worker: &mut Worker,
@@ -282,5 +340,67 @@ impl Stream {
     /// Whether the request's body or trailers must wait (it is held).
     pub fn is_held(&self, worker: &Worker) -> bool {
         self.held && worker.holds(self.id)
+    }
+
+    /// Whether its rule learns from its answer: the glue then reads the
+    /// response's status and `Retry-After` ([`Stream::on_answer`]), or the
+    /// time its client left ([`Stream::on_gone`]).
+    pub fn learns(&self) -> bool {
+        self.learn.is_some_and(|l| !l.done) && !self.replied
+    }
+
+    /// When it went upstream: at once, or at its release (None: still held,
+    /// or answered by Envoy while held).
+    fn sent_at(&self, w: &Worker, l: Learn) -> Option<u64> {
+        if l.sent_now {
+            return Some(l.arrived);
+        }
+        let waited_ms = *w.waited.get(&self.id)?;
+        Some(
+            l.arrived
+                .saturating_add(waited_ms.saturating_mul(NS_PER_MS)),
+        )
+    }
+
+    /// The answer to an adaptive rule's request came at `now` (call before
+    /// [`Stream::on_response_headers`]): its status and the upstream's
+    /// `Retry-After` in seconds go into the worker's tally.
+    pub fn on_answer(&mut self, w: &mut Worker, now: u64, status: u16, retry_after_s: Option<u64>) {
+        self.observe(
+            w,
+            now,
+            Answer::Answered {
+                status,
+                retry_after_s,
+            },
+        );
+    }
+
+    /// The stream of an adaptive rule's request ends at `now` without an
+    /// answer (call before [`Stream::on_done`]): if it was upstream, its
+    /// client left first.
+    pub fn on_gone(&mut self, w: &mut Worker, now: u64) {
+        self.observe(w, now, Answer::Cancelled);
+    }
+
+    fn observe(&mut self, w: &mut Worker, now: u64, outcome: Answer) {
+        let (Some(index), Some(l)) = (self.rule, self.learn) else {
+            return;
+        };
+        if l.done || self.replied {
+            return;
+        }
+        let Some(sent_at) = self.sent_at(w, l) else {
+            return;
+        };
+        self.learn = Some(Learn { done: true, ..l });
+        if let Some(t) = w.tally(index) {
+            t.record(&Observation {
+                sent_at,
+                done_at: now,
+                outcome,
+                deadline_ns: None,
+            });
+        }
     }
 }

@@ -2,11 +2,12 @@
 //! key within its quota with `key_quota`), and the rate-limit headers it
 //! leaves for the response.
 
+use crate::adaptive::{deadline::deadline_ns, Mode};
 use crate::config::{Config, Rule};
 use crate::keys::candidate_slots;
 use crate::matcher::{Facts, Request};
 use crate::ratelimit::{self, HeaderStyle};
-use crate::schedule::{admit, admit_keyed, admit_with_quota, Admission};
+use crate::schedule::{admit_keyed, admit_paced, admit_with_quota_paced, Admission};
 use crate::store::{CellId, Store};
 
 use super::{Ctx, Outcome};
@@ -20,6 +21,9 @@ pub(super) struct Seen {
 }
 
 /// Admits one request on the rule's schedule (Go for a rule without `rate`).
+/// An adaptive rule in enforce mode paces at the learned interval (in its
+/// shared cell) and answers at once a request whose turn lies beyond its own
+/// deadline; its deadline headers are read only when it would be held.
 pub(super) fn admit_rate<S: Store, R: Request>(
     cx: &Ctx<'_, S>,
     req: &mut Facts<R>,
@@ -29,6 +33,7 @@ pub(super) fn admit_rate<S: Store, R: Request>(
         return (Outcome::Go, None);
     };
     let (store, index, now, can_hold) = (cx.env.store, cx.index, cx.now, cx.can_hold);
+    let learned = rule.adaptive.is_some_and(|a| a.mode == Mode::Enforce);
     let key = rule.key.as_ref().and_then(|k| k.extract(req));
     let admission = match (key, &rule.quota) {
         // Fairness: the shared schedule decides, each key within its quota
@@ -38,12 +43,12 @@ pub(super) fn admit_rate<S: Store, R: Request>(
                 .env
                 .hasher
                 .fingerprint(&rule.name, key.as_deref().unwrap_or_default());
-            admit_with_quota(
+            admit_with_quota_paced(
                 &mut store.cell(CellId::Rate(index)),
                 &mut store.table(index),
                 fp,
                 candidate_slots(fp, rule.key_slots),
-                schedule,
+                (schedule, learned),
                 quota,
                 now,
                 can_hold,
@@ -60,12 +65,25 @@ pub(super) fn admit_rate<S: Store, R: Request>(
                 can_hold,
             )
         }
-        (None, None) => admit(
-            &mut store.cell(CellId::Rate(index)),
-            schedule,
-            now,
-            can_hold,
-        ),
+        (None, None) => {
+            let mut deadline = || {
+                if !learned {
+                    return None;
+                }
+                let raw = req.raw();
+                let envoy = raw.header("x-envoy-expected-rq-timeout-ms");
+                let grpc = raw.header("grpc-timeout");
+                deadline_ns(envoy.as_deref(), grpc.as_deref())
+            };
+            admit_paced(
+                &mut store.cell(CellId::Rate(index)),
+                schedule,
+                learned,
+                now,
+                can_hold,
+                &mut deadline,
+            )
+        }
     };
     outcome(admission)
 }

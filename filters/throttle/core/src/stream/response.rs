@@ -32,13 +32,14 @@ pub struct EndDecision {
 
 impl Stream {
     /// Whether the response's side has nothing to do for this request: not
-    /// held, no slot to give back, no dry-run note and no rate-limit headers
-    /// to add. Then [`Stream::on_response_headers`], [`Stream::on_response_end`]
+    /// held, no slot to give back, no answer an adaptive rule learns from, no
+    /// dry-run note and no rate-limit headers to add. Then [`Stream::on_response_headers`], [`Stream::on_response_end`]
     /// and [`Stream::on_done`] answer nothing, whatever the worker holds, and
     /// the glue need not call them (most requests: a rule's fast path).
     pub fn response_is_quiet(&self, config: &crate::config::Config) -> bool {
         !self.held
             && !self.gated
+            && !self.learns()
             && self.note.is_none()
             && (self.rate.is_none()
                 || self.replied

@@ -972,6 +972,110 @@ fn a_cluster_dry_run_never_waits_and_gives_its_waiting_place_back() {
     assert_eq!(p.stats(), s(&[("would_queue", 1)]));
 }
 
+impl Proc {
+    /// The upstream's answer to `id` now (adaptive rules learn from it).
+    fn answer(&mut self, id: u32, status: u16, retry_after_s: Option<u64>) {
+        let now = self.clock.mono;
+        let stream = self.streams.get_mut(&id).expect("a stream");
+        if stream.learns() {
+            stream.on_answer(&mut self.worker, now, status, retry_after_s);
+        }
+    }
+}
+
+/// An adaptive rule: the worker's tally counts what the learner needs
+/// (arrivals; sends, at once or at release; each answer with its latency
+/// since it was sent), nothing of what the throttle answered itself; the
+/// interval the learner keeps in the rule's cell paces it, and a faster one
+/// brings the worker's held requests forward.
+#[test]
+fn adaptive_rules_tally_their_traffic_and_pace_at_the_learned_rate() {
+    let mut p = Proc::new(
+        r#"{"rules": [{"name": "api", "rate": "100/s", "max_queue_delay": "40ms",
+             "adaptive": {"min_rate": "10/s", "max_rate": "1000/s"}}]}"#,
+    );
+    p.at(0);
+    assert_eq!(p.get(1), Verdict::Continue);
+    for id in 2..=5 {
+        assert_eq!(p.get(id), Verdict::Hold, "{id}: 10, 20, 30, 40 ms");
+    }
+    assert!(matches!(p.get(6), Verdict::Reply(_)), "50 ms: beyond 40 ms");
+    let t = p.worker.tallies[0];
+    assert_eq!((t.arrivals, t.sent), (6, 1));
+    p.at(5);
+    p.answer(1, 200, None);
+    assert!(!p.streams[&6].learns(), "the throttle answered 6 itself");
+    p.at(10);
+    p.tick();
+    assert_eq!(p.resumed, vec![(2, 10 * MS)]);
+    assert_eq!(p.worker.tallies[0].sent, 2);
+    p.at(17);
+    p.answer(2, 429, Some(3));
+    let t = p.worker.tallies[0];
+    assert_eq!((t.good, t.shed, t.retry_after_s), (1, 1, 3));
+    assert_eq!(t.latency_us, 5_000, "5 ms for 1; 2's 429 is not timed");
+    // The learner makes it 200/s: 3, 4, 5 (due at 20, 30, 40 ms) come forward.
+    crate::adaptive::learner::write_interval(
+        &mut MemStore(&p.cells).cell(CellId::Rate(0)),
+        10 * MS,
+        5 * MS,
+        p.clock.mono,
+    );
+    p.at(18);
+    p.tick();
+    p.at(30);
+    p.tick();
+    let ids: Vec<u32> = p.resumed.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, vec![2, 3, 4, 5], "all by 30 ms (were 20, 30, 40)");
+    // New requests pace at 5 ms after the moved schedule's end.
+    let [first, _] = MemStore(&p.cells).load(CellId::Rate(0)).unwrap().0.unwrap();
+    assert_eq!(first, 5 * MS, "admissions keep the learned interval");
+    // A client that leaves while its request is upstream: cancelled.
+    let now = p.clock.mono;
+    let s3 = p.streams.get_mut(&3).unwrap();
+    assert!(s3.learns());
+    s3.on_gone(&mut p.worker, now);
+    assert!(!s3.learns());
+    assert_eq!(p.worker.tallies[0].cancelled, 1);
+    // Taken for the shared tally, the worker's is empty again.
+    let taken = p.worker.take_tallies();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(p.worker.tallies[0], crate::adaptive::Tally::EMPTY);
+}
+
+/// Deadline admission: an adaptive rule in enforce mode answers at once a
+/// request whose turn would come after its own deadline, without taking a
+/// slot; the same request with time to spare, or under observe mode, waits.
+#[test]
+fn adaptive_rules_refuse_at_once_what_would_be_held_past_its_deadline() {
+    for mode in ["enforce", "observe"] {
+        let mut p = Proc::new(&format!(
+            r#"{{"rules": [{{"name": "api", "rate": "10/s", "max_queue_delay": "1s",
+                 "adaptive": {{"min_rate": "1/s", "max_rate": "100/s", "mode": "{mode}"}}}}]}}"#
+        ));
+        p.at(0);
+        assert_eq!(p.get(1), Verdict::Continue);
+        // Its turn is at 100 ms; it will not wait 50.
+        let hurried = FakeRequest::get("/").with_header("x-envoy-expected-rq-timeout-ms", "50");
+        let v = p.request(2, hurried);
+        if mode == "observe" {
+            assert_eq!(v, Verdict::Hold, "observe mode changes nothing");
+            continue;
+        }
+        assert_eq!(
+            v,
+            Verdict::Reply(reject("1")),
+            "turn at 100 ms, deadline 50 ms"
+        );
+        // No slot taken: the next one with time to spare gets 100 ms.
+        let patient = FakeRequest::get("/").with_header("grpc-timeout", "2S");
+        assert_eq!(p.request(3, patient), Verdict::Hold);
+        p.at(100);
+        p.tick();
+        assert_eq!(p.resumed, vec![(3, 100 * MS)]);
+    }
+}
+
 /// A request whose response side is quiet ([`Stream::response_is_quiet`]: the
 /// glue then skips the response's callbacks) would get nothing from them:
 /// no header, count, wake or tick, whatever comes. Held requests, gated

@@ -197,6 +197,22 @@ impl Host for Abi {
         (status == OK).then(|| owned(data, size))
     }
 
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: valid name and out pointers; the host allocates with our allocator.
+        let status = unsafe {
+            proxy_get_header_map_value(
+                MAP_RESPONSE_HEADERS,
+                name.as_ptr(),
+                name.len(),
+                &mut data,
+                &mut size,
+            )
+        };
+        (status == OK).then(|| owned(data, size))
+    }
+
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         let encoded = path.join("\0");
         let mut data: *mut u8 = std::ptr::null_mut();

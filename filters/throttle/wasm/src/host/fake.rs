@@ -40,6 +40,8 @@ pub struct State {
     pub properties: HashMap<(u32, String), Vec<u8>>,
     /// Response headers set, by stream (replacing).
     pub response: HashMap<u32, BTreeMap<String, String>>,
+    /// Response headers as the upstream sent them, by stream.
+    pub upstream: HashMap<u32, Vec<(String, Vec<u8>)>>,
     /// Local replies sent, by stream.
     pub replies: HashMap<u32, Reply>,
     /// Streams resumed, in order.
@@ -141,6 +143,15 @@ impl Host for Fake {
     fn request_header(&self, name: &str) -> Option<Vec<u8>> {
         let s = self.call("get_header_map_value");
         s.request
+            .get(&s.current)?
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        let s = self.state();
+        s.upstream
             .get(&s.current)?
             .iter()
             .find(|(n, _)| n == name)

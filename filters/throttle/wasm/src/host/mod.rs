@@ -45,6 +45,8 @@ pub trait Host: Copy {
 
     /// A request header of the effective stream (its first value).
     fn request_header(&self, name: &str) -> Option<Vec<u8>>;
+    /// A response header of the current stream (`:status`, `retry-after`...).
+    fn response_header(&self, name: &str) -> Option<Vec<u8>>;
     /// A property of the effective stream (`["source", "address"]`).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// Sets a response header of the effective stream, replacing any value.

@@ -1,0 +1,348 @@
+//! What the filter saw of a rule's traffic during one round (one learner
+//! tick): requests that arrived, requests sent upstream, and how each answer
+//! came back. A [`Tally`] is a handful of counters, so workers can add theirs
+//! into one process-wide tally (shared data, compare-and-swap) and the
+//! learner can take it as a whole ([`Tally::to_words`] / [`Tally::from_words`]).
+
+/// How one request sent upstream ended, as the filter sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream answered with this status; `retry_after_s` is its
+    /// `Retry-After` in whole seconds (only read on 429 and 503).
+    Answered {
+        status: u16,
+        retry_after_s: Option<u64>,
+    },
+    /// No answer from the upstream: reset, refused, connection failure, or
+    /// Envoy's upstream timeout (response flags `UF`, `UR`, `UC`, `UT`, `URX`).
+    Failed,
+    /// The client went away before the answer: neither good nor an overload
+    /// signal (clients go away for their own reasons).
+    Cancelled,
+}
+
+/// One request sent upstream and how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    /// When it went upstream (continued at once, or released from hold), ns.
+    pub sent_at: u64,
+    /// When its response headers came (or it failed, or its client left), ns.
+    pub done_at: u64,
+    pub outcome: Outcome,
+    /// Its own deadline, counted from `sent_at` (from `grpc-timeout` or
+    /// `x-envoy-expected-rq-timeout-ms`), if it carried one: an answer later
+    /// than this is not good.
+    pub deadline_ns: Option<u64>,
+}
+
+/// What an answer says about the upstream's capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Served (any status but the ones below), within its deadline if any.
+    Good,
+    /// The upstream shed it: 429 or 503.
+    Shed,
+    /// Any other 5xx but 504, or no answer (reset, connection failure).
+    Failed,
+    /// Served, but after the request's own deadline; or 504 (a timeout:
+    /// Envoy's route timeout, or a gateway's behind it). Latency, not
+    /// failure: a queue longer than the timeout says "too slow", and the
+    /// few answered in time say nothing of the capacity.
+    Late,
+    /// The client left first.
+    Cancelled,
+}
+
+impl Observation {
+    /// The class of this answer.
+    pub fn class(&self) -> Class {
+        match self.outcome {
+            Outcome::Cancelled => Class::Cancelled,
+            Outcome::Failed => Class::Failed,
+            Outcome::Answered { status, .. } if status == 429 || status == 503 => Class::Shed,
+            Outcome::Answered { status: 504, .. } => Class::Late,
+            Outcome::Answered { status, .. } if (500..600).contains(&status) => Class::Failed,
+            Outcome::Answered { .. } => {
+                let took = self.done_at.saturating_sub(self.sent_at);
+                if self.deadline_ns.is_some_and(|d| took > d) {
+                    Class::Late
+                } else {
+                    Class::Good
+                }
+            }
+        }
+    }
+}
+
+/// Longest `Retry-After` taken into account, in seconds (an upstream that
+/// asks for an hour still gets probed again after this long).
+pub const MAX_RETRY_AFTER_S: u64 = 60;
+
+/// Counters of one round. All additions saturate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Requests of the rule that arrived (continued, held or rejected).
+    pub arrivals: u64,
+    /// Requests sent upstream (continued at once, or released from hold).
+    pub sent: u64,
+    pub good: u64,
+    pub shed: u64,
+    pub failed: u64,
+    pub late: u64,
+    pub cancelled: u64,
+    /// Sum of the latencies (sent to response headers, or to the client
+    /// leaving) of the good, late and cancelled requests, µs: what the
+    /// upstream took or at least took (shed and failed answers are left
+    /// out: they come back fast and would hide a queue).
+    pub latency_us: u64,
+    /// Sum of the squares of the same latencies, in ms² (for the spread).
+    pub latency_sq_ms2: u64,
+    /// Largest `Retry-After` on a shed answer (0: none), seconds, at most
+    /// [`MAX_RETRY_AFTER_S`].
+    pub retry_after_s: u64,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally::EMPTY
+    }
+}
+
+/// Number of words of [`Tally::to_words`].
+pub const TALLY_WORDS: usize = 10;
+
+impl Tally {
+    /// Nothing seen.
+    pub const EMPTY: Tally = Tally {
+        arrivals: 0,
+        sent: 0,
+        good: 0,
+        shed: 0,
+        failed: 0,
+        late: 0,
+        cancelled: 0,
+        latency_us: 0,
+        latency_sq_ms2: 0,
+        retry_after_s: 0,
+    };
+
+    /// A request of the rule arrived.
+    pub fn arrived(&mut self) {
+        self.arrivals = self.arrivals.saturating_add(1);
+    }
+
+    /// A request went upstream.
+    pub fn sent(&mut self) {
+        self.sent = self.sent.saturating_add(1);
+    }
+
+    /// A request sent upstream ended.
+    pub fn record(&mut self, o: &Observation) {
+        let class = o.class();
+        if matches!(class, Class::Good | Class::Late | Class::Cancelled) {
+            let us = o.done_at.saturating_sub(o.sent_at) / 1_000;
+            self.latency_us = self.latency_us.saturating_add(us);
+            let ms = us / 1_000;
+            self.latency_sq_ms2 = self.latency_sq_ms2.saturating_add(ms.saturating_mul(ms));
+        }
+        let n = match class {
+            Class::Good => &mut self.good,
+            Class::Shed => {
+                if let Outcome::Answered {
+                    retry_after_s: Some(s),
+                    ..
+                } = o.outcome
+                {
+                    self.retry_after_s = self.retry_after_s.max(s.min(MAX_RETRY_AFTER_S));
+                }
+                &mut self.shed
+            }
+            Class::Failed => &mut self.failed,
+            Class::Late => &mut self.late,
+            Class::Cancelled => &mut self.cancelled,
+        };
+        *n = n.saturating_add(1);
+    }
+
+    /// Requests that ended (whatever the outcome).
+    pub fn done(&self) -> u64 {
+        self.good
+            .saturating_add(self.shed)
+            .saturating_add(self.failed)
+            .saturating_add(self.late)
+            .saturating_add(self.cancelled)
+    }
+
+    /// Requests whose latency is in `latency_us`.
+    pub fn timed(&self) -> u64 {
+        self.good
+            .saturating_add(self.late)
+            .saturating_add(self.cancelled)
+    }
+
+    /// Their mean latency, µs.
+    pub fn mean_latency_us(&self) -> Option<u64> {
+        let n = self.timed();
+        (n > 0).then(|| self.latency_us / n)
+    }
+
+    /// The variance of those latencies, ms² (None with fewer than two).
+    pub fn latency_var_ms2(&self) -> Option<f64> {
+        let n = self.timed();
+        if n < 2 {
+            return None;
+        }
+        let n = n as f64;
+        let mean_ms = self.latency_us as f64 / 1_000.0 / n;
+        let var = self.latency_sq_ms2 as f64 / n - mean_ms * mean_ms;
+        Some(var.max(0.0) * n / (n - 1.0))
+    }
+
+    /// Answers that say "too much": shed or failed.
+    pub fn overload(&self) -> u64 {
+        self.shed.saturating_add(self.failed)
+    }
+
+    /// Adds another tally (another worker's, or another round's).
+    pub fn merge(&mut self, o: &Tally) {
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut self.arrivals, o.arrivals);
+        add(&mut self.sent, o.sent);
+        add(&mut self.good, o.good);
+        add(&mut self.shed, o.shed);
+        add(&mut self.failed, o.failed);
+        add(&mut self.late, o.late);
+        add(&mut self.cancelled, o.cancelled);
+        add(&mut self.latency_us, o.latency_us);
+        add(&mut self.latency_sq_ms2, o.latency_sq_ms2);
+        self.retry_after_s = self.retry_after_s.max(o.retry_after_s);
+    }
+
+    /// The counters as words (for shared data: fixed size, little-endian
+    /// when stored as bytes).
+    pub fn to_words(&self) -> [u64; TALLY_WORDS] {
+        [
+            self.arrivals,
+            self.sent,
+            self.good,
+            self.shed,
+            self.failed,
+            self.late,
+            self.cancelled,
+            self.latency_us,
+            self.latency_sq_ms2,
+            self.retry_after_s,
+        ]
+    }
+
+    /// The counters from words; missing words read as 0, `retry_after_s`
+    /// is capped at [`MAX_RETRY_AFTER_S`].
+    pub fn from_words(w: &[u64]) -> Tally {
+        let g = |i: usize| w.get(i).copied().unwrap_or(0);
+        Tally {
+            arrivals: g(0),
+            sent: g(1),
+            good: g(2),
+            shed: g(3),
+            failed: g(4),
+            late: g(5),
+            cancelled: g(6),
+            latency_us: g(7),
+            latency_sq_ms2: g(8),
+            retry_after_s: g(9).min(MAX_RETRY_AFTER_S),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(status: u16, took_ms: u64, deadline_ms: Option<u64>) -> Observation {
+        Observation {
+            sent_at: 1_000_000_000,
+            done_at: 1_000_000_000 + took_ms * 1_000_000,
+            outcome: Outcome::Answered {
+                status,
+                retry_after_s: Some(3),
+            },
+            deadline_ns: deadline_ms.map(|d| d * 1_000_000),
+        }
+    }
+
+    #[test]
+    fn answers_are_classed_by_status_deadline_and_fate() {
+        let cases = [
+            (answered(200, 10, None), Class::Good),
+            (answered(404, 10, None), Class::Good),
+            (answered(200, 10, Some(10)), Class::Good),
+            (answered(200, 11, Some(10)), Class::Late),
+            (answered(429, 1, None), Class::Shed),
+            (answered(503, 1, None), Class::Shed),
+            (answered(500, 1, None), Class::Failed),
+            (answered(504, 1, None), Class::Late),
+            (answered(502, 1, None), Class::Failed),
+        ];
+        for (o, want) in cases {
+            assert_eq!(o.class(), want, "{o:?}");
+        }
+        let mut o = answered(200, 5, None);
+        o.outcome = Outcome::Failed;
+        assert_eq!(o.class(), Class::Failed);
+        o.outcome = Outcome::Cancelled;
+        assert_eq!(o.class(), Class::Cancelled);
+    }
+
+    #[test]
+    fn a_tally_counts_latency_of_what_the_upstream_kept_and_the_longest_retry_after() {
+        let mut t = Tally::EMPTY;
+        t.record(&answered(200, 10, None));
+        t.record(&answered(200, 30, None));
+        t.record(&answered(429, 1, None));
+        t.record(&answered(500, 1, None));
+        let mut gone = answered(200, 50, None);
+        gone.outcome = Outcome::Cancelled;
+        t.record(&gone);
+        let mut long = answered(503, 1, None);
+        long.outcome = Outcome::Answered {
+            status: 503,
+            retry_after_s: Some(3_600),
+        };
+        t.record(&long);
+        assert_eq!(
+            (t.good, t.shed, t.failed, t.cancelled, t.done()),
+            (2, 2, 1, 1, 6)
+        );
+        assert_eq!(
+            t.latency_us, 90_000,
+            "good and cancelled, not shed or failed"
+        );
+        assert_eq!(t.mean_latency_us(), Some(30_000));
+        // 10, 30 and 50 ms: variance 400 ms².
+        let v = t.latency_var_ms2().unwrap_or(0.0);
+        assert!((v - 400.0).abs() < 1e-6, "{v}");
+        assert_eq!(t.retry_after_s, MAX_RETRY_AFTER_S);
+    }
+
+    #[test]
+    fn tallies_merge_and_round_trip_through_words() {
+        let mut a = Tally {
+            arrivals: 5,
+            sent: 4,
+            good: 3,
+            retry_after_s: 2,
+            ..Tally::EMPTY
+        };
+        let b = Tally {
+            arrivals: u64::MAX,
+            shed: 1,
+            retry_after_s: 1,
+            ..Tally::EMPTY
+        };
+        a.merge(&b);
+        assert_eq!(a.arrivals, u64::MAX, "saturates");
+        assert_eq!((a.sent, a.good, a.shed, a.retry_after_s), (4, 3, 1, 2));
+        assert_eq!(Tally::from_words(&a.to_words()), a);
+        assert_eq!(Tally::from_words(&[7]).arrivals, 7, "short input reads 0");
+    }
+}

@@ -1,0 +1,60 @@
+"""The arms' Envoy configurations and the benchmark's data file (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from harness.configs import hcm, plugin_json, throttle_filter
+from perf.adaptive.arms import ROUTE_TIMEOUT, envoy_config
+from perf.adaptive.run import SPEC, SpecError, load_spec
+
+
+def filters(cfg: dict) -> list[str]:
+    return [f["name"] for f in hcm(cfg)["http_filters"]]
+
+
+def test_each_arm_has_its_one_filter_and_the_route_timeout():
+    spec = load_spec()
+    want = {"none": [], "ac-default": ["envoy.filters.http.adaptive_concurrency"],
+            "ac-tuned": ["envoy.filters.http.adaptive_concurrency"],
+            "admission": ["envoy.filters.http.admission_control"],
+            "throttle-high": ["throttle"], "throttle-low": ["throttle"], "throttle-adaptive": ["throttle"]}
+    assert set(spec["arms"]) == set(want)
+    for name, arm in spec["arms"].items():
+        cfg = envoy_config(arm, listen_port=1, admin_port=2, upstream_port=3)
+        assert filters(cfg) == [*want[name], "envoy.filters.http.router"], name
+        routes = hcm(cfg)["route_config"]["virtual_hosts"][0]["routes"]
+        assert {r["route"]["timeout"] for r in routes} == {ROUTE_TIMEOUT}
+
+
+def test_throttle_arms_carry_their_rule():
+    spec = load_spec()
+    cfg = envoy_config(spec["arms"]["throttle-adaptive"], listen_port=1, admin_port=2, upstream_port=3,
+                       max_queue_delay="1500ms")
+    assert throttle_filter(cfg) is not None
+    assert json.loads(plugin_json(cfg)) == {"rules": [{
+        "name": "api", "max_queue_delay": "1500ms", "rate": "250/s",
+        "adaptive": {"min_rate": "10/s", "max_rate": "1000/s"}}]}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda s: s["sets"]["full"]["arms"].append("fast"), "scenarios.yaml: sets.full.arms: unknown fast"),
+    (lambda s: s["scenarios"]["S1"]["phases"].append({"at": 99}),
+     "scenarios.yaml: scenarios.S1.phases: must start at 0, in order, within the duration (45 s)"),
+    (lambda s: s["scenarios"]["S1"].update(offered=0), "scenarios.yaml: scenarios.S1.offered: 0 is less than the minimum of 1"),
+    (lambda s: s["arms"]["none"].update(filter="admission_control"),
+     "scenarios.yaml: arms.none: either `filter` with its `config`, or `throttle`, or neither"),
+    (lambda s: s["arms"]["throttle-low"]["throttle"].update(rate=100),
+     "scenarios.yaml: arms['throttle-low'].throttle.rate: 100 is not of type 'string'"),
+])
+def test_a_bad_data_file_is_refused_naming_the_field(tmp_path, change, message):
+    spec = yaml.safe_load(SPEC.read_text())
+    change(spec)
+    bad = tmp_path / "scenarios.yaml"
+    bad.write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError) as e:
+        load_spec(bad)
+    assert str(e.value) == message
