@@ -51,7 +51,7 @@ step "same bytes as cargo's release build"
 # /bazel-cargo/vendor (bazel/cargo_build.sh). Same prefix here, then compare.
 registry_src="${CARGO_HOME:-$HOME/.cargo}/registry/src"
 cargo fetch --locked -q
-index_dir="$(find "$registry_src" -mindepth 1 -maxdepth 1 -name 'index.crates.io-*' | head -n 1)"
+index_dir="$(find "$registry_src" -mindepth 1 -maxdepth 1 -name 'index.crates.io-*' -print -quit)"
 target_dir=build/bazel-check-cargo
 CARGO_TARGET_DIR="$target_dir" CARGO_ENCODED_RUSTFLAGS="--remap-path-prefix=${index_dir}=/bazel-cargo/vendor" \
   nice -n 10 cargo build -q --locked --release --target wasm32-wasip1 -p throttle-wasm

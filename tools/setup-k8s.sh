@@ -40,7 +40,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   done
 fi
 docker-registry --version
-prometheus --version 2>&1 | head -1
+prometheus --version 2>&1 | sed -n 1p
 
 step "Python packages (requirements.txt: kubernetes-validate, grafana-foundation-sdk)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -90,7 +90,7 @@ if [ ! -x "$PROMTOOL" ]; then
   mv "$PROMTOOL.tmp" "$PROMTOOL"
   echo "built in $(( $(date +%s) - start )) s"
 fi
-"$PROMTOOL" --version 2>&1 | head -1
+"$PROMTOOL" --version 2>&1 | sed -n 1p
 
 mkdir -p build/k8s
 cat > build/k8s/tools.json <<EOF

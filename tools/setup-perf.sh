@@ -30,8 +30,8 @@ step "Python packages (requirements.txt: matplotlib for the report)"
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
 
 step "versions"
-{ nginx -v 2>&1 || /usr/sbin/nginx -v 2>&1; } | head -1
-ab -V | head -1
+{ nginx -v 2>&1 || /usr/sbin/nginx -v 2>&1; } | sed -n 1p
+ab -V | sed -n 1p
 chromium --version 2>/dev/null | tail -1
 valgrind --version
 .venv/bin/python -c 'import matplotlib; print("matplotlib", matplotlib.__version__)'

@@ -22,4 +22,4 @@ if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
     --no-install-recommends haproxy
 fi
 echo "vegeta $(cat "$(go env GOPATH)/bin/vegeta.version")"
-{ command -v haproxy >/dev/null && haproxy -v || /usr/sbin/haproxy -v; } | head -1
+{ command -v haproxy >/dev/null && haproxy -v || /usr/sbin/haproxy -v; } | sed -n 1p
