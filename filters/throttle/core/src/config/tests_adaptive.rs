@@ -29,6 +29,11 @@ fn the_issue_example_parses() {
             mode: Mode::Enforce,
         })
     );
+    assert_eq!(
+        c.rules[0].describe(),
+        "api: rate 200/1s (interval 5000000ns), burst 0, max_queue_delay 2000ms, \
+         adaptive enforce, learned within 10/s to 2000/s"
+    );
     let c = ok(
         r#"{"rules": [{"name": "api", "rate": 5, "adaptive": {"min_rate": 5, "max_rate": "5/s", "mode": "observe"}}]}"#,
     );
