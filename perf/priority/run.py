@@ -79,9 +79,7 @@ def run_arm(spec: Spec, scn: Scenario, arm: Arm) -> list[dict[str, Any]]:
         else:
             proxy = HAProxy(app.port, maxconn=arm.maxconn, queue_ms=int(spec.max_queue_delay_s * 1000),
                             header=HEADER, value="critical")
-        with proxy:
-            if isinstance(proxy, Envoy):
-                proxy.start()
+        with proxy:  # starts it (an Envoy started again here was a second one, never stopped)
             started = time.monotonic()
             running = {c: vegeta.Load(proxy.url + path, rate=rate, duration_s=spec.duration_s,
                                       headers=[f"{HEADER}: {c}"]).start()
