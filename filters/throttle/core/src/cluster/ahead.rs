@@ -11,7 +11,7 @@
 use crate::clock::NS_PER_MS;
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
-use super::grants::{Attempt, Cursor, Grants, Reach, Take};
+use super::grants::{load_grants, Attempt, Cursor, Grants, Reach, Take};
 
 /// How far a process is ahead of its grants, kept in the rule's ahead cell
 /// ([`crate::CellId::Ahead`], `[owed, until_ms]`): slots owed (requests that went on
@@ -127,13 +127,7 @@ fn take_near<C: SharedCell, B: SharedBlob>(
             (c.next, c.end)
         } else {
             if grants.is_none() {
-                let (bytes, _) = blob.load()?;
-                grants = Some(
-                    bytes
-                        .as_deref()
-                        .and_then(Grants::decode)
-                        .unwrap_or_default(),
-                );
+                grants = Some(load_grants(blob)?.0);
             }
             match grants
                 .as_ref()

@@ -175,6 +175,17 @@ impl Grants {
     }
 }
 
+/// The rule's grants as stored (none yet, or unreadable: empty, on the
+/// grid) and the blob's token for a compare-and-swap.
+pub(super) fn load_grants<B: SharedBlob>(blob: &mut B) -> Result<(Grants, B::Token), StoreError> {
+    let (bytes, token) = blob.load()?;
+    let g = bytes
+        .as_deref()
+        .and_then(Grants::decode)
+        .unwrap_or_default();
+    Ok((g, token))
+}
+
 struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
@@ -384,15 +395,10 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
         } else {
             // The current range is used up or in the past: look at the grants.
             if grants.is_none() {
-                let Ok((bytes, _)) = blob.load() else {
+                let Ok((g, _)) = load_grants(blob) else {
                     return Take::Contention;
                 };
-                grants = Some(
-                    bytes
-                        .as_deref()
-                        .and_then(Grants::decode)
-                        .unwrap_or_default(),
-                );
+                grants = Some(g);
             }
             let Some(g) = grants.as_ref() else {
                 return Take::Contention;
@@ -522,14 +528,10 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     // The new ranges below the cursor of the first stored blob, once stored.
     let mut unreachable: Option<Vec<(u64, u64)>> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, token) = blob.load()?;
+        let (mut g, token) = load_grants(blob)?;
         let (value, cursor_token) = cursor.load()?;
         let c = Cursor::decode(value);
         let next = c.next;
-        let mut g = bytes
-            .as_deref()
-            .and_then(Grants::decode)
-            .unwrap_or_default();
         g.mode = mode;
         g.grant_rate_per_s = grant_rate_per_s;
         g.prune_below(next.max(min));
@@ -588,11 +590,7 @@ pub fn shift_grants<C: SharedCell, B: SharedBlob>(
         let (value, cursor_token) = cursor.load()?;
         let c = Cursor::decode(value);
         let next = c.next;
-        let (bytes, token) = blob.load()?;
-        let mut g = bytes
-            .as_deref()
-            .and_then(Grants::decode)
-            .unwrap_or_default();
+        let (mut g, token) = load_grants(blob)?;
         if moved {
             g.prune_below(next.saturating_add_signed(shift));
         } else {
@@ -624,11 +622,7 @@ pub fn reset_grants<C: SharedCell, B: SharedBlob>(
     let mut cleared = false;
     for _ in 0..MAX_CAS_ATTEMPTS {
         if !cleared {
-            let (bytes, token) = blob.load()?;
-            let mut g = bytes
-                .as_deref()
-                .and_then(Grants::decode)
-                .unwrap_or_default();
+            let (mut g, token) = load_grants(blob)?;
             g.ranges.clear();
             cleared = blob.store(&g.encode(), token)?;
             continue;
