@@ -595,4 +595,7 @@ def test_the_same_name_at_two_rates_is_counted(wasm):
         print("\n  " + report)
         assert all(n >= 1 for n in counted), "each proxy counts the other rate under its rule's name: " + report
         assert all(warned), "each proxy logs the mismatch at warn: " + report
+        # ... naming its own rate as a rate, not its interval in ns (red team 3, finding 8).
+        rates = ["100/s", "200/s", "200/s"]
+        assert all(f"at this rate ({r})" in w[0] for w, r in zip(warned, rates, strict=True)), report
         assert not lab.panics(), lab.panics()

@@ -24,6 +24,7 @@ use crate::keys::KeySource;
 use crate::matcher::Match;
 pub use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
+use crate::units::rate_for_people;
 pub use crate::units::RateWindow;
 
 pub use validate::parse;
@@ -177,22 +178,14 @@ impl Rule {
             parts.push(format!("classes {}", classes.join(" > ")));
         }
         if let Some(a) = &self.adaptive {
-            let per_s = |interval_ns: u64| {
-                let micro = crate::adaptive::rate_of_interval(interval_ns);
-                if micro % 1_000_000 == 0 {
-                    format!("{}/s", micro / 1_000_000)
-                } else {
-                    format!("{:.2}/s", micro as f64 / 1e6)
-                }
-            };
             let mode = match a.mode {
                 crate::adaptive::Mode::Enforce => "enforce",
                 crate::adaptive::Mode::Observe => "observe",
             };
             parts.push(format!(
                 "adaptive {mode}, learned within {} to {}",
-                per_s(a.max_interval_ns),
-                per_s(a.min_interval_ns)
+                rate_for_people(a.max_interval_ns),
+                rate_for_people(a.min_interval_ns)
             ));
         }
         if self.dry_run {

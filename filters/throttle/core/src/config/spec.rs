@@ -391,7 +391,7 @@ pub const CLASS_FIELDS: &[Field] = &[CLASS_NAME, CLASS_MATCH, MIN_SHARE, CLASS_M
 pub const ADAPTIVE_MIN_RATE: Field = required(
     "min_rate",
     Kind::Rate,
-    "Lowest rate it paces at, whatever the upstream answers. At most `rate`.",
+    "Lowest rate it paces at, whatever the upstream answers. At most `rate`, and at least 1% of it (a floor far below the rate is one the learner would take minutes to climb back from, with few answers to learn from).",
 );
 pub const ADAPTIVE_MAX_RATE: Field = required(
     "max_rate",

@@ -126,7 +126,7 @@ impl Caller {
                                 self.events.push(format!(
                                     "rule {}: {name} proxies carry a rule of this name, {grid} of them at this rate ({}): the others count on another grid with its own full rate (a rollout of a new rate, or configurations that differ?) (said at most every {} s)",
                                     r.spec.name,
-                                    r.spec.grid.interval_ns,
+                                    crate::units::rate_for_people(r.spec.grid.interval_ns),
                                     WARN_EVERY_NS / NS_PER_S
                                 ));
                             }
