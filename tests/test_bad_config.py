@@ -46,7 +46,8 @@ CASES: dict[str, tuple[dict | str, str]] = {
                                   "rules[0].classes[0].match: is empty: it fits every request"),
     "two classes with one match": ({"rules": [{"name": "a", "rate": 10, "classes": [
         {"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "hi2", "match": {"path_prefix": "/hi"}},
-        {"name": "rest"}]}]}, 'no request could ever take class "hi2"'),
+        {"name": "rest"}]}]}, 'rules[0].classes[1].match: the same as classes[0].match ("hi"), which fits first: '
+                               'no request could ever take class "hi2"'),
 }
 
 
