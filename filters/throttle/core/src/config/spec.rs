@@ -309,7 +309,7 @@ pub const KEY_SLOTS: Field = field(
     "key_slots",
     Kind::Integer { min: 1, max: 1_000_000 },
     Default::Int(4096),
-    "Size of the rule's key table in Envoy's shared data (memory stays bounded whatever keys clients send). A slot is reused once its schedule lies in the past; two active keys that land on the same slots share a rate (the safe side). Requires `key`.",
+    "Entries of the rule's key table in Envoy's shared data (memory stays bounded whatever keys clients send), in buckets of 8; each key may use 16 of them. An entry is reused once its schedule lies in the past; a key whose 16 entries all belong to other active keys shares a rate (the safe side). Size it at about twice the keys active at once. Requires `key`.",
 );
 pub const SCOPE: Field = field(
     "scope",

@@ -7,7 +7,7 @@
 
 use crate::classes::{self, slots, tickets, Backlog, Slots};
 use crate::clock::{Clock, NS_PER_S};
-use crate::keys::candidate_slots;
+use crate::keys::candidates;
 use crate::matcher::{Facts, Request};
 use crate::schedule::{admit_keyed, Admission, Schedule};
 use crate::stats::{Counts, Stat};
@@ -86,7 +86,7 @@ fn try_enter<S: Store, R: Request>(
         let taken = admit_keyed(
             &mut store.table(index),
             fp,
-            candidate_slots(fp, rule.key_slots),
+            candidates(fp, rule.key_slots),
             &quota,
             now,
             true,
