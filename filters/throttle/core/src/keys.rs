@@ -140,11 +140,18 @@ pub fn candidates(fingerprint: u64, key_slots: u32) -> Candidates {
     }
 }
 
+/// Bytes of one entry: fingerprint and TAT, little-endian.
+const ENTRY: usize = 16;
+/// Bytes of a full bucket.
+const BUCKET: usize = WAYS as usize * ENTRY;
+
 /// One bucket of a key table: up to `ways` entries `[fingerprint, tat]`
-/// (fingerprint 0: empty), stored as 16 little-endian bytes each.
+/// (fingerprint 0: empty), stored as 16 little-endian bytes each. Kept as
+/// its bytes: the fast path reads one entry and writes it back, with no
+/// decoding of the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bucket {
-    entries: [[u64; 2]; WAYS as usize],
+    bytes: [u8; BUCKET],
     ways: usize,
 }
 
@@ -158,80 +165,82 @@ pub enum Place {
     Share { second: bool, entry: usize },
 }
 
+fn word(bytes: &[u8], at: usize) -> u64 {
+    bytes
+        .get(at..at + 8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
 impl Bucket {
     /// A bucket of `ways` entries from its stored bytes (missing or short:
     /// empty entries).
-    pub fn decode(bytes: Option<&[u8]>, ways: u32) -> Bucket {
-        let mut entries = [[0u64; 2]; WAYS as usize];
+    pub fn decode(stored: Option<&[u8]>, ways: u32) -> Bucket {
         let ways = (ways.clamp(1, WAYS)) as usize;
-        if let Some(bytes) = bytes {
-            for (e, chunk) in entries.iter_mut().zip(bytes.chunks_exact(16)).take(ways) {
-                let word = |i: usize| {
-                    chunk
-                        .get(i..i + 8)
-                        .and_then(|b| b.try_into().ok())
-                        .map_or(0, u64::from_le_bytes)
-                };
-                *e = [word(0), word(8)];
+        let mut bytes = [0u8; BUCKET];
+        if let Some(stored) = stored {
+            let n = stored.len().min(ways * ENTRY) / ENTRY * ENTRY;
+            if let (Some(to), Some(from)) = (bytes.get_mut(..n), stored.get(..n)) {
+                to.copy_from_slice(from);
             }
         }
-        Bucket { entries, ways }
+        Bucket { bytes, ways }
     }
 
     /// The bytes to store.
-    pub fn encode(&self) -> Vec<u8> {
-        self.live()
-            .iter()
-            .flat_map(|[f, t]| f.to_le_bytes().into_iter().chain(t.to_le_bytes()))
-            .collect()
-    }
-
-    fn live(&self) -> &[[u64; 2]] {
-        self.entries.get(..self.ways).unwrap_or_default()
+    pub fn encode(&self) -> &[u8] {
+        self.bytes.get(..self.ways * ENTRY).unwrap_or_default()
     }
 
     /// The entry holding `fingerprint`'s schedule.
     pub fn find(&self, fingerprint: u64) -> Option<usize> {
-        self.live().iter().position(|[f, _]| *f == fingerprint)
+        (0..self.ways).find(|i| word(&self.bytes, i * ENTRY) == fingerprint)
     }
 
     /// The entry `i` (`[fingerprint, tat]`).
     pub fn get(&self, i: usize) -> Option<[u64; 2]> {
-        self.live().get(i).copied()
+        (i < self.ways).then(|| {
+            [
+                word(&self.bytes, i * ENTRY),
+                word(&self.bytes, i * ENTRY + 8),
+            ]
+        })
     }
 
     /// Sets entry `i`.
-    pub fn set(&mut self, i: usize, value: [u64; 2]) {
+    pub fn set(&mut self, i: usize, [fp, tat]: [u64; 2]) {
         if i < self.ways {
-            if let Some(e) = self.entries.get_mut(i) {
-                *e = value;
+            if let Some(e) = self.bytes.get_mut(i * ENTRY..(i + 1) * ENTRY) {
+                let (f, t) = e.split_at_mut(8);
+                f.copy_from_slice(&fp.to_le_bytes());
+                t.copy_from_slice(&tat.to_le_bytes());
             }
         }
     }
 
-    fn is_free(e: &[u64; 2], now: u64) -> bool {
-        e[0] == 0 || e[1] <= now
+    fn entries(&self) -> impl Iterator<Item = [u64; 2]> + '_ {
+        (0..self.ways).filter_map(|i| self.get(i))
+    }
+
+    fn is_free([fp, tat]: [u64; 2], now: u64) -> bool {
+        fp == 0 || tat <= now
     }
 
     /// Entries free at `now`.
     pub fn free(&self, now: u64) -> usize {
-        self.live()
-            .iter()
-            .filter(|e| Bucket::is_free(e, now))
-            .count()
+        self.entries().filter(|e| Bucket::is_free(*e, now)).count()
     }
 
     fn first_free(&self, now: u64) -> Option<usize> {
-        self.live().iter().position(|e| Bucket::is_free(e, now))
+        self.entries().position(|e| Bucket::is_free(e, now))
     }
 
     /// The entry whose schedule ends soonest, and when.
     fn soonest(&self) -> (usize, u64) {
-        self.live()
-            .iter()
+        self.entries()
             .enumerate()
             .min_by_key(|(_, [_, t])| *t)
-            .map_or((0, 0), |(i, [_, t])| (i, *t))
+            .map_or((0, 0), |(i, [_, t])| (i, t))
     }
 
     /// Where a key that holds no entry in `first` nor in `second` goes at
@@ -389,7 +398,7 @@ mod tests {
         b.set(9, [1, 1]); // beyond the bucket: ignored
         let bytes = b.encode();
         assert_eq!(bytes.len(), 128);
-        let back = Bucket::decode(Some(&bytes), 8);
+        let back = Bucket::decode(Some(bytes), 8);
         assert_eq!(back, b);
         assert_eq!(back.find(7), Some(3));
         assert_eq!(back.get(3), Some([7, 100]));

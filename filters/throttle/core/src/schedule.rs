@@ -268,8 +268,8 @@ pub fn admit_keyed<T: KeyTable>(
         bucket.set(entry, new);
         let bytes = bucket.encode();
         let result = match (in_second, b.as_mut(), tb) {
-            (true, Some(b), Some(tb)) => b.store(&bytes, tb),
-            _ => a.store(&bytes, ta),
+            (true, Some(b), Some(tb)) => b.store(bytes, tb),
+            _ => a.store(bytes, ta),
         };
         match result {
             Ok(true) => return admission,
