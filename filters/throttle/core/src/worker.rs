@@ -118,6 +118,9 @@ pub struct Worker {
     /// Adaptive rules: what this worker saw of each rule's traffic since it
     /// last added it to the shared tally (by rule index).
     pub tallies: Vec<Tally>,
+    /// Adaptive rules: answers seen that were not bad (one in
+    /// `adaptive::tally::SAMPLE_EVERY` carries its origin).
+    pub answers_seen: u64,
     /// Adaptive rules: held requests by context id -> rule (a release
     /// counts as sent upstream).
     pub learning_held: HashMap<u32, usize>,

@@ -40,4 +40,4 @@ pub use controller::{
     interval_of_rate, rate_of_interval, Controller, Reason, Reasons, Tuning, Update, MICRO,
 };
 pub use learner::{add_tally, take_tally, Learners, Round, ROUND_NS};
-pub use tally::{Class, Observation, Outcome, Tally};
+pub use tally::{Class, Observation, Origin, Outcome, Tally};

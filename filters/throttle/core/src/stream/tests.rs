@@ -978,7 +978,7 @@ impl Proc {
         let now = self.clock.mono;
         let stream = self.streams.get_mut(&id).expect("a stream");
         if stream.learns() {
-            stream.on_answer(&mut self.worker, now, status, retry_after_s);
+            stream.on_answer(&mut self.worker, now, status, retry_after_s, None);
         }
     }
 }
