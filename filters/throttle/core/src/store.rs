@@ -72,8 +72,13 @@ pub enum CellId {
     Ahead(usize),
     /// Cluster scope: which VM of the process calls the engine (`[holder, until]`).
     Caller,
-    /// Adaptive rules: which VM of the process learns their rates (`[holder, until]`).
-    Learner,
+    /// Adaptive: which VM of the process learns a rule's rate (`[holder,
+    /// until]`; a newer configuration's holder takes it at once).
+    Learner(usize),
+    /// Adaptive: a fingerprint of the settings the rule's rate was learned
+    /// under (`[fingerprint, 0]`): a configuration that changes them
+    /// starts again at `rate`.
+    Learned(usize),
 }
 
 /// Which shared variable-size value.
@@ -272,8 +277,10 @@ impl CellId {
             | CellId::Gate(i)
             | CellId::Cursor(i)
             | CellId::Fallback(i)
-            | CellId::Ahead(i) => Some(i),
-            CellId::Caller | CellId::Learner => None,
+            | CellId::Ahead(i)
+            | CellId::Learner(i)
+            | CellId::Learned(i) => Some(i),
+            CellId::Caller => None,
         }
     }
 
@@ -291,10 +298,8 @@ impl CellId {
                 .push(KEY_ROOT.as_bytes())?
                 .push(b"caller/")?
                 .number(config_hash, true),
-            CellId::Learner => Key::new()
-                .push(KEY_ROOT.as_bytes())?
-                .push(b"learner/")?
-                .number(config_hash, true),
+            CellId::Learner(_) => rule_key(rule_name, "l"),
+            CellId::Learned(_) => rule_key(rule_name, "s"),
         }
     }
 }
@@ -348,14 +353,12 @@ mod tests {
             (CellId::Fallback(3), format!("t3/{id}/f")),
             (CellId::Ahead(3), format!("t3/{id}/a")),
             (CellId::Caller, "throttle/v3/caller/00000000000000ab".into()),
-            (
-                CellId::Learner,
-                "throttle/v3/learner/00000000000000ab".into(),
-            ),
+            (CellId::Learner(3), format!("t3/{id}/l")),
+            (CellId::Learned(3), format!("t3/{id}/s")),
         ];
         for (id, want) in cells {
             assert_eq!(id.key(name, 0xab).unwrap().as_str(), want, "{id:?}");
-            let per_process = matches!(id, CellId::Caller | CellId::Learner);
+            let per_process = matches!(id, CellId::Caller);
             assert_eq!(id.rule(), (!per_process).then_some(3));
         }
         assert_eq!(

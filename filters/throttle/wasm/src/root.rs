@@ -104,7 +104,15 @@ impl<H: Host> Root<H> {
         if self.calls.is_some() {
             self.worker.tick_for_calls(self.host);
         }
-        self.learners = Learners::new(&plugin.config, me);
+        // A newer configuration takes the learner leases of its rules at
+        // once: its generation is when it was applied (ms, wrapping; the
+        // clock is read only for adaptive rules).
+        self.learners = if plugin.config.rules.iter().any(|r| r.adaptive.is_some()) {
+            let generation = (self.host.monotonic_ns() / 1_000_000) as u32;
+            Learners::new(&plugin.config, me as u32, generation)
+        } else {
+            None
+        };
         if self.learners.is_some() {
             self.worker.tick_for_learner(self.host);
         }
