@@ -24,8 +24,8 @@ use crate::config::{self, Config, EngineConfig, OnEngineFailure};
 use crate::keys::KeyHasher;
 use crate::matcher::{Facts, Request};
 use crate::stats::{Counts, Stat};
-use crate::store::{BlobId, CellId, Initial, Store, StoreError};
-use crate::stream::{initial_values, Env, Stream, Verdict};
+use crate::store::{BlobId, CellId, Store, StoreError};
+use crate::stream::{create_initial, Env, Stream, Verdict};
 use crate::testing::{MemCells, MemStore};
 use crate::worker::{TickAction, TickPlan, Worker};
 
@@ -381,15 +381,8 @@ impl SimProxy {
             unmatched: 0,
         };
         // As the glue does on configure.
-        let store = proxy.store();
-        for (i, rule) in proxy.config.rules.iter().enumerate() {
-            for value in initial_values(i, rule) {
-                let _ = match value {
-                    Initial::Cell(id) => store.store(id, [0, 0], 0),
-                    Initial::Blob(id, bytes) => store.store_blob(id, &bytes, 0),
-                };
-            }
-        }
+        create_initial(proxy.store(), &proxy.config);
+        proxy.cells.borrow_mut().configured();
         proxy.taken.borrow_mut().clear();
         Ok(proxy)
     }
