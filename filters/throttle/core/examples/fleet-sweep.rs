@@ -86,6 +86,9 @@ fn main() {
             eprintln!("fleet-sweep: --seed takes a number");
             std::process::exit(2);
         };
+        if args.iter().any(|a| a == "--dump") {
+            println!("{:#?}", sweep::draw(seed));
+        }
         let ok = report(&sweep::run_checked(&sweep::draw(seed)), true);
         std::process::exit(if ok { 0 } else { 1 });
     }

@@ -398,7 +398,7 @@ impl Caller {
                     demand: 0,
                     mode: Mode::Grid,
                     stats: RuleStats::default(),
-                    skew: Skew::new(epoch_ns),
+                    skew: Skew::new(epoch_ns, engine.max_clock_skew_ns),
                     own_adds: Vec::new(),
                     shift: 0,
                     second: None,
