@@ -549,14 +549,9 @@ impl SimProxy {
         }
         for u in &out.published {
             // In the fleet's frame, so that proxies' grants compare.
-            let (offset, l) = (
-                self.calling
-                    .caller()
-                    .clock_offset_epochs(u.rule)
-                    .unwrap_or(0),
-                self.calling.caller().slots_per_epoch(u.rule).unwrap_or(1),
-            );
-            let shift = offset.saturating_mul(i64::try_from(l).unwrap_or(i64::MAX));
+            let caller = self.calling.caller();
+            let offset = caller.clock_offset_epochs(u.rule).unwrap_or(0);
+            let shift = caller.grid(u.rule).map_or(0, |g| g.shift_slots(offset));
             self.granted.extend(u.ranges.iter().map(|&(a, b)| {
                 (
                     u.rule,

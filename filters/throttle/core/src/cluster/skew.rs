@@ -10,7 +10,7 @@
 //! to), so every count is of the other proxies only. "About": calls come within the first
 //! quarter of an epoch, so each count is right to a quarter of an epoch.
 //!
-//! The caller probes two offsets per call, each ahead and behind (4 looks),
+//! The caller probes three offsets per call, each ahead and behind (6 looks),
 //! in turn over offsets out to about 2.5 s ([`Skew::new`]). After a full sweep
 //! it asks [`Skew::estimate`]. Others' adds already in our future counters
 //! can only mean they are ahead: if more than half of them have reached `j`
@@ -89,13 +89,13 @@ impl Skew {
     }
 
     /// The offsets (epochs from `k` ahead of ours) to look at in this call:
-    /// two, each ahead and behind.
-    pub fn probes(&mut self) -> [i64; 4] {
+    /// three, each ahead and behind (a sweep of the 15 offsets in 5 calls).
+    pub fn probes(&mut self) -> [i64; 6] {
         let n = self.offsets.len().max(1);
-        let a = self.offsets.get(self.next).copied().unwrap_or(1);
-        let b = self.offsets.get((self.next + 1) % n).copied().unwrap_or(1);
-        self.next = (self.next + 2) % n;
-        [a, -a, b, -b]
+        let at = |i: usize| self.offsets.get(i % n).copied().unwrap_or(1);
+        let (a, b, c) = (at(self.next), at(self.next + 1), at(self.next + 2));
+        self.next = (self.next + 3) % n;
+        [a, -a, b, -b, c, -c]
     }
 
     /// The count seen at offset `j`, less our own adds to that counter
@@ -228,7 +228,7 @@ mod tests {
     /// A full sweep of counts of the other proxies: `ahead(j)` at +j,
     /// `at_or_after(j)` at -j (our own add comes on top there, and is taken out).
     fn sweep(s: &mut Skew, ahead: impl Fn(i64) -> u64, at_or_after: impl Fn(i64) -> u64) {
-        for _ in 0..s.offsets.len().div_ceil(2) {
+        for _ in 0..s.offsets.len().div_ceil(3) {
             for j in s.probes() {
                 if j > 0 {
                     s.record(j, ahead(j), 0);
@@ -253,15 +253,19 @@ mod tests {
         assert_eq!(Skew::new(1000 * MS, 100 * MS).offsets, vec![1, 2]);
         assert_eq!(Skew::new(5000 * MS, 100 * MS).offsets, vec![1]);
         let mut s = Skew::new(1000 * MS, 100 * MS);
-        assert_eq!([s.probes(), s.probes()], [[1, -1, 2, -2], [1, -1, 2, -2]]);
+        assert_eq!(
+            [s.probes(), s.probes()],
+            [[1, -1, 2, -2, 1, -1], [2, -2, 1, -1, 2, -2]]
+        );
         let mut s = Skew::new(100 * MS, 100 * MS);
         assert_eq!(
-            [s.probes(), s.probes(), s.probes(), s.probes()],
+            [s.probes(), s.probes(), s.probes(), s.probes(), s.probes()],
             [
-                [1, -1, 2, -2],
-                [3, -3, 4, -4],
-                [5, -5, 6, -6],
-                [8, -8, 10, -10]
+                [1, -1, 2, -2, 3, -3],
+                [4, -4, 5, -5, 6, -6],
+                [8, -8, 10, -10, 12, -12],
+                [14, -14, 16, -16, 18, -18],
+                [20, -20, 22, -22, 25, -25]
             ]
         );
     }

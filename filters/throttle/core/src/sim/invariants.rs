@@ -447,10 +447,14 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     }
     // The fleet's demand below the rate: at most 90% of it over the second
     // before the request (what "within the rate" means beyond one instant).
+    let first = times.first().copied().unwrap_or(0);
     let below = |at: u64| {
-        let lo = times.partition_point(|&x| x < at.saturating_sub(NS_PER_S));
+        // Over the last second, or since the rule's first request (at least
+        // 100 ms): at the start, three requests in 20 ms is no lull.
+        let span = NS_PER_S.min(at.saturating_sub(first)).max(100 * NS_PER_MS);
+        let lo = times.partition_point(|&x| x < at.saturating_sub(span));
         let hi = times.partition_point(|&x| x <= at);
-        ((hi - lo) as f64) <= 0.9 * r.rate
+        ((hi - lo) as f64) <= 0.9 * r.rate * span as f64 / 1e9
     };
     let allowance = f.jitter_ns + 5 * NS_PER_MS;
     let mut waited = 0;

@@ -687,8 +687,7 @@ impl Process {
             for u in &e.published {
                 let caller = calls.caller();
                 let offset = caller.clock_offset_epochs(u.rule).unwrap_or(0);
-                let l = caller.slots_per_epoch(u.rule).unwrap_or(1);
-                let shift = offset.saturating_mul(i64::try_from(l).unwrap_or(i64::MAX));
+                let shift = caller.grid(u.rule).map_or(0, |g| g.shift_slots(offset));
                 self.granted.extend(u.ranges.iter().map(|&(a, b)| {
                     (
                         u.rule,
