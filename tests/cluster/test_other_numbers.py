@@ -423,7 +423,7 @@ def test_two_cluster_rules_keep_each_rate_and_share(wasm: Path) -> None:
     of the first. On main (the report)
     alpha delivered 23.5-24.7/s with proxies at 2.9 / 20.0 / 0.7 per s in 4 of
     5 runs; each rule as the only cluster rule (the control): 30.00/s at 9.9 /
-    10.0 / 10.1 per s, beta 150.00/s at 25.1 / 50.0 / 74.9. Costs ~17 s.
+    10.0 / 10.1 per s, beta 150.00/s at 25.1 / 50.0 / 74.9. Costs ~15 s.
 
     The report's four-proxy case (alpha 7/s, beta 450/s) is not here: its
     control, alpha the only cluster rule, gave 13 / 18 / 8 / 14 in 7.5 s (equal
@@ -514,7 +514,7 @@ def test_a_two_two_clock_split_stays_within_the_bound_and_moves_once(wasm: Path,
     move per proxy (its log lines and failures_clock), none of "0 ms". On main
     (the report) all four moved, 2-9 times each, with busiest seconds of 115 to
     155 and moves of "0 ms"; one of four skewed moved only itself, once.
-    Costs ~22 s."""
+    Costs ~18 s (+ ~25 s to build the test-clock .wasm once)."""
     rule = cluster_rule("skew", f"{SKEW_RATE}/s", replicas=4)
     with ClusterLab(plugin([rule]), proxies=2, wasm=wasm) as lab:
         for _ in range(2):
@@ -570,10 +570,13 @@ def test_sporadic_requests_at_a_low_rate_do_not_wait(wasm: Path) -> None:
     """Finding 5. Four proxies share a 7/s rule (max_queue_delay 3 s); each
     gets one request every 1.3 s (3.1/s in all, 44% of the rate), the proxies
     staggered, for 12 s: 40 requests, none answered later than 20 ms (the
-    issue's target; a slower one only as far as a stall of this process while
-    it was out explains, as test_holds.py's sporadic test allows the worst
-    stall), all 200. On main (the report) 4-8 of 40 took over 20 ms, the
-    slowest 92-784 ms; process scope (the control): 0 of 40. Costs ~18 s."""
+    issue's target), all 200. A slower one counts if the filter held it
+    (`x-throttle-wait-ms`) and no stall of this process as long as the excess
+    was seen meanwhile (test_holds.py's sporadic test allows the worst stall
+    likewise); one the filter did not hold lost its time to the machine (see
+    the module's note). On main (the report) 4-8 of 40 took over 20 ms, the
+    slowest 92-784 ms; process scope (the control): none held, 0 of 40 over
+    20 ms in two runs out of three. Costs ~16 s."""
     rule = cluster_rule("sporadic", f"{SPORADIC_RATE}/s", mqd="3s", replicas=4)
     with ClusterLab(plugin([rule]), proxies=4, wasm=wasm) as lab:
         outcome = sporadic(lab)
@@ -684,6 +687,6 @@ def test_a_class_floor_holds_every_second(classes_lab: ClusterLab) -> None:
     within 1% of the rate (+ one slot at each edge, + one epoch's slots per
     failed engine call). On main (the report) batch got 0-8 a second for 2-4
     s at a time; process scope, all four loads through one proxy (the
-    control): 19-21 every second. Costs ~17 s (the lab of the previous
+    control): 19-21 every second. Costs ~18 s (the lab of the previous
     test)."""
     check(class_floor(classes_lab), "a class floor in cluster scope holds in every 1 s window")
