@@ -153,8 +153,9 @@ struct Ctx<'a, S> {
 /// that does not exist whatever the token, so two workers that both found a
 /// cell missing could both write it (both take the first credit, both take
 /// the first lease). Per rule (`Some(index)`), then the process's leases
-/// (`None`). Key tables are not listed: a slot is written with a token of 0
-/// by design (its fingerprint guards it).
+/// (`None`). Key tables are not listed: a bucket is written with a token of
+/// 0 the first time (two workers writing a new bucket at once: the one that
+/// wrote first loses its key's entry, and that key may pass once more).
 pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
     let mut out = Vec::new();
     for (index, rule) in config.rules.iter().enumerate() {
@@ -176,6 +177,8 @@ pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
                 BlobId::Tally(index),
                 crate::adaptive::learner::encode(&crate::adaptive::Tally::EMPTY),
             ));
+            add(Initial::Cell(CellId::Learner(index)));
+            add(Initial::Cell(CellId::Learned(index)));
         }
         if rule.cluster.is_some() {
             for id in [
@@ -193,9 +196,6 @@ pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
     }
     if config.engine.is_some() && config.rules.iter().any(|r| r.cluster.is_some()) {
         out.push((None, Initial::Cell(CellId::Caller)));
-    }
-    if config.rules.iter().any(|r| r.adaptive.is_some()) {
-        out.push((None, Initial::Cell(CellId::Learner)));
     }
     out
 }
