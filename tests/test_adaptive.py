@@ -5,13 +5,17 @@ the clients see only 200s and the throttle's own 429s."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
-from harness import fortio
+from harness import fortio, vegeta
 from harness.configs import render
 from harness.envoy import Envoy
 from harness.net import free_port, http_get
 from perf.adaptive import emulator
+from perf.adaptive.run import learner_lines
 
 pytestmark = pytest.mark.integration
 
@@ -72,3 +76,52 @@ def test_the_admitted_rate_follows_a_capacity_drop(wasm):
     assert stats["adaptive_queue"] + stats["adaptive_shed"] + stats["adaptive_failed"] >= 1, stats
     assert 10_000 <= stats["adaptive_rate"] <= OFFERED * 1000, stats
     assert stats["rejected"] > 0, stats
+
+
+def test_a_configuration_change_keeps_the_rate_learned_unless_the_rule_changed(wasm, tmp_path):
+    """Red team 3, finding 8: the docs said the learner restarts at `rate` after each
+    configuration change, and the old listener's learner kept writing the rule's rate while
+    it drained. Now: the newer configuration takes the rule's learning at once; a change that
+    leaves the rule's `rate` and `adaptive` block alone (here its `max_queue_delay`) keeps
+    the rate learned (the capacity behind did not change), one that changes `rate` starts
+    there. Backend 4 workers x 50 ms = 80/s, `rate` 150/s, offered 120/s; the learner's
+    moves are read from Envoy's debug log (each line says from which rate). ~20 s."""
+    from tests.support.dynamic import DynamicEnvoy, dynamic_config, with_plugin
+
+    def plug(rate: str, delay: str) -> dict:
+        return {"rules": [{"name": "api", "rate": rate, "max_queue_delay": delay,
+                           "adaptive": {"min_rate": "10/s", "max_rate": "1000/s"}}]}
+
+    with emulator.Process([{"at": 0, "workers": 4, "service_ms": 50}]) as emu:
+        boot, listener = dynamic_config(listen_port=free_port(), admin_port=free_port(), upstream_port=emu.port,
+                                        plugin=plug("150/s", "300ms"), wasm=wasm, lds_dir=tmp_path)
+        envoy = DynamicEnvoy(boot, listener, tmp_path)
+        envoy.extra_args = [*envoy.extra_args, "--component-log-level", "wasm:debug"]
+        envoy.start()
+        try:
+            t0 = emu.begin()
+            load = vegeta.Load(f"{envoy.url}/work", rate=120, duration_s=18, timeout_s=2.0).start()
+            time.sleep(6)
+            learned = envoy.rule_stats("api")["adaptive_rate"]
+            t_delay = time.time() - t0
+            assert envoy.update(with_plugin(listener, plug("150/s", "301ms"))) == "accepted"
+            time.sleep(5)
+            t_rate = time.time() - t0
+            assert envoy.update(with_plugin(listener, plug("140/s", "301ms"))) == "accepted"
+            time.sleep(3)
+            load.result()
+            log = envoy.log()
+        finally:
+            envoy.stop()
+    moves = learner_lines(log, t0)
+
+    def first_after(t: float) -> float:
+        line = next(x for x in moves if float(x.split()[0]) > t + 0.05)
+        return float(line.split("adaptive rate ")[1].split("/s")[0])
+
+    after_delay, after_rate = first_after(t_delay), first_after(t_rate)
+    print(f"\n  learned {learned / 1000:.0f}/s at 6 s; first move after the max_queue_delay change from "
+          f"{after_delay}/s, after the rate change from {after_rate}/s; load {os.getloadavg()[0]:.1f}")
+    assert learned < 120_000, "it learned the 80/s backend"
+    assert after_delay < 120, f"kept what it learned: {after_delay}/s"
+    assert abs(after_rate - 140) < 1, f"started again at the new rate: {after_rate}/s"
