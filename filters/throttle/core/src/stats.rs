@@ -154,11 +154,11 @@ pub const TABLE: [Spec; COUNT] = [
     spec(Stat::AdaptiveRate, "adaptive_rate", Kind::Gauge,
         "Adaptive: the rate paced at (in observe mode, the rate it would pace at), in requests per second x 1000; set by the learning VM every ~100 ms."),
     spec(Stat::AdaptiveShed, "adaptive_shed", Kind::Counter,
-        "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance."),
+        "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance: sheds spread over the rule's paths and clients (a client's or an endpoint's own do not count)."),
     spec(Stat::AdaptiveFailed, "adaptive_failed", Kind::Counter,
-        "Adaptive: cuts because of 5xx other than 503 and 504, or resets, beyond the tolerance (a 504 counts as latency)."),
+        "Adaptive: cuts because of 5xx other than 503 and 504, or resets, beyond the tolerance, spread over the rule's paths and clients (a 504 counts as a queue)."),
     spec(Stat::AdaptiveQueue, "adaptive_queue", Kind::Counter,
-        "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind)."),
+        "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind), a queue stood, or the load's answers came beyond the route's timeout (504)."),
     spec(Stat::AdaptiveDrained, "adaptive_drained", Kind::Counter,
         "Adaptive: drains ended (the queue a cut found is gone): back to the capacity measured."),
     spec(Stat::AdaptiveProbe, "adaptive_probe", Kind::Counter,
@@ -166,7 +166,7 @@ pub const TABLE: [Spec; COUNT] = [
     spec(Stat::AdaptiveKept, "adaptive_kept", Kind::Counter,
         "Adaptive: probes the upstream delivered (their rate kept)."),
     spec(Stat::AdaptiveRetryAfter, "adaptive_retry_after", Kind::Counter,
-        "Adaptive: rounds in which the upstream's `Retry-After` held probes back."),
+        "Adaptive: cuts for sheds of the load whose `Retry-After` held probes back (at most 60 s)."),
 ];
 
 /// Number of stats.
