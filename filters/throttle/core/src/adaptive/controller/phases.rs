@@ -156,6 +156,19 @@ impl Controller {
         if now < judge {
             return;
         }
+        self.judge_probe(now, before, (start, until), near_shed, reasons);
+    }
+
+    /// A probe's time is up and its answers are in: kept (the rate it
+    /// found, and the next probe at once) or not (back to the rate).
+    fn judge_probe(
+        &mut self,
+        now: u64,
+        before: u64,
+        (start, until): (u64, u64),
+        near_shed: bool,
+        reasons: &mut Reasons,
+    ) {
         let t = self.tune;
         if near_shed {
             // No cut for shed answers meanwhile: the upstream takes it.
@@ -299,46 +312,55 @@ impl Controller {
         let settled =
             now >= shows.saturating_add(long) && self.known_since(now.saturating_sub(long));
         if settled || now >= since.saturating_add(DRAIN_MAX_NS) {
-            let half = long / 2;
-            let earlier = self.sums(now.saturating_sub(long), now.saturating_sub(half));
-            let recent = self.sums(now.saturating_sub(half), now);
-            let l = self.sums(now.saturating_sub(long), now);
-            let (e, r) = (
-                earlier.tally.mean_latency_us().unwrap_or(0),
-                recent.tally.mean_latency_us().unwrap_or(0),
-            );
-            // Flat: within a twentieth of the reference, or two standard errors.
-            let se_us = recent.tally.latency_var_ms2().map_or(0.0, |v| {
-                (v / recent.tally.timed().max(1) as f64).sqrt() * 1_000.0
-            });
-            let flat = e.abs_diff(r) as f64
-                <= (self.reference.latency_ns() as f64 / 20_000.0).max(2.0 * se_us);
-            if l.growth > 2 {
-                // Requests in flight still grow: the capacity was taken too
-                // high. What it served meanwhile, busy all along, is it.
-                self.capacity = l.served_rate();
-                self.set_rate(self.drain_rate(self.capacity, u64::try_from(l.growth).unwrap_or(0)));
-                self.phase = Phase::Drain {
-                    since: now,
-                    from: now,
-                };
-                reasons.add(Reason::Queue);
-            } else if flat {
-                // The latency stopped falling: it is the upstream's own (a
-                // slower service), or a queue stuck at a drain rate that is
-                // the capacity (measured too high at the cut, with answers
-                // from before a change). Either way what it served
-                // meanwhile is safe to cruise at: below it, a stuck queue
-                // drains too (and the reference follows the latency down);
-                // probes wait until it would have, then measure it again.
-                if let Some(us) = recent.tally.mean_latency_us() {
-                    self.reference.reset(now, Some(us.saturating_mul(1_000)));
-                }
-                self.capacity = l.served_rate();
-                self.set_rate(pct(self.capacity, t.cruise_pct));
-                self.drained(now, reasons);
-                self.next_probe = now.saturating_add(long.saturating_mul(2));
+            self.drain_settled(now, long, reasons);
+        }
+    }
+
+    /// A drain that has shown for a long window (or lasted 5 s) and still
+    /// sees latency above the reference: requests in flight still grow
+    /// (the capacity was taken too high), or the latency stopped falling
+    /// (a slower upstream, or a queue stuck at the drain rate).
+    fn drain_settled(&mut self, now: u64, long: u64, reasons: &mut Reasons) {
+        let t = self.tune;
+        let half = long / 2;
+        let earlier = self.sums(now.saturating_sub(long), now.saturating_sub(half));
+        let recent = self.sums(now.saturating_sub(half), now);
+        let l = self.sums(now.saturating_sub(long), now);
+        let (e, r) = (
+            earlier.tally.mean_latency_us().unwrap_or(0),
+            recent.tally.mean_latency_us().unwrap_or(0),
+        );
+        // Flat: within a twentieth of the reference, or two standard errors.
+        let se_us = recent.tally.latency_var_ms2().map_or(0.0, |v| {
+            (v / recent.tally.timed().max(1) as f64).sqrt() * 1_000.0
+        });
+        let flat = e.abs_diff(r) as f64
+            <= (self.reference.latency_ns() as f64 / 20_000.0).max(2.0 * se_us);
+        if l.growth > 2 {
+            // Requests in flight still grow: the capacity was taken too
+            // high. What it served meanwhile, busy all along, is it.
+            self.capacity = l.served_rate();
+            self.set_rate(self.drain_rate(self.capacity, u64::try_from(l.growth).unwrap_or(0)));
+            self.phase = Phase::Drain {
+                since: now,
+                from: now,
+            };
+            reasons.add(Reason::Queue);
+        } else if flat {
+            // The latency stopped falling: it is the upstream's own (a
+            // slower service), or a queue stuck at a drain rate that is
+            // the capacity (measured too high at the cut, with answers
+            // from before a change). Either way what it served
+            // meanwhile is safe to cruise at: below it, a stuck queue
+            // drains too (and the reference follows the latency down);
+            // probes wait until it would have, then measure it again.
+            if let Some(us) = recent.tally.mean_latency_us() {
+                self.reference.reset(now, Some(us.saturating_mul(1_000)));
             }
+            self.capacity = l.served_rate();
+            self.set_rate(pct(self.capacity, t.cruise_pct));
+            self.drained(now, reasons);
+            self.next_probe = now.saturating_add(long.saturating_mul(2));
         }
     }
 
