@@ -269,7 +269,7 @@ impl Learners {
             let before = rate_of_interval(current);
             let change = (u.interval_ns != current || !why.is_empty()).then(|| {
                 format!(
-                    "adaptive rate {:.1}/s -> {:.1}/s ({}; {} sent, {} good, {} shed, {} failed, {} late, in flight {}, {} ms latency, reference {} ms){}",
+                    "adaptive rate {:.1}/s -> {:.1}/s ({}; {} sent, {} good, {} shed, {} failed, {} late ({} of those the load's), in flight {}, {} ms latency, reference {} ms){}",
                     before as f64 / super::MICRO as f64,
                     u.rate as f64 / super::MICRO as f64,
                     if why.is_empty() { "phase".to_string() } else { why.join(", ") },
@@ -278,6 +278,7 @@ impl Learners {
                     tally.shed,
                     tally.failed,
                     tally.late,
+                    tally.load_bad(),
                     c.in_flight(),
                     tally.mean_latency_us().unwrap_or(0) / 1_000,
                     c.reference_latency_ns() / NS_PER_MS,
