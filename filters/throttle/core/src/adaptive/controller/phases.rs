@@ -274,9 +274,10 @@ impl Controller {
             .saturating_mul(1_000)
             .saturating_sub(self.reference.latency_ns());
         // While a queue lasts the upstream is busy: when it served more over
-        // the last second (of answers a reference latency after the cut:
-        // before, the upstream may have had its capacity of before the
-        // drop; at least 400 ms: a shorter window is noisy) than the drain's
+        // the last second (of answers a latency after the cut: before, the
+        // upstream may have had its capacity of before the drop, or its
+        // service time before it slowed down; at least 400 ms: a shorter
+        // window is noisy) than the drain's
         // capacity (10% more: beyond the noise), that is its capacity, and
         // the drain comes back up (a cut
         // that went deeper than needed: right after a slower service, a
@@ -284,7 +285,7 @@ impl Controller {
         // latency stays above the reference with no queue left.)
         let m = self.sums(
             since
-                .saturating_add(self.reference.latency_ns())
+                .saturating_add(self.latency_ns)
                 .max(now.saturating_sub(NS_PER_S)),
             now,
         );
