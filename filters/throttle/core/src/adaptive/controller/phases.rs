@@ -233,16 +233,16 @@ impl Controller {
             self.phase = Phase::Cruise;
             return;
         }
-        // It queued: the upstream was busy, and what it delivered is its
-        // capacity now (BBR's delivery rate), a little more or less than
-        // measured before. Back to cruising at it (at most 10% lower): what
-        // the probe queued drains by the cruise's margin.
+        // It queued: what it delivered is the capacity now (BBR's delivery
+        // rate), if the upstream was busy. Back to the rate before (what the
+        // probe queued drains by the cruise's margin): lowering it here
+        // would read a demand that did not reach the probe as the
+        // capacity (S10 in perf/adaptive: 429s at 70% of the capacity);
+        // a cruise above the capacity is the queue tests' to find.
         if w.tally.good >= t.min_samples {
             self.capacity = delivered;
-            self.set_rate(pct(delivered, t.cruise_pct).max(pct(before, 90)));
-        } else {
-            self.set_rate(before);
         }
+        self.set_rate(before);
         self.phase = Phase::Cruise;
         // A standing queue is judged on a window after it.
         self.settle_until = now.saturating_add(self.round_ns());
