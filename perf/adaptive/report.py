@@ -57,7 +57,7 @@ def summary_row(run: dict[str, Any]) -> list[str]:
         notes.append(f"back at 90% of offered goodput after {num(run['recovery_s'], missing='–')} s; "
                      f"{run['attempts'] / max(run['requests'], 1):.2f} attempts per request")
     if run.get("first_cut_s"):
-        notes.append("first cut " + ", ".join(f"{'none' if v is None else num(v)} s after {at} s"
+        notes.append("first cut " + ", ".join(f"none after {at} s" if v is None else f"{num(v)} s after {at} s"
                                               for at, v in run["first_cut_s"].items()))
     if "attack" in run:
         notes.append(f"attacker ({run['attack']['path']}, {run['attack']['rate']}/s): {run['attack']['codes']}")

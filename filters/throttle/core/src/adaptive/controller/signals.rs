@@ -242,14 +242,16 @@ impl Controller {
         reference > 0 && l > margin && (l - margin) as f64 > se_us * 2.0
     }
 
-    /// Whether the latency of the last half long window stays above the reference.
+    /// Whether the latency of the last fast half-window is above the
+    /// reference (a queue now: no probe on top of it).
     pub(super) fn latency_up(&self, now: u64) -> bool {
-        let long = self.long_window_ns();
-        self.above_reference(&self.sums(now.saturating_sub(long / 2), now).tally)
+        let short = self.fast_window_ns() / 2;
+        self.above_reference(&self.sums(now.saturating_sub(short), now).tally)
     }
 
     /// A queue that stays: the latency has been above the reference for a
-    /// whole long window, in both its halves.
+    /// whole long window, in both its halves, and still is (a queue the
+    /// upstream drained by itself once its capacity came back is gone).
     pub(super) fn standing_queue(&self, now: u64) -> bool {
         let long = self.long_window_ns();
         let from = now.saturating_sub(long);
@@ -259,6 +261,7 @@ impl Controller {
         let mid = now.saturating_sub(long / 2);
         self.above_reference(&self.sums(from, mid).tally)
             && self.above_reference(&self.sums(mid, now).tally)
+            && self.latency_up(now)
     }
 
     /// Whether demand reaches the rate (so a higher rate would be used).
