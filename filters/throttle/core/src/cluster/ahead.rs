@@ -29,7 +29,7 @@ pub struct Ahead {
     pub until_ms: u64,
     /// The expected gap between the process's slots, µs (1 / its grant
     /// rate; 0: unknown), as the calling VM last published it: a slot due
-    /// within it may be taken now ([`go_ahead`]).
+    /// within it may be taken now (`go_ahead`).
     pub gap_us: u64,
 }
 
@@ -142,7 +142,7 @@ pub(super) fn go_ahead<A: SharedCell>(
 }
 
 /// Records the expected gap between the process's slots (`gap_ns`; 0:
-/// none expected) for [`go_ahead`]; written by the calling VM as it
+/// none expected) for `go_ahead`; written by the calling VM as it
 /// publishes, only when it changed by a tenth or more.
 pub fn set_gap<A: SharedCell>(cell: &mut A, gap_ns: u64) -> Result<(), StoreError> {
     let gap_us = gap_ns / 1000;

@@ -33,11 +33,13 @@
 //!    `Failure::Transport` / `Failure::Timeout`; every update is published.
 //! 4. Per request, on any worker: the stream's cluster stage, [`take`] with
 //!    the rule's [`Reach`] and `Attempt::First`. `Now`: continue; `Hold`:
-//!    hold `delay_ns`; both count as taken (metric). `Wait`: the worker keeps
-//!    it and retries on every tick with `Attempt::Retry { waited_ns }`
-//!    ([`crate::stream::retry_grants`]), oldest first, stopping at the first
-//!    that must still wait; once it has waited `max_queue_delay`, it is
-//!    rejected and [`add_waiting`] -1 (also when its client goes away).
+//!    hold `delay_ns`; both count as taken (metric). `Wait`: no owned slot
+//!    near; the request joins the rule's line (the process's queue, one
+//!    ticket each, granted the owned slots as they come due) if its turn
+//!    ([`turn`]) comes within `max_queue_delay` less a margin, else it is
+//!    refused now; one still waiting at its deadline goes on credit if the
+//!    process may ([`at_deadline`]), else it is refused (counted; the
+//!    invariants in engine/README.md say when that can happen).
 //!    `Local`: [`crate::admit`] on the rule's fallback TAT with
 //!    [`local_schedule`] (a retry: what is left of `max_queue_delay`).
 //!    `Deny`, `Reject`, `Contention`: reject. Every request of the rule
