@@ -39,7 +39,7 @@
 //!    of the rule), and its proxy's own would too, waits at most `J + 5 ms`
 //!    plus, in cluster scope, its proxy's slot gap (the grid's slots are
 //!    fixed instants: one arriving between two waits for the next), at
-//!    most `E / LANES` (12.5 ms).
+//!    most `E / LANES` (3 ms with 32 lanes).
 //!    The proxy's own limiter is a GCRA with burst `b` at its demand of the
 //!    last 2 s plus an even part of what the fleet left of the rate (`d +
 //!    (R - A) / N`, `N` the proxies with demand then, itself included): in
