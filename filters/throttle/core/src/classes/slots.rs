@@ -216,28 +216,22 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> GridSlots<C, B, F> {
         self.reach.grid.slot_at_or_after(wall.saturating_sub(back))
     }
 
-    fn grants(&mut self) -> Result<Grants, StoreError> {
-        let (bytes, _) = self.blob.load()?;
-        Ok(bytes
-            .as_deref()
-            .and_then(Grants::decode)
-            .unwrap_or_default())
-    }
-
-    /// The next owned slot from the cursor's range, else from the blob.
-    fn offer(&mut self, c: Cursor, min: u64) -> Result<Offer, StoreError> {
-        let (next, end) = (c.next, c.end);
-        if next < end && next >= min {
-            return Ok(Offer::Slot(next, end));
-        }
-        let g = self.grants()?;
-        Ok(match g.first_from(next.max(min)) {
+    /// The next owned slot at or above `min` ([`cluster::next_owned`]),
+    /// else what the grants say instead, with the cursor for a take.
+    fn offer(
+        &mut self,
+        min: u64,
+        cache: &mut Option<Grants>,
+    ) -> Result<(Offer, Cursor, C::Token), StoreError> {
+        let (walk, token) = cluster::next_owned(&mut self.cursor, &mut self.blob, cache, min)?;
+        let offer = match walk.found {
             Some((slot, end)) => Offer::Slot(slot, end),
-            None => match g.mode {
+            None => match cluster::cached_grants(&mut self.blob, cache)?.mode {
                 Mode::Local { interval_ns } => Offer::Local(interval_ns),
                 _ => Offer::None,
             },
-        })
+        };
+        Ok((offer, walk.cursor, token))
     }
 
     fn local(&mut self, interval_ns: u64) -> RateSlots<&mut F> {
@@ -268,23 +262,19 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
     ) -> Result<Option<u64>, StoreError> {
         let wall = self.wall_at(now);
         let min = self.min_slot(wall, busy);
+        let mut cache = None;
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let (value, token) = self.cursor.load()?;
-            let c = Cursor::decode(value);
-            let (slot, end) = match self.offer(c, min)? {
-                Offer::Slot(slot, end) => (slot, end),
-                Offer::None => return Ok(None),
-                Offer::Local(interval) => return self.local(interval).take_due(now, busy, ok),
+            let (slot, end, c, token) = match self.offer(min, &mut cache)? {
+                (Offer::Slot(slot, end), c, token) => (slot, end, c, token),
+                (Offer::None, ..) => return Ok(None),
+                (Offer::Local(interval), ..) => {
+                    return self.local(interval).take_due(now, busy, ok)
+                }
             };
             if self.reach.grid.slot_time(slot) > wall || !ok(slot) {
                 return Ok(None);
             }
-            let moved = Cursor {
-                next: slot.saturating_add(1),
-                end,
-                waiting: c.waiting,
-            };
-            if self.cursor.store(moved.encode(), token)? {
+            if cluster::advance(&mut self.cursor, token, c, (slot, end))? {
                 self.taken = self.taken.saturating_add(1);
                 return Ok(Some(slot));
             }
@@ -312,8 +302,9 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
     fn outlook(&mut self, now: u64, busy: bool) -> Result<Outlook, StoreError> {
         let wall = self.wall_at(now);
         let min = self.min_slot(wall, busy);
-        let (value, _) = self.cursor.load()?;
-        let g = self.grants()?;
+        let mut cache = None;
+        let (offer, ..) = self.offer(min, &mut cache)?;
+        let g = cluster::cached_grants(&mut self.blob, &mut cache)?.clone();
         let per_s = if g.grant_rate_per_s > 0 {
             g.grant_rate_per_s as f64
         } else {
@@ -328,7 +319,7 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
             0
         };
         let mut known = None;
-        let next_at = match self.offer(Cursor::decode(value), min)? {
+        let next_at = match offer {
             Offer::Slot(slot, end) => {
                 known = Some((slot, end.saturating_sub(slot), self.reach.grid.interval_ns));
                 now.saturating_add(self.reach.grid.slot_time(slot).saturating_sub(wall))
@@ -404,7 +395,7 @@ impl<S: Store> Source<S> {
     pub fn denies(&mut self) -> Result<bool, StoreError> {
         match self {
             Source::Rate(_) => Ok(false),
-            Source::Grid(g) => Ok(g.grants()?.mode == Mode::Deny),
+            Source::Grid(g) => Ok(cluster::load_grants(&mut g.blob)?.0.mode == Mode::Deny),
         }
     }
 }

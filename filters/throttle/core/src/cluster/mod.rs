@@ -62,6 +62,7 @@
 pub mod ahead;
 pub mod caller;
 pub mod calls;
+pub mod cursor;
 pub mod engine;
 pub mod grants;
 pub mod grid;
@@ -77,11 +78,14 @@ pub use caller::{
     MIN_CALL_INTERVAL_NS,
 };
 pub use calls::{Calls, Effects};
+pub use cursor::{
+    add_waiting, advance, cached_grants, load_grants, next_owned, read_grants, set_waiting,
+    Attempt, Cursor, Grants, Mode, Reach, Take, Walk,
+};
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{
-    add_waiting, fallback_after_grants, margin_for, margin_ns, on_grid, publish, reckon_limit,
-    reset_grants, set_waiting, shift_grants, take, turn, turn_ns, Attempt, Cursor, Grants, Mode,
-    Reach, Take, DERATE, RECKON_NS,
+    fallback_after_grants, margin_for, margin_ns, on_grid, publish, reckon_limit, reset_grants,
+    shift_grants, take, turn, turn_ns, DERATE, RECKON_NS,
 };
 pub use grid::Grid;
 
