@@ -255,8 +255,8 @@ fn repaid_by<A: SharedCell>(cell: &mut A, t: u64, now: u64) -> Result<(), StoreE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::grants::tests::{ahead, at, cur, reach, setup, waiting_in, FIRST, MS};
     use crate::cluster::cursor::{Cursor, Mode};
+    use crate::cluster::grants::tests::{ahead, at, cur, reach, setup, waiting_in, FIRST, MS};
     use crate::cluster::grants::{publish, take};
     use crate::testing::{MemBlob, MemCell};
 

@@ -430,8 +430,8 @@ pub(crate) mod tests {
     use super::*;
     use crate::clock::NS_PER_MS;
     use crate::cluster::ahead::Ahead;
-    use crate::cluster::Grid;
     use crate::cluster::cursor::add_waiting;
+    use crate::cluster::Grid;
     use crate::testing::{MemBlob, MemCell};
 
     pub(crate) const MS: u64 = NS_PER_MS;

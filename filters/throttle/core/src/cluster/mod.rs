@@ -66,7 +66,6 @@ pub mod cursor;
 pub mod engine;
 pub mod grants;
 pub mod grid;
-pub mod lease;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod skew;
