@@ -333,7 +333,7 @@ pub enum Take {
     /// Hold `delay_ns` (until grid slot `slot`'s wall time).
     Hold { slot: u64, delay_ns: u64 },
     /// No owned slot for it now (or others wait): it may queue in the
-    /// rule's line for grants, if its turn ([`turn_ns`]) comes in time.
+    /// rule's line for grants, if its turn (`grants::turn_ns`) comes in time.
     Wait,
     /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
     Reject {

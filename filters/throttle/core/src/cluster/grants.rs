@@ -257,7 +257,7 @@ fn expected_gap(reach: &Reach, g: &Grants) -> u64 {
 /// owned slots still usable (for the unused count: granted - taken - usable).
 ///
 /// New ranges may lie *below* the cursor: positions are spread over the
-/// epoch ([`Grid::position_ranges`]), so leftovers of the next epoch can come
+/// epoch ([`super::Grid::position_ranges`]), so leftovers of the next epoch can come
 /// before slots that held requests have taken already. Workers look in the
 /// blob only at or above the cursor, so such ranges are reachable only if the
 /// cursor moves back to them. The order keeps every slot taken at most once:

@@ -9,7 +9,7 @@
 //! * [`mod@engine`]: the engine as a trait (build the request for the caller's
 //!   claims, read the answer); [`wire`]: envoyproxy/ratelimit's `POST /json`,
 //!   its one implementation.
-//! * [`lease`]: which VM of a process calls; [`calls`]: that VM's side as a
+//! * [`crate::lease`]: which VM of a process calls; [`calls`]: that VM's side as a
 //!   whole (lease, plan, request, publish, statistics), all but the I/O.
 //! * [`grants`]: owned slots in shared data — the grants blob
 //!   ([`crate::SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
@@ -53,7 +53,7 @@
 //!
 //! | key | value | written by |
 //! |---|---|---|
-//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
+//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 44 bytes + 16 per range, at most [`cursor::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
 //! | `throttle/v2/rule/<rule>/cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
 //! | `throttle/v2/rule/<rule>/waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
 //! | `throttle/v2/rule/<rule>/fallback` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
