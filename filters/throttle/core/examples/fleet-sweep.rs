@@ -6,13 +6,26 @@
 //! fleet-sweep [--seconds S] [--from SEED] [--seeds N]   sweep (default: 60 s from seed 1)
 //! fleet-sweep --seed SEED [--verbose]                    replay one seed
 //! fleet-sweep --scenario NAME                            a named scenario (--scenario list)
+//! fleet-sweep --seed SEED|--scenario NAME --trace RULE   every request of a rule and its end
+//! fleet-sweep --seeds N --known FILE                     a ratchet (CI): see below
 //! ```
 //! Exit status 1 if any invariant failed.
+//!
+//! With `--known FILE` (lines `SEED KIND[,KIND...]`, `#` comments), the
+//! counterexamples the sweep has found and not yet fixed: the run fails if a
+//! seed breaks an invariant the file does not list for it (a new one), or if
+//! a listed one holds now (fixed: take it off the list). Seeds and runs are
+//! deterministic, so the list is exact.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use throttle_core::sim::sweep::{self, Outcome};
+use throttle_core::sim::process::End;
+use throttle_core::sim::scenario::Scenario;
+use throttle_core::sim::{
+    fleet,
+    sweep::{self, Outcome},
+};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -58,9 +71,76 @@ fn report(o: &Outcome, verbose: bool) -> bool {
     o.violations.is_empty()
 }
 
+/// One line per request of rule `rule`, in arrival order: proxy, arrival
+/// and end, in ms from the start.
+fn trace(sc: &Scenario, rule: usize) {
+    let t = match fleet::run(sc) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("fleet-sweep: configuration refused: {e}");
+            std::process::exit(2);
+        }
+    };
+    let start = sc.start_ns();
+    let ms = |x: u64| x.saturating_sub(start) as f64 / 1e6;
+    let mut rows: Vec<_> = t.records.iter().filter(|r| r.rule == rule).collect();
+    rows.sort_by_key(|r| r.arrived);
+    for r in rows {
+        let end = match r.end {
+            End::Released {
+                at,
+                held,
+                slot,
+                credit,
+            } => format!(
+                "released {:.1}{}{}{}",
+                ms(at),
+                if held { " after a hold" } else { "" },
+                slot.map(|s| format!(" slot {s}")).unwrap_or_default(),
+                if credit { " on credit" } else { "" }
+            ),
+            End::Refused {
+                at,
+                held,
+                displaced,
+            } => format!(
+                "refused {:.1}{}{}",
+                ms(at),
+                if held { " after a hold" } else { "" },
+                if displaced { " (displaced)" } else { "" }
+            ),
+            ref other => format!("{other:?}"),
+        };
+        println!(
+            "proxy {} class {:?} key {:?} arrived {:.1}: {end}",
+            r.proxy,
+            r.class,
+            r.key,
+            ms(r.arrived)
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verbose = args.iter().any(|a| a == "--verbose");
+    if let Some(rule) = arg(&args, "--trace") {
+        let Ok(rule) = rule.parse::<usize>() else {
+            eprintln!("fleet-sweep: --trace takes a rule's index");
+            std::process::exit(2);
+        };
+        let sc = match (arg(&args, "--seed"), arg(&args, "--scenario")) {
+            (Some(seed), _) => seed.parse().ok().map(sweep::draw),
+            (None, Some(name)) => sweep::named(&name),
+            _ => None,
+        };
+        let Some(sc) = sc else {
+            eprintln!("fleet-sweep: --trace needs --seed SEED or --scenario NAME");
+            std::process::exit(2);
+        };
+        trace(&sc, rule);
+        return;
+    }
     if let Some(name) = arg(&args, "--scenario") {
         let names: Vec<&str> = if name == "all" {
             sweep::NAMES.to_vec()
@@ -101,7 +181,23 @@ fn main() {
     let max_seeds: u64 = arg(&args, "--seeds")
         .and_then(|s| s.parse().ok())
         .unwrap_or(u64::MAX);
+    let known: Option<BTreeMap<u64, BTreeSet<String>>> = arg(&args, "--known").map(|path| {
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            eprintln!("fleet-sweep: {path}: {e}");
+            std::process::exit(2);
+        });
+        text.lines()
+            .map(|l| l.split('#').next().unwrap_or("").trim())
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| {
+                let (seed, kinds) = l.split_once(char::is_whitespace)?;
+                let kinds = kinds.split(',').map(|k| k.trim().to_string()).collect();
+                Some((seed.parse().ok()?, kinds))
+            })
+            .collect()
+    });
     let started = Instant::now();
+    let mut news: Vec<String> = Vec::new();
     let (mut runs, mut refused, mut failed, mut requests) = (0u64, 0u64, 0u64, 0usize);
     let mut kinds = BTreeSet::new();
     let mut seed = from;
@@ -117,6 +213,24 @@ fn main() {
         if !report(&o, verbose) {
             failed += 1;
         }
+        if let Some(known) = &known {
+            let got: BTreeSet<String> = o
+                .violations
+                .iter()
+                .map(|v| v.invariant.to_string())
+                .collect();
+            let listed = known.get(&seed).cloned().unwrap_or_default();
+            for k in got.difference(&listed) {
+                news.push(format!(
+                    "seed {seed}: {k} (new: fix it, or list it in the known file with the reason)"
+                ));
+            }
+            for k in listed.difference(&got) {
+                news.push(format!(
+                    "seed {seed}: {k} holds now (take it off the known list)"
+                ));
+            }
+        }
         seed += 1;
     }
     println!(
@@ -125,5 +239,19 @@ fn main() {
         kinds.len(),
         started.elapsed().as_secs_f64()
     );
+    if known.is_some() {
+        for n in &news {
+            println!("fleet-sweep: {n}");
+        }
+        println!(
+            "fleet-sweep: against the known list: {}",
+            if news.is_empty() {
+                "as listed"
+            } else {
+                "CHANGED"
+            }
+        );
+        std::process::exit(if news.is_empty() { 0 } else { 1 });
+    }
     std::process::exit(if failed == 0 { 0 } else { 1 });
 }

@@ -41,6 +41,7 @@ pub mod cluster;
 pub mod config;
 pub mod gate;
 pub mod keys;
+pub mod lease;
 pub mod matcher;
 pub mod path;
 pub mod queue;

@@ -43,6 +43,18 @@ pub struct Outlook {
     pub per_s: f64,
     /// Nanoseconds between two slots (0: no slots).
     pub interval_ns: u64,
+    /// Monotonic time up to which the slots are known, not reckoned (a
+    /// schedule's: always; the grid's: its last owned slot).
+    pub certain_until: u64,
+    /// The next slots by index, if known: `(first, count, spacing_ns)`,
+    /// `count` slots of consecutive indices from `first`, the first at
+    /// `next_at` and each `spacing_ns` after the last (a schedule's, without
+    /// end; the grid's current owned range). Which class a slot goes to
+    /// depends on its index ([`super::floor_of`]).
+    pub known: Option<(u64, u64, u64)>,
+    /// How far beyond `certain_until` a turn may be reckoned
+    /// ([`cluster::reckon_limit`]).
+    pub reckon_ns: u64,
 }
 
 impl Outlook {
@@ -56,7 +68,23 @@ impl Outlook {
                 crate::clock::NS_PER_S as f64 / interval_ns as f64
             },
             interval_ns,
+            certain_until: u64::MAX,
+            known: None,
+            reckon_ns: u64::MAX,
         }
+    }
+
+    /// Whether a turn `turn_ns` from `now` fits within `max_delay_ns`: at
+    /// once if its slot is known by then; if reckoned, with `margin_ns` to
+    /// spare and at most `reckon_ns` beyond the known slots.
+    pub fn fits(&self, now: u64, turn_ns: u64, max_delay_ns: u64, margin_ns: u64) -> bool {
+        let at = now.saturating_add(turn_ns);
+        if turn_ns > max_delay_ns {
+            return false;
+        }
+        at <= self.certain_until
+            || (turn_ns.saturating_add(margin_ns) <= max_delay_ns
+                && at - self.certain_until.max(now) <= self.reckon_ns)
     }
 }
 
@@ -126,10 +154,14 @@ impl<C: SharedCell> Slots for RateSlots<C> {
     fn outlook(&mut self, now: u64, busy: bool) -> Result<Outlook, StoreError> {
         let (stored, _) = self.cell.load()?;
         let tat = self.tat(stored.map(|[_, t]| t), now, busy);
-        Ok(Outlook::every(
-            tat.saturating_sub(self.schedule.tau_ns).max(now),
-            self.schedule.interval_ns.max(1),
-        ))
+        let interval = self.schedule.interval_ns.max(1);
+        let next_at = tat.saturating_sub(self.schedule.tau_ns).max(now);
+        // The slot taken next is `tat / T` ([`RateSlots::take_due`]); the
+        // slots within the burst are due at once.
+        Ok(Outlook {
+            known: Some((tat / interval, u64::MAX, interval)),
+            ..Outlook::every(next_at, interval)
+        })
     }
 }
 
@@ -184,28 +216,22 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> GridSlots<C, B, F> {
         self.reach.grid.slot_at_or_after(wall.saturating_sub(back))
     }
 
-    fn grants(&mut self) -> Result<Grants, StoreError> {
-        let (bytes, _) = self.blob.load()?;
-        Ok(bytes
-            .as_deref()
-            .and_then(Grants::decode)
-            .unwrap_or_default())
-    }
-
-    /// The next owned slot from the cursor's range, else from the blob.
-    fn offer(&mut self, c: Cursor, min: u64) -> Result<Offer, StoreError> {
-        let (next, end) = (c.next, c.end);
-        if next < end && next >= min {
-            return Ok(Offer::Slot(next, end));
-        }
-        let g = self.grants()?;
-        Ok(match g.first_from(next.max(min)) {
+    /// The next owned slot at or above `min` ([`cluster::next_owned`]),
+    /// else what the grants say instead, with the cursor for a take.
+    fn offer(
+        &mut self,
+        min: u64,
+        cache: &mut Option<Grants>,
+    ) -> Result<(Offer, Cursor, C::Token), StoreError> {
+        let (walk, token) = cluster::next_owned(&mut self.cursor, &mut self.blob, cache, min)?;
+        let offer = match walk.found {
             Some((slot, end)) => Offer::Slot(slot, end),
-            None => match g.mode {
+            None => match cluster::cached_grants(&mut self.blob, cache)?.mode {
                 Mode::Local { interval_ns } => Offer::Local(interval_ns),
                 _ => Offer::None,
             },
-        })
+        };
+        Ok((offer, walk.cursor, token))
     }
 
     fn local(&mut self, interval_ns: u64) -> RateSlots<&mut F> {
@@ -236,23 +262,19 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
     ) -> Result<Option<u64>, StoreError> {
         let wall = self.wall_at(now);
         let min = self.min_slot(wall, busy);
+        let mut cache = None;
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let (value, token) = self.cursor.load()?;
-            let c = Cursor::decode(value);
-            let (slot, end) = match self.offer(c, min)? {
-                Offer::Slot(slot, end) => (slot, end),
-                Offer::None => return Ok(None),
-                Offer::Local(interval) => return self.local(interval).take_due(now, busy, ok),
+            let (slot, end, c, token) = match self.offer(min, &mut cache)? {
+                (Offer::Slot(slot, end), c, token) => (slot, end, c, token),
+                (Offer::None, ..) => return Ok(None),
+                (Offer::Local(interval), ..) => {
+                    return self.local(interval).take_due(now, busy, ok)
+                }
             };
             if self.reach.grid.slot_time(slot) > wall || !ok(slot) {
                 return Ok(None);
             }
-            let moved = Cursor {
-                next: slot.saturating_add(1),
-                end,
-                waiting: c.waiting,
-            };
-            if self.cursor.store(moved.encode(), token)? {
+            if cluster::advance(&mut self.cursor, token, c, (slot, end))? {
                 self.taken = self.taken.saturating_add(1);
                 return Ok(Some(slot));
             }
@@ -280,20 +302,26 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
     fn outlook(&mut self, now: u64, busy: bool) -> Result<Outlook, StoreError> {
         let wall = self.wall_at(now);
         let min = self.min_slot(wall, busy);
-        let (value, _) = self.cursor.load()?;
-        let g = self.grants()?;
+        let mut cache = None;
+        let (offer, ..) = self.offer(min, &mut cache)?;
+        let g = cluster::cached_grants(&mut self.blob, &mut cache)?.clone();
         let per_s = if g.grant_rate_per_s > 0 {
             g.grant_rate_per_s as f64
         } else {
             self.expected_per_s
         };
+        // Reckoned slower than expected, as a line's turn is
+        // ([`cluster::DERATE`]).
         let interval_ns = if per_s > 0.0 {
-            (crate::clock::NS_PER_S as f64 / per_s).ceil() as u64
+            let i = (crate::clock::NS_PER_S as f64 / per_s).ceil() as u64;
+            i.saturating_add(i / cluster::DERATE)
         } else {
             0
         };
-        let next_at = match self.offer(Cursor::decode(value), min)? {
-            Offer::Slot(slot, _) => {
+        let mut known = None;
+        let next_at = match offer {
+            Offer::Slot(slot, end) => {
+                known = Some((slot, end.saturating_sub(slot), self.reach.grid.interval_ns));
                 now.saturating_add(self.reach.grid.slot_time(slot).saturating_sub(wall))
             }
             Offer::Local(interval) => return self.local(interval).outlook(now, busy),
@@ -301,7 +329,17 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
             // No owned slot yet: the next claim's (within two epochs).
             Offer::None => now.saturating_add(self.reach.grid.epoch_ns),
         };
-        Ok(Outlook::every(next_at, interval_ns))
+        let last_owned = g
+            .ranges
+            .last()
+            .filter(|r| r.1 > min)
+            .map(|r| self.reach.grid.slot_time(r.1 - 1));
+        Ok(Outlook {
+            certain_until: last_owned.map_or(now, |t| now.saturating_add(t.saturating_sub(wall))),
+            known,
+            reckon_ns: cluster::reckon_limit(&g),
+            ..Outlook::every(next_at, interval_ns)
+        })
     }
 }
 
@@ -349,6 +387,15 @@ impl<S: Store> Source<S> {
         match self {
             Source::Rate(_) => 0,
             Source::Grid(g) => std::mem::take(&mut g.taken),
+        }
+    }
+
+    /// Whether the rule rejects while its engine fails (`on_engine_failure:
+    /// "deny"`, and the engine failing): nothing will be granted to a waiter.
+    pub fn denies(&mut self) -> Result<bool, StoreError> {
+        match self {
+            Source::Rate(_) => Ok(false),
+            Source::Grid(g) => Ok(cluster::load_grants(&mut g.blob)?.0.mode == Mode::Deny),
         }
     }
 }

@@ -1,16 +1,8 @@
-//! Owned slots inside one Envoy process, in shared data.
-//!
-//! * The **grants blob** ([`SharedBlob`], one per rule) is written only by the
-//!   VM that calls the engine: a short header (mode, local interval, grant
-//!   rate) and a sorted list of owned global slot ranges `[start, end)`.
-//! * The **cursor** ([`Cursor`], one cell per rule) is shared by every
-//!   worker: `next` is the next owned slot not yet taken, `end` the end of
-//!   the owned range it lies in, and `waiting` the requests waiting for
-//!   grants. The fast path is one
-//!   cursor read and one compare-and-swap, as in process scope; the blob is
-//!   read only when the current range runs out or lies in the past. Workers
-//!   only move it forward; the calling VM moves it back when it publishes a
-//!   new range below it ([`publish`]).
+//! Taking owned slots for requests, and what the calling VM publishes
+//! (the vocabulary and the one walk over the cursor are [`super::cursor`]).
+//! The fast path is one cursor read and one compare-and-swap, as in process
+//! scope; the blob is read only when the current range runs out or lies in
+//! the past.
 //!
 //! A request at wall time `now` takes the earliest owned, untaken slot whose
 //! time is at least `now - slack` (slack = `(burst + 1) * T`; older untaken
@@ -28,304 +20,8 @@ use crate::clock::NS_PER_S;
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
 use super::ahead::go_ahead;
-use super::Grid;
-
-/// How a rule admits requests now, as published by the calling VM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Take owned slots of the shared grid.
-    Grid,
-    /// The engine fails: pace locally (GCRA) one request every `interval_ns`.
-    Local { interval_ns: u64 },
-    /// The engine fails: reject.
-    Deny,
-}
-
-/// Most ranges a blob holds; beyond it the oldest are dropped (forfeited).
-/// A proxy holds at most a few epochs of grants, at most two claims per epoch
-/// of at most [`super::grid::LANES`] ranges each (16 per epoch).
-pub const MAX_RANGES: usize = 256;
-
-const MAGIC: u32 = 0x5447_5231; // "TGR1"
-
-/// The decoded grants blob.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grants {
-    pub mode: Mode,
-    /// Slots per second this process may expect from the grid (its fair
-    /// share), for the reject-at-once estimate; 0 if unknown.
-    pub grant_rate_per_s: u64,
-    /// Owned global slot ranges `[start, end)`, sorted, disjoint.
-    pub ranges: Vec<(u64, u64)>,
-}
-
-impl Default for Grants {
-    fn default() -> Self {
-        Grants {
-            mode: Mode::Grid,
-            grant_rate_per_s: 0,
-            ranges: Vec::new(),
-        }
-    }
-}
-
-impl Grants {
-    /// Bytes: magic u32, mode u32, local interval u64, grant rate u64,
-    /// count u32, then (start u64, end u64) per range; little-endian.
-    pub fn encode(&self) -> Vec<u8> {
-        let (mode, interval) = match self.mode {
-            Mode::Grid => (0u32, 0u64),
-            Mode::Local { interval_ns } => (1, interval_ns),
-            Mode::Deny => (2, 0),
-        };
-        let mut out = Vec::with_capacity(28 + 16 * self.ranges.len());
-        out.extend_from_slice(&MAGIC.to_le_bytes());
-        out.extend_from_slice(&mode.to_le_bytes());
-        out.extend_from_slice(&interval.to_le_bytes());
-        out.extend_from_slice(&self.grant_rate_per_s.to_le_bytes());
-        out.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
-        for (a, b) in &self.ranges {
-            out.extend_from_slice(&a.to_le_bytes());
-            out.extend_from_slice(&b.to_le_bytes());
-        }
-        out
-    }
-
-    /// Decodes a blob; None if it is not one (treated as no grants).
-    pub fn decode(bytes: &[u8]) -> Option<Grants> {
-        let mut r = Reader(bytes);
-        if r.u32()? != MAGIC {
-            return None;
-        }
-        let mode = r.u32()?;
-        let interval_ns = r.u64()?;
-        let grant_rate_per_s = r.u64()?;
-        let n = r.u32()? as usize;
-        if n > MAX_RANGES {
-            return None;
-        }
-        let mut ranges = Vec::with_capacity(n);
-        for _ in 0..n {
-            ranges.push((r.u64()?, r.u64()?));
-        }
-        let mode = match mode {
-            0 => Mode::Grid,
-            1 => Mode::Local { interval_ns },
-            2 => Mode::Deny,
-            _ => return None,
-        };
-        Some(Grants {
-            mode,
-            grant_rate_per_s,
-            ranges,
-        })
-    }
-
-    /// Adds a range (kept sorted; adjacent ranges merged; overlaps never
-    /// happen since the engine grants each slot once: an overlapping part is
-    /// dropped rather than trusted).
-    pub fn add(&mut self, (a, b): (u64, u64)) {
-        if a >= b {
-            return;
-        }
-        let i = self.ranges.partition_point(|r| r.0 < a);
-        let lo = if i > 0 {
-            self.ranges.get(i - 1).map_or(a, |p| p.1.max(a))
-        } else {
-            a
-        };
-        let hi = self.ranges.get(i).map_or(b, |n| n.0.min(b));
-        if lo >= hi {
-            return;
-        }
-        self.ranges.insert(i, (lo, hi));
-        // Merge with neighbours that touch.
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
-        for r in self.ranges.drain(..) {
-            match merged.last_mut() {
-                Some(last) if last.1 == r.0 => last.1 = r.1,
-                _ => merged.push(r),
-            }
-        }
-        self.ranges = merged;
-    }
-
-    /// Drops ranges (or their parts) below slot `k`.
-    pub fn prune_below(&mut self, k: u64) {
-        self.ranges.retain(|r| r.1 > k);
-        if let Some(first) = self.ranges.first_mut() {
-            first.0 = first.0.max(k);
-        }
-    }
-
-    /// Owned slots at or above `k`.
-    pub fn owned_from(&self, k: u64) -> u64 {
-        self.ranges
-            .iter()
-            .map(|&(a, b)| b.saturating_sub(a.max(k)))
-            .sum()
-    }
-
-    /// The first owned slot at or above `k`, with the end of its range.
-    pub fn first_from(&self, k: u64) -> Option<(u64, u64)> {
-        self.ranges
-            .iter()
-            .find(|r| r.1 > k)
-            .map(|&(a, b)| (a.max(k), b))
-    }
-}
-
-/// The rule's grants as stored (none yet, or unreadable: empty, on the
-/// grid) and the blob's token for a compare-and-swap.
-pub(super) fn load_grants<B: SharedBlob>(blob: &mut B) -> Result<(Grants, B::Token), StoreError> {
-    let (bytes, token) = blob.load()?;
-    let g = bytes
-        .as_deref()
-        .and_then(Grants::decode)
-        .unwrap_or_default();
-    Ok((g, token))
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take::<4>().map(u32::from_le_bytes)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take::<8>().map(u64::from_le_bytes)
-    }
-}
-
-/// What a rule's requests may reach on the grid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reach {
-    pub grid: Grid,
-    /// `(burst + 1) * T`: how old an untaken slot may be and still be used at once.
-    pub slack_ns: u64,
-    /// `max_queue_delay`.
-    pub max_delay_ns: u64,
-    /// `burst + 1`: how many requests this process may let go ahead of its
-    /// grants, on credit, before slots granted to it repay them ([`super::repay`]).
-    pub credit: u64,
-}
-
-impl Reach {
-    pub fn new(grid: Grid, burst: u64, max_delay_ns: u64) -> Reach {
-        Reach {
-            grid,
-            slack_ns: burst.saturating_add(1).saturating_mul(grid.interval_ns),
-            max_delay_ns,
-            credit: burst.saturating_add(1),
-        }
-    }
-
-    /// The oldest slot still usable at `now`.
-    pub fn min_slot(&self, now: u64) -> u64 {
-        self.grid
-            .slot_at_or_after(now.saturating_sub(self.slack_ns))
-    }
-}
-
-/// First try of a request, or a retry of one waiting for grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attempt {
-    /// A new request.
-    First,
-    /// A request waiting for grants, retried on tick; it has waited
-    /// `waited_ns` already, so it may be held only the rest of `max_queue_delay`.
-    Retry { waited_ns: u64 },
-}
-
-impl Attempt {
-    /// How long this attempt may still hold its request: `max_queue_delay`
-    /// less what a retry has waited already.
-    pub fn max_delay(self, reach: &Reach) -> u64 {
-        match self {
-            Attempt::First => reach.max_delay_ns,
-            Attempt::Retry { waited_ns } => reach.max_delay_ns.saturating_sub(waited_ns),
-        }
-    }
-}
-
-/// A cluster rule's cursor cell ([`crate::CellId::Cursor`]): where this
-/// process's requests take their next owned slot (`[next, end)`, part of a
-/// range of the grants) and how many requests wait for grants, in one cell,
-/// so that a request reads both with one load: `[next, (end - next) |
-/// waiting << 32]`. A range longer than 2^32 - 1 slots is cut there (the rest
-/// is reached through the grants blob).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Cursor {
-    pub next: u64,
-    pub end: u64,
-    pub waiting: u64,
-}
-
-impl Cursor {
-    const LOW: u64 = u32::MAX as u64;
-
-    /// The cursor of a cell's value (a cell never stored: `[0, 0)`, none waiting).
-    pub fn decode(value: Option<[u64; 2]>) -> Cursor {
-        let [next, packed] = value.unwrap_or([0, 0]);
-        Cursor {
-            next,
-            end: next.saturating_add(packed & Self::LOW),
-            waiting: packed >> 32,
-        }
-    }
-
-    /// The same cursor pointing at no range (workers look in the grants).
-    pub fn nowhere(self) -> Cursor {
-        Cursor {
-            next: 0,
-            end: 0,
-            waiting: self.waiting,
-        }
-    }
-
-    /// The cell's value.
-    pub fn encode(self) -> [u64; 2] {
-        let len = self.end.saturating_sub(self.next).min(Self::LOW);
-        [self.next, len | (self.waiting.min(Self::LOW) << 32)]
-    }
-}
-
-/// The decision for one request of a cluster rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Take {
-    /// Continue now on grid slot `slot`.
-    Now { slot: u64 },
-    /// Continue now on grid slot `slot`, which is due later within the
-    /// epoch: the process lets one request go ahead of its slot at a time.
-    Early { slot: u64 },
-    /// Continue now on credit: no owned slot was at hand, and the process
-    /// owed fewer than `burst + 1`; it is repaid from its earliest slots
-    /// once granted ([`super::repay`]).
-    Credit,
-    /// Hold `delay_ns` (until grid slot `slot`'s wall time).
-    Hold { slot: u64, delay_ns: u64 },
-    /// No owned slot for it yet: it now waits for grants (counted in the
-    /// cursor cell, [`Cursor::waiting`]); retry on tick with `Attempt::Retry` until
-    /// `max_queue_delay`, then reject it and [`add_waiting`] -1.
-    Wait,
-    /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
-    Reject {
-        retry_after_s: u64,
-        queue_full: bool,
-    },
-    /// The engine fails and the rule paces locally: admit with the process
-    /// schedule at this interval (see [`super::local_schedule`]).
-    Local { interval_ns: u64 },
-    /// The engine fails and the rule denies.
-    Deny,
-    /// The cursor could not be updated (store error or endless races): fail closed.
-    Contention,
-}
+use super::cursor::{advance, load_grants, read_grants, MAX_RANGES};
+use super::cursor::{cached_grants, next_owned, Attempt, Cursor, Grants, Mode, Reach, Take};
 
 fn retry_after(beyond_ns: u64) -> u64 {
     beyond_ns.div_ceil(NS_PER_S).max(1)
@@ -333,12 +29,11 @@ fn retry_after(beyond_ns: u64) -> u64 {
 
 /// Takes a slot for one request at wall time `now` (see the module docs).
 /// `can_hold`: the worker's queue has room. The cursor cell ([`Cursor`])
-/// carries the rule's count of requests waiting for grants: a new request
-/// that would need a slot beyond the cursor's current range while others
-/// wait queues behind them, so waiting requests are served first. `take`
-/// keeps the count: +1 when it answers `Wait` to a first attempt, -1 when a
-/// retry ends in anything but `Wait`. `ahead`: the rule's [`super::Ahead`] cell,
-/// read only off the fast path (+1 owed when it answers `Credit`).
+/// carries the rule's count of requests waiting in its line: while others
+/// wait, a new request queues behind them (`Wait`: the stream's cluster
+/// stage puts it in the line, or refuses it now), so waiting requests are
+/// served first. `ahead`: the rule's [`super::Ahead`] cell, read only off the
+/// fast path (+1 owed when it answers `Credit`).
 ///
 /// The fast path reads and writes the cursor cell only: its range is owned,
 /// so while it reaches the oldest usable slot (`min_slot`), that slot (or the
@@ -353,16 +48,7 @@ pub fn take<C: SharedCell, A: SharedCell, B: SharedBlob>(
     can_hold: bool,
     attempt: Attempt,
 ) -> Take {
-    let decision = take_inner(cursor, blob, ahead, reach, now, can_hold, attempt);
-    let delta = match (attempt, decision) {
-        (Attempt::First, Take::Wait) => 1,
-        (Attempt::Retry { .. }, Take::Wait) | (Attempt::First, _) => 0,
-        (Attempt::Retry { .. }, _) => -1,
-    };
-    if delta != 0 && add_waiting(cursor, delta).is_err() {
-        return Take::Contention;
-    }
-    decision
+    take_inner(cursor, blob, ahead, reach, now, can_hold, attempt)
 }
 
 fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
@@ -378,44 +64,32 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
     let min_slot = reach.min_slot(now);
     let mut grants: Option<Grants> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let Ok((value, token)) = cursor.load() else {
+        let Ok((walk, token)) = next_owned(cursor, blob, &mut grants, min_slot) else {
             return Take::Contention;
         };
-        let c = Cursor::decode(value);
+        let c = walk.cursor;
         let queued = match attempt {
             Attempt::First => c.waiting,
             Attempt::Retry { .. } => 0,
         };
-        let (slot, range_end) = if c.next < c.end && c.next >= min_slot {
-            (c.next, c.end)
-        } else if queued == 0 && c.next < min_slot && min_slot < c.end {
-            // The range is owned and still reaches the oldest usable slot:
-            // the first slot the grants hold from there.
-            (min_slot, c.end)
-        } else {
-            // The current range is used up or in the past: look at the grants.
-            if grants.is_none() {
-                let Ok((g, _)) = load_grants(blob) else {
+        let (slot, range_end) = match walk.found {
+            Some(found) if queued == 0 => found,
+            _ => {
+                let Ok(g) = cached_grants(blob, &mut grants) else {
                     return Take::Contention;
                 };
-                grants = Some(g);
-            }
-            let Some(g) = grants.as_ref() else {
-                return Take::Contention;
-            };
-            match g.first_from(c.next.max(min_slot)) {
-                Some(found) if queued == 0 => found,
-                _ => return no_slot(g, ahead, reach, now, attempt, queued),
+                return no_slot(g, ahead, reach, now, attempt, queued);
             }
         };
         let t = reach.grid.slot_time(slot);
         let mut delay_ns = t.saturating_sub(now);
         let mut early = false;
-        if delay_ns > reach.grid.interval_ns && delay_ns <= reach.grid.epoch_ns {
-            // The next owned slot is further than one interval away but
-            // within the epoch: the process is within its share (a saturated
-            // one holds its requests for slots further ahead). One request at
-            // a time may take its slot now, before its time.
+        if delay_ns > 0 && delay_ns <= reach.grid.epoch_ns {
+            // The next owned slot is ahead but within the epoch: the process
+            // is within its share (a saturated one holds its requests for
+            // slots further ahead). Within two of its gaps it goes now; and
+            // beyond one interval, one request at a time may take its slot
+            // now, before its time ([`super::ahead`]).
             match go_ahead(ahead, reach, attempt, queued, now, Some(t)) {
                 Some(Take::Contention) => return Take::Contention,
                 Some(_) => {
@@ -436,9 +110,15 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
             }
         }
         if delay_ns > max_delay {
-            return Take::Reject {
-                retry_after_s: retry_after(delay_ns - max_delay),
-                queue_full: false,
+            return match attempt {
+                Attempt::First => Take::Reject {
+                    retry_after_s: retry_after(delay_ns - max_delay),
+                    queue_full: false,
+                },
+                // A request already held is never refused here: its slot
+                // came later than its turn was reckoned; it keeps waiting
+                // (at its deadline, credit if the process may take it).
+                Attempt::Retry { .. } => Take::Wait,
             };
         }
         if delay_ns > 0 && !can_hold {
@@ -447,12 +127,7 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
                 queue_full: true,
             };
         }
-        let moved = Cursor {
-            next: slot + 1,
-            end: range_end,
-            waiting: c.waiting,
-        };
-        match cursor.store(moved.encode(), token) {
+        match advance(cursor, token, c, (slot, range_end)) {
             Ok(true) if early => return Take::Early { slot },
             Ok(true) if delay_ns == 0 => return Take::Now { slot },
             Ok(true) => return Take::Hold { slot, delay_ns },
@@ -463,11 +138,11 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
     Take::Contention
 }
 
-/// No owned slot within reach (or others wait for one): the engine's state
-/// decides. On the grid, a request goes on credit if it may, else waits for
-/// grants unless its turn at the whole fleet's rate (one slot every `T`
-/// behind those already waiting) lies beyond what it may wait: the fleet's
-/// rate, not this process's last share, which after a lull says nothing.
+/// No owned slot for this request (or others wait for one): the engine's
+/// state decides. On the grid, a request goes on credit if it may (nobody
+/// waits), else it has no slot now (`Wait`: the stream's stage puts it in
+/// the rule's line if its turn, [`turn_ns`], comes in time, and refuses it
+/// now otherwise).
 fn no_slot<A: SharedCell>(
     g: &Grants,
     ahead: &mut A,
@@ -476,28 +151,104 @@ fn no_slot<A: SharedCell>(
     attempt: Attempt,
     queued: u64,
 ) -> Take {
-    let max_delay = attempt.max_delay(reach);
-    match (g.mode, attempt) {
-        (Mode::Local { interval_ns }, _) => Take::Local { interval_ns },
-        (Mode::Deny, _) => Take::Deny,
-        (Mode::Grid, _) if queued == 0 => {
+    match g.mode {
+        Mode::Local { interval_ns } => Take::Local { interval_ns },
+        Mode::Deny => Take::Deny,
+        Mode::Grid if queued == 0 => {
             go_ahead(ahead, reach, attempt, queued, now, None).unwrap_or(Take::Wait)
         }
-        (Mode::Grid, Attempt::Retry { .. }) => Take::Wait,
-        (Mode::Grid, Attempt::First) => {
-            let turn = reach
-                .grid
-                .interval_ns
-                .saturating_mul(queued.saturating_add(1));
-            if turn > max_delay {
-                Take::Reject {
-                    retry_after_s: retry_after(turn - max_delay),
-                    queue_full: false,
-                }
-            } else {
-                Take::Wait
-            }
-        }
+        Mode::Grid => Take::Wait,
+    }
+}
+
+/// How long until the `position`-th request in this process's line for
+/// grants (1: the next) would get a slot: the slot itself if the process
+/// owns that many from `from` on; else one more every `1 / grant rate` (the
+/// share this process can expect, [`Grants::grant_rate_per_s`]) after the
+/// last slot it owns and the last its requests took (none if it expects no
+/// share).
+pub fn turn_ns(g: &Grants, reach: &Reach, from: u64, now: u64, position: u64) -> u64 {
+    turn(g, reach, from, now, position).0
+}
+
+/// [`turn_ns`], and how much of it is reckoned rather than owned: the time
+/// from the last owned slot (or from now, owning none) to the turn.
+pub fn turn(g: &Grants, reach: &Reach, from: u64, now: u64, position: u64) -> (u64, u64) {
+    let grid = reach.grid;
+    if let Some(k) = g.nth_from(from, position) {
+        return (grid.slot_time(k).saturating_sub(now), 0);
+    }
+    let owned = g.owned_from(from);
+    // After the slots it owns, and after those its requests hold already
+    // (the cursor is past them): the next grants are for later epochs. A
+    // process that owns nothing ahead gets its first shares `lead` from now
+    // (leftovers may come sooner; the reckoning errs on the side of refusing).
+    let lead = if owned == 0 { g.lead_ns } else { 0 };
+    let last = g
+        .ranges
+        .last()
+        .filter(|r| r.1 > from)
+        .map_or(0, |r| grid.slot_time(r.1 - 1))
+        .max(grid.slot_time(from))
+        .max(now.saturating_add(lead));
+    // The share rate is an average over the last second or so of shares,
+    // and shares follow the fleet's demand as it moves: reckoned 1/[`DERATE`]
+    // slower, a turn beyond the owned slots errs on the side of refusing now.
+    let gap = expected_gap(reach, g);
+    let gap = gap.saturating_add(gap / DERATE);
+    let at = last.saturating_add(gap.saturating_mul(position.saturating_sub(owned)));
+    let reckoned_from = if owned == 0 { now } else { last.min(at) };
+    (at.saturating_sub(now), at.saturating_sub(reckoned_from))
+}
+
+/// How far beyond its owned slots a process reckons a turn while the fleet
+/// asks for its rate or more: its shares follow the fleet's demand, which
+/// another proxy's rush changes within a few epochs, so a turn reckoned
+/// further out is refused now rather than risked (a request refused after
+/// it waited is worse than one refused at once). Requests held are then
+/// within about this much of the slots in hand, whatever `max_queue_delay`
+/// allows. While the fleet leaves some of the rate (a burst after a lull),
+/// the spare is there to claim and turns are reckoned as far as
+/// `max_queue_delay` ([`reckon_limit`]).
+pub const RECKON_NS: u64 = 600 * crate::clock::NS_PER_MS;
+
+/// How far beyond the owned slots a turn may be reckoned ([`RECKON_NS`]).
+pub fn reckon_limit(g: &Grants) -> u64 {
+    if g.spare_per_s > 0 {
+        u64::MAX
+    } else {
+        RECKON_NS
+    }
+}
+
+/// A turn beyond the owned slots is reckoned at the expected share rate
+/// less `1/DERATE` of it (sweeps at steady overload found turns up to 8%
+/// late at an exact average; 20% leaves room for demand that moves).
+pub const DERATE: u64 = 3;
+
+/// What a turn reckoned from the expected share may be off by: an epoch
+/// (grants come an epoch at a time, their slots anywhere in it), or the
+/// expected gap between two of the process's slots if longer (a share of a
+/// few slots a second comes unevenly), at most `max_queue_delay`. A request
+/// waits only if its turn comes that much before it would have to leave:
+/// where the gap is as long as `max_queue_delay` (a share below one slot per
+/// `max_queue_delay`), only a turn on a slot the process owns is certain
+/// enough to wait for.
+pub fn margin_ns(reach: &Reach, g: &Grants) -> u64 {
+    margin_for(reach, expected_gap(reach, g))
+}
+
+/// [`margin_ns`] for an expected gap of `gap_ns` between slots.
+pub fn margin_for(reach: &Reach, gap_ns: u64) -> u64 {
+    reach.grid.epoch_ns.max(gap_ns).min(reach.max_delay_ns)
+}
+
+/// The expected gap between two slots of this process: `1 / grant rate`
+/// (a rate of 0: no slot is expected beyond those it owns).
+fn expected_gap(reach: &Reach, g: &Grants) -> u64 {
+    match g.grant_rate_per_s {
+        0 => u64::MAX / 4,
+        rate => (NS_PER_S / rate).max(reach.grid.interval_ns),
     }
 }
 
@@ -506,7 +257,7 @@ fn no_slot<A: SharedCell>(
 /// owned slots still usable (for the unused count: granted - taken - usable).
 ///
 /// New ranges may lie *below* the cursor: positions are spread over the
-/// epoch ([`Grid::position_ranges`]), so leftovers of the next epoch can come
+/// epoch ([`super::Grid::position_ranges`]), so leftovers of the next epoch can come
 /// before slots that held requests have taken already. Workers look in the
 /// blob only at or above the cursor, so such ranges are reachable only if the
 /// cursor moves back to them. The order keeps every slot taken at most once:
@@ -521,7 +272,7 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     reach: &Reach,
     now: u64,
     mode: Mode,
-    grant_rate_per_s: u64,
+    (grant_rate_per_s, lead_ns, spare_per_s): (u64, u64, u64),
     new_ranges: &[(u64, u64)],
 ) -> Result<u64, StoreError> {
     let min = reach.min_slot(now);
@@ -534,6 +285,8 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
         let next = c.next;
         g.mode = mode;
         g.grant_rate_per_s = grant_rate_per_s;
+        g.lead_ns = lead_ns;
+        g.spare_per_s = spare_per_s;
         g.prune_below(next.max(min));
         let adding: Vec<(u64, u64)> = match &unreachable {
             None => new_ranges.to_vec(),
@@ -638,11 +391,9 @@ pub fn reset_grants<C: SharedCell, B: SharedBlob>(
 /// Whether the rule takes slots of the grid now (the calling VM's last
 /// word). False if the grants cannot be read: a request keeps its turn.
 pub fn on_grid<B: SharedBlob>(blob: &mut B) -> bool {
-    blob.load()
+    read_grants(blob)
         .ok()
-        .and_then(|(bytes, _)| bytes)
-        .as_deref()
-        .and_then(Grants::decode)
+        .and_then(|(g, _)| g)
         .is_some_and(|g| g.mode == Mode::Grid)
 }
 
@@ -657,10 +408,8 @@ pub fn fallback_after_grants<C: SharedCell, B: SharedBlob>(
     mono: u64,
     wall: u64,
 ) -> Result<(), StoreError> {
-    let (bytes, _) = blob.load()?;
-    let Some(end) = bytes
-        .as_deref()
-        .and_then(Grants::decode)
+    let Some(end) = read_grants(blob)?
+        .0
         .and_then(|g| g.ranges.last().map(|r| r.1))
     else {
         return Ok(());
@@ -676,31 +425,13 @@ pub fn fallback_after_grants<C: SharedCell, B: SharedBlob>(
     Err(StoreError(0))
 }
 
-/// Requests of a rule waiting for grants, counted in its cursor cell
-/// ([`Cursor::waiting`]): `+1` when a request starts waiting, `-1` when it
-/// leaves (slot taken, rejected at its deadline, or gone). Returns the count
-/// after the change.
-pub fn add_waiting<C: SharedCell>(cursor: &mut C, delta: i64) -> Result<u64, StoreError> {
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (v, token) = cursor.load()?;
-        let mut c = Cursor::decode(v);
-        c.waiting = if delta >= 0 {
-            c.waiting.saturating_add(delta.unsigned_abs())
-        } else {
-            c.waiting.saturating_sub(delta.unsigned_abs())
-        };
-        if cursor.store(c.encode(), token)? {
-            return Ok(c.waiting);
-        }
-    }
-    Err(StoreError(0))
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::clock::NS_PER_MS;
     use crate::cluster::ahead::Ahead;
+    use crate::cluster::cursor::add_waiting;
+    use crate::cluster::Grid;
     use crate::testing::{MemBlob, MemCell};
 
     pub(crate) const MS: u64 = NS_PER_MS;
@@ -719,7 +450,7 @@ pub(crate) mod tests {
         let mut blob = MemBlob::default();
         let mut cursor = MemCell::default();
         let r = reach();
-        publish(&mut blob, &mut cursor, &r, 0, Mode::Grid, 0, ranges).unwrap();
+        publish(&mut blob, &mut cursor, &r, 0, Mode::Grid, (0, 0, 0), ranges).unwrap();
         (cursor, blob)
     }
 
@@ -727,7 +458,13 @@ pub(crate) mod tests {
 
     /// The ahead cell: `owed` slots, ahead until `until_ms`.
     pub(crate) fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
-        Ahead { owed, until_ms }.encode()
+        Ahead {
+            owed,
+            pending: u64::from(until_ms > 0),
+            until_ms,
+            gap_us: 0,
+        }
+        .encode()
     }
 
     /// The cursor's range `[next, end)`.
@@ -745,7 +482,15 @@ pub(crate) mod tests {
     /// requests take only the slots they own (the tests of credit below).
     pub(crate) fn owing() -> MemCell {
         MemCell {
-            v: Some([u64::MAX, u64::MAX]),
+            v: Some(
+                Ahead {
+                    owed: u64::MAX,
+                    pending: u64::MAX,
+                    until_ms: u64::MAX,
+                    gap_us: 0,
+                }
+                .encode(),
+            ),
             version: 0,
         }
     }
@@ -757,12 +502,67 @@ pub(crate) mod tests {
                 interval_ns: 6 * MS,
             },
             grant_rate_per_s: 167,
+            lead_ns: 300_000_000,
+            spare_per_s: 20,
             ranges: vec![(10, 20), (30, 35)],
         };
         assert_eq!(Grants::decode(&g.encode()), Some(g.clone()));
-        assert_eq!(g.encode().len(), 28 + 32);
+        assert_eq!(g.encode().len(), 44 + 32);
         assert_eq!(Grants::decode(b"nonsense"), None);
         assert_eq!(Grants::decode(&g.encode()[..40]), None);
+    }
+
+    #[test]
+    fn a_turn_is_an_owned_slot_or_one_more_every_expected_gap_after_them() {
+        let r = Reach::new(Grid::new(2 * MS), 0, 1000 * MS);
+        let g = Grants {
+            grant_rate_per_s: 100, // a 10 ms gap
+            lead_ns: 300 * MS,
+            ranges: vec![(1010, 1012), (1020, 1021)],
+            ..Grants::default()
+        };
+        // The 1st, 2nd and 3rd in line get the owned slots 1010, 1011, 1020.
+        assert_eq!(turn_ns(&g, &r, 1000, at(1000), 1), 20 * MS);
+        assert_eq!(turn_ns(&g, &r, 1000, at(1000), 3), 40 * MS);
+        // The 5th: two beyond the last owned slot (40 ms), each the expected
+        // 10 ms gap reckoned 1/DERATE longer.
+        let gap = 10 * MS + 10 * MS / DERATE;
+        assert_eq!(turn_ns(&g, &r, 1000, at(1000), 5), 40 * MS + 2 * gap);
+        assert_eq!(
+            turn(&g, &r, 1000, at(1000), 5),
+            (40 * MS + 2 * gap, 2 * gap),
+            "the reckoned part"
+        );
+        assert_eq!(
+            turn(&g, &r, 1000, at(1000), 3),
+            (40 * MS, 0),
+            "owned: nothing reckoned"
+        );
+        // Past the owned slots (the cursor at 1021), or owning nothing ahead:
+        // its next shares start `lead` from now.
+        assert_eq!(turn_ns(&g, &r, 1021, at(1000), 1), 300 * MS + gap);
+        let none = Grants {
+            ranges: Vec::new(),
+            ..g.clone()
+        };
+        assert_eq!(turn_ns(&none, &r, 1000, at(1000), 1), 300 * MS + gap);
+        // Expecting no share: no turn in sight.
+        let nothing = Grants {
+            grant_rate_per_s: 0,
+            ..none
+        };
+        assert!(turn_ns(&nothing, &r, 1000, at(1000), 1) > 10 * 1000 * MS);
+        // The margin: an epoch, or the gap if longer, at most the delay.
+        assert_eq!(margin_ns(&r, &g), 100 * MS);
+        let slow = Grants {
+            grant_rate_per_s: 4,
+            ..g.clone()
+        };
+        assert_eq!(margin_ns(&r, &slow), 250 * MS);
+        assert_eq!(
+            margin_ns(&Reach::new(Grid::new(2 * MS), 0, 200 * MS), &slow),
+            200 * MS
+        );
     }
 
     #[test]
@@ -920,7 +720,7 @@ pub(crate) mod tests {
             Mode::Local {
                 interval_ns: 6 * MS,
             },
-            0,
+            (0, 0, 0),
             &[],
         )
         .unwrap();
@@ -934,7 +734,7 @@ pub(crate) mod tests {
                 interval_ns: 6 * MS
             }
         );
-        publish(&mut b, &mut c, &r, 0, Mode::Deny, 0, &[]).unwrap();
+        publish(&mut b, &mut c, &r, 0, Mode::Deny, (0, 0, 0), &[]).unwrap();
         assert_eq!(
             take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Deny
@@ -948,7 +748,16 @@ pub(crate) mod tests {
         take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
         take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
         // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004.
-        let usable = publish(&mut b, &mut c, &r, at(1005), Mode::Grid, 0, &[(1040, 1045)]).unwrap();
+        let usable = publish(
+            &mut b,
+            &mut c,
+            &r,
+            at(1005),
+            Mode::Grid,
+            (0, 0, 0),
+            &[(1040, 1045)],
+        )
+        .unwrap();
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
         assert_eq!(g.ranges, vec![(1004, 1010), (1020, 1030), (1040, 1045)]);
         assert_eq!(usable, 6 + 10 + 5);
@@ -983,7 +792,7 @@ pub(crate) mod tests {
             &r,
             at(1000),
             Mode::Grid,
-            0,
+            (0, 0, 0),
             &[(1012, 1014), (1040, 1042)],
         )
         .unwrap();
@@ -1052,7 +861,7 @@ pub(crate) mod tests {
             &r,
             at(1000),
             Mode::Grid,
-            0,
+            (0, 0, 0),
             &[(1012, 1014), (1027, 1027)],
         )
         .unwrap();

@@ -7,6 +7,7 @@
 
 use crate::classes::{self, slots, tickets, Backlog, Slots};
 use crate::clock::{Clock, NS_PER_S};
+use crate::cluster;
 use crate::keys::candidates;
 use crate::matcher::{Facts, Request};
 use crate::schedule::{admit_keyed, Admission, Schedule};
@@ -59,6 +60,21 @@ fn try_enter<S: Store, R: Request>(
     let waiting = t.waiting();
     let outlook = slots.outlook(now, busy)?;
     let interval = schedule.interval_ns;
+    // On the grid, a turn reckoned from the share the proxy expects may be
+    // off by a margin ([`cluster::margin_for`]): the request must fit within
+    // its delay less that, so that it never waits first and fails later.
+    let margin = match cluster::rule_reach(rule) {
+        Some(reach) => {
+            let reach = cluster::Reach {
+                max_delay_ns: max_delay,
+                ..reach
+            };
+            cluster::margin_for(&reach, outlook.interval_ns)
+        }
+        None => 0,
+    };
+    let limit = max_delay.saturating_sub(margin);
+    let fits = |turn: Option<u64>| turn.is_some_and(|ns| outlook.fits(now, ns, max_delay, margin));
     let fast = outlook.next_at <= now && !waiting.iter().take(c + 1).any(|&w| w > 0);
     if !fast {
         // Would it be rejected? Then nothing is touched (not even the quota).
@@ -69,8 +85,8 @@ fn try_enter<S: Store, R: Request>(
             now,
         };
         let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
-        if !cx.can_hold || turn.is_none_or(|ns| ns > max_delay) {
-            return Ok(reject(turn, max_delay, cx.can_hold, now, &t, c, interval));
+        if !cx.can_hold || !fits(turn) {
+            return Ok(reject(turn, limit, cx.can_hold, now, &t, c, interval));
         }
     }
     if let Some(quota) = rule.quota {
@@ -133,9 +149,9 @@ fn try_enter<S: Store, R: Request>(
             now,
         };
         let turn = classes::turn_ns(&b, c, t.waiting().get(c).copied().unwrap_or(0) + 1, true);
-        let fits = turn.is_some_and(|ns| ns <= max_delay);
-        refused = (!fits).then_some(turn);
-        fits
+        let ok = fits(turn);
+        refused = (!ok).then_some(turn);
+        ok
     })?;
     match ticket {
         Some(ticket) => {
@@ -152,15 +168,7 @@ fn try_enter<S: Store, R: Request>(
                 Some(Seen::new(tat, false)),
             ))
         }
-        None => Ok(reject(
-            refused.flatten(),
-            max_delay,
-            true,
-            now,
-            &t,
-            c,
-            interval,
-        )),
+        None => Ok(reject(refused.flatten(), limit, true, now, &t, c, interval)),
     }
 }
 

@@ -181,6 +181,11 @@ impl Caller {
             let Some(r) = self.rules.get_mut(i) else {
                 continue;
             };
+            r.first_answer.get_or_insert(now);
+            let keep = share_memory(&r.spec.grid);
+            if r.shares.len() > keep {
+                r.shares.drain(..r.shares.len() - keep);
+            }
             if let Some(delta) = r.skew.estimate() {
                 r.skew.offset_epochs = r.skew.offset_epochs.saturating_add(delta);
                 let ms = r.offset_ns().unsigned_abs() / crate::clock::NS_PER_MS;
@@ -221,10 +226,13 @@ impl Caller {
                     r.stats.fallback_ns += now.saturating_sub(since);
                 }
                 r.mode = Mode::Grid;
+                let rates = grant_rate(r, now);
                 Some(RuleUpdate {
                     rule: i,
                     mode: Mode::Grid,
-                    grant_rate_per_s: grant_rate(r),
+                    grant_rate_per_s: rates.0,
+                    spare_per_s: rates.1,
+                    lead_ns: r.lead_ns(),
                     ranges: list,
                     reset: std::mem::take(&mut r.reset),
                     shift: std::mem::take(&mut r.shift),
@@ -252,6 +260,8 @@ impl Caller {
                         rule: i,
                         mode: r.mode,
                         grant_rate_per_s: 0,
+                        spare_per_s: 0,
+                        lead_ns: r.lead_ns(),
                         ranges: Vec::new(),
                         reset: std::mem::take(&mut r.reset),
                         shift: 0,
@@ -313,6 +323,8 @@ impl Caller {
                 rule: i,
                 mode: r.mode,
                 grant_rate_per_s: 0,
+                spare_per_s: 0,
+                lead_ns: r.lead_ns(),
                 ranges: Vec::new(),
                 reset: false,
                 shift: 0,
