@@ -45,6 +45,7 @@ pub mod lease;
 pub mod matcher;
 pub mod path;
 pub mod queue;
+pub mod rate;
 pub mod ratelimit;
 pub mod reply;
 pub mod schedule;
