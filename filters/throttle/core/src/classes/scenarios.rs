@@ -397,6 +397,31 @@ fn in_cluster_scope_the_owned_grid_slots_are_granted_by_class() {
     assert_eq!(p.seen[&20].fate, Fate::Released(t0 + 200 * MS));
 }
 
+/// In cluster scope with no owned slot yet, a class request with nobody
+/// at or above it waiting goes on credit, as one without classes does
+/// (burst 0: one); the next queues for grants.
+#[test]
+fn in_cluster_scope_a_class_request_goes_on_credit_when_nothing_is_owned() {
+    let t0 = 1000 * NS_PER_S;
+    let mut p = cluster(&[], crate::cluster::Mode::Grid);
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.totals[&(0, Stat::SlotsAhead)], 1);
+    assert_ne!(
+        p.request(0, 2, req("critical"), t0),
+        Verdict::Continue,
+        "one credit only"
+    );
+    let owed = crate::cluster::Ahead::decode(
+        p.cells
+            .borrow()
+            .cells
+            .get(&crate::store::CellId::Ahead(0))
+            .map(|c| c.0),
+    )
+    .owed;
+    assert_eq!(owed, 1);
+}
+
 #[test]
 fn in_cluster_scope_deny_rejects_and_local_paces() {
     let t0 = 1000 * NS_PER_S;
