@@ -46,12 +46,11 @@
 //!
 //! The per-worker side (which tickets this worker holds) is
 //! [`waiters::ClassWaiters`]; the stage that admits a request is
-//! `stream/class.rs`; the tick's part is in [`crate::worker`].
+//! `stream/class.rs`; the tick's part is `worker/lines.rs`.
 
 pub mod estimate;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
-mod tick;
 pub mod tickets;
 pub mod waiters;
 

@@ -8,6 +8,7 @@
 //!  "max_held_per_worker": 10000, "reject_status": 429}
 //! ```
 
+pub mod adaptive;
 pub mod spec;
 mod strict_json;
 mod validate;
@@ -117,7 +118,7 @@ pub struct Rule {
     /// `scope: "cluster"`: one rate across all proxies (None: per process).
     pub cluster: Option<ClusterScope>,
     /// `adaptive`: the rate is learned within these bounds.
-    pub adaptive: Option<crate::adaptive::Settings>,
+    pub adaptive: Option<adaptive::Settings>,
     /// Priority classes, highest first (empty: none).
     pub classes: Vec<Class>,
 }
@@ -178,7 +179,10 @@ impl Rule {
         }
         if let Some(a) = &self.adaptive {
             let per_s = |interval_ns: u64| {
-                let micro = crate::adaptive::rate_of_interval(interval_ns);
+                let micro = u64::try_from(
+                    u128::from(crate::clock::NS_PER_S) * 1_000_000 / u128::from(interval_ns.max(1)),
+                )
+                .unwrap_or(u64::MAX);
                 if micro % 1_000_000 == 0 {
                     format!("{}/s", micro / 1_000_000)
                 } else {
@@ -186,8 +190,8 @@ impl Rule {
                 }
             };
             let mode = match a.mode {
-                crate::adaptive::Mode::Enforce => "enforce",
-                crate::adaptive::Mode::Observe => "observe",
+                adaptive::Mode::Enforce => "enforce",
+                adaptive::Mode::Observe => "observe",
             };
             parts.push(format!(
                 "adaptive {mode}, learned within {} to {}",
@@ -207,7 +211,7 @@ impl Rule {
     /// mode): its rate cell's first word holds it ([`crate::rate::Gcra`]).
     pub fn learns(&self) -> bool {
         self.adaptive
-            .is_some_and(|a| a.mode == crate::adaptive::Mode::Enforce)
+            .is_some_and(|a| a.mode == adaptive::Mode::Enforce)
     }
 
     /// The lines a rule's waiting requests queue in, in ticket order

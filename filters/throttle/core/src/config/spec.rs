@@ -361,7 +361,7 @@ pub const RULE_FIELDS: &[Field] = &[
 ];
 
 /// Most classes a rule may have.
-pub const MAX_CLASSES: usize = 8;
+pub const MAX_CLASSES: usize = crate::stats::MAX_CLASSES;
 
 pub const CLASS_NAME: Field = required(
     "name",

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::{join, spec, Validator};
-use crate::adaptive::{Mode, Settings};
+use crate::config::adaptive::{Mode, Settings};
 use crate::units::parse_rate;
 
 impl Validator {
