@@ -35,9 +35,6 @@ CASES: dict[str, tuple[dict | str, str]] = {
                           "rules": [{"name": "a", "rate": 10, "scope": "cluster",
                                      "adaptive": {"min_rate": 1, "max_rate": 20}}]},
                          'rules[0].adaptive: cannot be combined with `scope: "cluster"`'),
-    "adaptive classes": ({"rules": [{"name": "a", "rate": 10, "adaptive": {"min_rate": 1, "max_rate": 20},
-                                     "classes": [{"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "rest"}]}]},
-                         "rules[0].adaptive: cannot be combined with `classes`"),
 }
 
 
