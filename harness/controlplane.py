@@ -33,6 +33,7 @@ from harness.net import http_get, wait_until
 from harness.netns import Network, Node
 from harness.nsforward import Forward, call_in
 from harness.procs import ROOT
+from harness.tools import path as tool_path
 
 TOOLS_JSON = ROOT / "build" / "istio-e2e" / "tools.json"
 K8S_TOOLS_JSON = ROOT / "build" / "k8s" / "tools.json"
@@ -260,10 +261,7 @@ class ControlPlane:
         cfg = self.dir / "registry.yml"
         cfg.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
                        f"    rootdirectory: {self.dir / 'registry'}\nhttp:\n  addr: 0.0.0.0:{REGISTRY_PORT}\n")
-        binary = subprocess.run(["which", "docker-registry"], capture_output=True, text=True).stdout.strip()
-        if not binary:
-            raise FileNotFoundError("docker-registry not found: run `make k8s-setup`")
-        self._spawn("registry", [binary, "serve", str(cfg)])
+        self._spawn("registry", [tool_path("docker-registry"), "serve", str(cfg)])
         fwd = Forward(self.node.ns, "127.0.0.1", REGISTRY_PORT)
         self.forwards.append(fwd)
         self.registry_port = fwd.port

@@ -44,9 +44,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import procstats
+from harness import procstats, tools
 from harness.net import free_port, http_get
-from harness.procs import ROOT, Child, go_bin
+from harness.procs import ROOT, Child
 
 #: The committed service configuration (also the Kubernetes ConfigMap).
 CONFIG_FILE = ROOT / "engine" / "config" / "throttle.yaml"
@@ -63,16 +63,11 @@ def _log(msg: str) -> None:
 
 
 def redis_bin() -> str:
-    if found := shutil.which("redis-server", path=f"{os.environ.get('PATH', '')}:/usr/bin"):
-        return found
-    raise FileNotFoundError("redis-server not found: run `make setup-engine`")
+    return tools.path("redis-server")
 
 
 def ratelimit_bin() -> str:
-    try:
-        return go_bin("ratelimit")
-    except FileNotFoundError:
-        raise FileNotFoundError("ratelimit not found: run `make setup-engine`") from None
+    return tools.path("ratelimit")
 
 
 def post_json(port: int, body: dict[str, Any] | bytes, timeout: float = 2.0,
@@ -123,7 +118,7 @@ class Redis(Child):
 
     def command(self, *args: str) -> str:
         """One command through redis-cli (INFO, FLUSHALL...)."""
-        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
+        r = subprocess.run([tools.path("redis-cli"), "-h", "127.0.0.1", "-p", str(self.port), *args],
                            capture_output=True, text=True, timeout=10, check=True)
         return r.stdout
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import tools
 from harness.net import can_connect, free_port
-from harness.procs import Child, go_bin, stop
+from harness.procs import Child, stop
 
 PERCENTILES = (50.0, 75.0, 90.0, 99.0, 99.9)
 
@@ -93,8 +94,9 @@ class Load:
     # own client ignores the header: it kept a draining connection several seconds).
     std_client: bool = False
 
-    def argv(self, json_path: Path) -> list[str]:
-        cmd = [go_bin("fortio"), "load", "-c", str(self.connections), "-qps", str(self.qps),
+    def argv(self, json_path: Path, fortio: str) -> list[str]:
+        """`fortio load`'s argv, with `fortio` the binary's path."""
+        cmd = [fortio, "load", "-c", str(self.connections), "-qps", str(self.qps),
                "-json", str(json_path), "-loglevel", "error", "-timeout", f"{self.request_timeout_s:g}s",
                "-p", ",".join(f"{p:g}" for p in self.percentiles)]
         cmd += ["-n", str(self.requests)] if self.requests is not None else []
@@ -126,7 +128,7 @@ class Running:
         self.json_path.unlink()
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([*prefix, *load.argv(self.json_path)], stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([*prefix, *load.argv(self.json_path, tools.path("fortio"))], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, preexec_fn=pin)
 
     def result(self, timeout_s: float | None = None) -> Result:
@@ -173,7 +175,7 @@ class FortioServer(Child):
         self.log_path = Path(log_path)
 
     def __enter__(self) -> FortioServer:
-        argv = [go_bin("fortio"), "server", "-http-port", f"127.0.0.1:{self.port}", "-grpc-port", "disabled",
+        argv = [tools.path("fortio"), "server", "-http-port", f"127.0.0.1:{self.port}", "-grpc-port", "disabled",
                 "-redirect-port", "disabled", "-loglevel", "warning", "-max-echo-delay", self.max_echo_delay]
         self.start_and_wait(argv, lambda: can_connect(self.port), f"fortio server on :{self.port}", 15)
         return self

@@ -39,12 +39,12 @@ from typing import Any
 
 import yaml
 
-from harness import meshpatches, ztunnel_standin
+from harness import meshpatches, tools, ztunnel_standin
 from harness.controlplane import ISTIOD_HOST, SERVICE_CIDR, ControlPlane
 from harness.net import http_get, wait_until
 from harness.netns import Node
 from harness.nsforward import call_in
-from harness.procs import ROOT, go_bin, stop
+from harness.procs import ROOT, stop
 
 PROXY_UID = 1337  # the uid Istio's injector runs istio-proxy as, and istio-iptables excludes
 TRUST_DOMAIN = "cluster.local"
@@ -406,7 +406,7 @@ class Kubelet:
             pod.arrivals.touch()
             return cmd.argv, {**base, **cmd.env, **env, "BOOKINFO_ARRIVALS": str(pod.arrivals)}, ROOT
         if repo == "docker.io/fortio/fortio":
-            return [go_bin("fortio"), *c.get("args", [])], {**base, **env}, pod.dir
+            return [tools.path("fortio"), *c.get("args", [])], {**base, **env}, pod.dir
         if repo == "docker.io/envoyproxy/ratelimit":
             # The binary `make setup-engine` builds from the commit the image tag names
             # (tests/k8s/test_engine_manifests.py); its config volume from the ConfigMap, under the pod.
@@ -414,10 +414,10 @@ class Kubelet:
             for vm in c.get("volumeMounts", []):
                 self._write_volume(pod, vm, root)
             env = {k: (str(pod.dir / v.lstrip("/")) if k == "RUNTIME_ROOT" else v) for k, v in env.items()}
-            return [go_bin("ratelimit")], {**base, **env}, pod.dir
+            return [tools.path("ratelimit")], {**base, **env}, pod.dir
         if repo == "docker.io/library/redis":
             # The image's entrypoint adds --protected-mode no when run without a config file.
-            redis = shutil.which("redis-server") or "/usr/bin/redis-server"
+            redis = tools.path("redis-server")
             args = list(c.get("args", ["redis-server"]))
             return [redis, *args[1:], "--protected-mode", "no", "--dir", str(pod.dir)], {**base, **env}, pod.dir
         raise ValueError(f"image {image}: no local program stands for it (harness/kubelet.py IMAGES)")

@@ -4,13 +4,12 @@ timestamps (the upstream's view of the rate)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from harness import procstats
+from harness import procstats, tools
 from harness.net import can_connect, free_port
 from harness.procs import Child
 
@@ -59,9 +58,7 @@ LIMIT_SERVER = """\
 
 
 def nginx_bin() -> str:
-    if found := shutil.which("nginx", path=f"{os.environ.get('PATH', '')}:/usr/sbin"):
-        return found
-    raise FileNotFoundError("nginx not found: run tools/setup-perf.sh")
+    return tools.path("nginx")
 
 
 def version() -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -17,18 +16,6 @@ WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "throttle.wasm"
 # The floor of any proxy-wasm filter (perf/noop-filter, built by `make perf-noop`).
 NOOP_WASM = ROOT / "target" / "noop-filter" / "wasm32-wasip1" / "release" / "noop_filter.wasm"
 VENV_BIN = ROOT / ".venv" / "bin"
-
-
-def go_bin(name: str) -> str:
-    """Path of a `go install`ed tool."""
-    gopath = subprocess.run(["go", "env", "GOPATH"], capture_output=True, text=True, check=True).stdout.strip()
-    path = Path(gopath) / "bin" / name
-    if path.exists():
-        return str(path)
-    found = shutil.which(name)
-    if not found:
-        raise FileNotFoundError(f"{name} not found: run `make setup`")
-    return found
 
 
 def envoy_bin() -> str:

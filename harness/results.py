@@ -14,7 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from harness.procs import ROOT, envoy_bin, go_bin
+from harness import tools
+from harness.procs import ROOT, envoy_bin
 
 REPORTS = ROOT / "perf" / "reports"
 
@@ -53,7 +54,7 @@ def environment(run_id: str, **extra: Any) -> dict[str, Any]:
     return {
         "run_id": run_id, "started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
-        "loadavg_start": os.getloadavg(), "envoy": envoy_version(), "fortio": _output([go_bin("fortio"), "version"]),
+        "loadavg_start": os.getloadavg(), "envoy": envoy_version(), "fortio": _output([tools.path("fortio"), "version"]),
         "git": _output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]), **extra,
     }
 

@@ -7,8 +7,8 @@ csv`), and its response headers. An open loop keeps sending at its rate whatever
 take: it opens more connections (up to `max_workers`) rather than sending less, as independent
 clients would.
 
-Vegeta v12.13.0 (`go install github.com/tsenart/vegeta/v12@v12.13.0`) is installed by the
-benchmark families that use it (perf/priority/setup.sh, perf/adaptive/setup.sh)."""
+Vegeta (tools/tools.tsv: `go install github.com/tsenart/vegeta/v12@v12.13.0`) is installed by
+`make tool-vegeta`, on which every target that runs it depends."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.procs import go_bin, stop
+from harness import tools
+from harness.procs import stop
 
-VERSION = "v12.13.0"
+VERSION = tools.version("vegeta")
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,9 @@ class Load:
     max_workers: int = 2000  # at most this many at once (each one request in flight)
     keepalive: bool = True
 
-    def argv(self, out: Path) -> list[str]:
-        cmd = [go_bin("vegeta"), "attack", f"-rate={self.rate:g}/1s", f"-duration={self.duration_s:g}s",
+    def argv(self, out: Path, vegeta: str) -> list[str]:
+        """`vegeta attack`'s argv, with `vegeta` the binary's path."""
+        cmd = [vegeta, "attack", f"-rate={self.rate:g}/1s", f"-duration={self.duration_s:g}s",
                f"-timeout={self.timeout_s:g}s", f"-keepalive={str(self.keepalive).lower()}", f"-workers={self.workers}",
                f"-max-workers={self.max_workers}", f"-output={out}"]
         return cmd + [a for h in self.headers for a in ("-header", h)]
@@ -112,7 +114,7 @@ class Running:
         os.close(fd)
         self.out = Path(path)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(load.argv(self.out), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(load.argv(self.out, tools.path("vegeta")), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"GET {load.url}\n".encode())
@@ -128,7 +130,7 @@ class Running:
             if self.proc.returncode != 0:
                 raise RuntimeError(f"vegeta attack failed (rc {self.proc.returncode}): "
                                    f"{err.decode(errors='replace')[-2000:]}")
-            encoded = subprocess.run([go_bin("vegeta"), "encode", "--to", "csv", str(self.out)],
+            encoded = subprocess.run([tools.path("vegeta"), "encode", "--to", "csv", str(self.out)],
                                      check=True, capture_output=True, timeout=120).stdout.decode()
             return Result.from_csv(encoded)
         except subprocess.TimeoutExpired:

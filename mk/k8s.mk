@@ -4,7 +4,7 @@
 k8s-setup: ## Install k8s-check tools (apt registry+prometheus, kustomize, kubeconform, crane; build istioctl, promtool)
 	@bash tools/setup-k8s.sh
 
-k8s-check: k8s-setup setup-engine build ## Tests marked k8s: istio/ and k8s/ through real istioctl, kustomize, kubeconform, Envoy, registry, Prometheus, the engine
+k8s-check: setup k8s-setup setup-engine build ## Tests marked k8s: istio/ and k8s/ through real istioctl, kustomize, kubeconform, Envoy, registry, Prometheus, the engine
 	$(PYTEST) -m k8s -v
 
 k8s-pin: k8s-setup build ## Rewrite the image's sha256 pin (istio/image/image.env) from the built .wasm

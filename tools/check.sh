@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=.venv/bin/python
-PURE=${PURE:-"not (integration or reliability or k8s or lab or perf)"}
+PURE=${PURE:-$(sed -n "s/^PURE := //p" Makefile)}  # the Makefile's, the one definition
 if [[ ! -x $PY ]] || ! "$PY" -c "import mypy, ruff, pytest, psutil" 2>/dev/null; then
   echo "check: .venv is missing or incomplete: run \`make setup\`" >&2
   exit 2

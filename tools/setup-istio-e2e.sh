@@ -2,8 +2,8 @@
 # Installs what `make istio-e2e` and `python -m harness.mesh` need, on top of
 # `make k8s-setup` (registry, Prometheus, crane, kustomize, istioctl; run first):
 #
-# - apt: etcd-server (the API server's storage), iptables (each pod's traffic
-#   capture, made by pilot-agent's own `istio-iptables`)
+# - rows of tools/tools.tsv (apt): etcd (the API server's storage), iptables (each pod's
+#   traffic capture, made by pilot-agent's own `istio-iptables`)
 # - kube-apiserver and kubectl from k8s.io/kubernetes (pinned in
 #   tools/kube-apiserver/go.mod), cached under build/kube/<key>/
 # - istiod (pilot-discovery) and pilot-agent from istio.io/istio, the version
@@ -16,22 +16,16 @@
 # module proxy only. Writes build/istio-e2e/tools.json with the paths the harness uses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BIN=${THROTTLE_TOOLS_BIN:-$PWD/build/bin}  # where tools/install.sh puts the tools
 
 step() { printf '\n== setup-istio-e2e: %s\n' "$*"; }
 
-step "apt: etcd-server, iptables"
-missing=()
-command -v etcd >/dev/null || missing+=(etcd-server)
-command -v iptables >/dev/null || missing+=(iptables)
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get -o DPkg::Lock::Timeout=300 update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}"
-  # The package starts a system etcd on 127.0.0.1:2379 where systemd runs; the harness runs
-  # its own etcd inside its network namespace and never uses that one.
-  systemctl disable --now etcd >/dev/null 2>&1 || true
-fi
-etcd --version | sed -n 1p
-iptables --version
+step "etcd, iptables (apt, tools/tools.tsv, into build/bin)"
+# The etcd package starts a system etcd on 127.0.0.1:2379 where systemd runs; the installer
+# stops it: the harness runs its own etcd inside its network namespace.
+bash tools/install.sh etcd iptables
+"$BIN/etcd" --version | sed -n 1p
+"$BIN/iptables" --version
 
 # build <dir under build/> <module dir> <ldflags> <tags> <packages...>: `go build` of the packages
 # into build/<dir>/<key>/, skipped when every binary is there.
@@ -82,6 +76,6 @@ mkdir -p build/istio-e2e
 cat > build/istio-e2e/tools.json <<EOF
 {"kube-apiserver": "$KUBE_DIR/kube-apiserver", "kubectl": "$KUBE_DIR/kubectl",
  "pilot-discovery": "$ISTIOD_DIR/pilot-discovery", "pilot-agent": "$ISTIOD_DIR/pilot-agent",
- "prometheus": "$PROM_DIR/prometheus", "etcd": "$(command -v etcd)", "istio_module": "$ISTIO_MODULE_DIR", "gateway_api_module": "$GATEWAY_API_DIR"}
+ "prometheus": "$PROM_DIR/prometheus", "etcd": "$BIN/etcd", "istio_module": "$ISTIO_MODULE_DIR", "gateway_api_module": "$GATEWAY_API_DIR"}
 EOF
 echo "tools: build/istio-e2e/tools.json"

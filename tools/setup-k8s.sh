@@ -3,9 +3,9 @@
 # Python 3 and Rust. Idempotent: everything is skipped when already present.
 # Nothing is downloaded outside the package registries (apt, PyPI, Go proxy).
 #
-# - apt: docker-registry (local OCI registry for the image test), prometheus
-#   (a real Prometheus for the dashboard test)
-# - go install (pinned): kustomize, kubeconform, crane
+# - rows of tools/tools.tsv, into build/bin: docker-registry (local OCI registry for the
+#   image test), prometheus (Debian's, a real Prometheus for the dashboard test);
+#   kustomize, kubeconform, crane (go install, pinned there)
 # - istioctl, wasmfetch (Istio's Wasm image fetcher), istiowasm (WasmPlugin /
 #   EnvoyFilter -> the Envoy Wasm filter istiod + istio-agent make) and
 #   istioclusters (manifests -> the clusters istiod pushes to a sidecar or a
@@ -19,42 +19,18 @@
 # Writes build/k8s/tools.json with the paths the tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BIN=${THROTTLE_TOOLS_BIN:-$PWD/build/bin}  # where tools/install.sh puts the tools
 
-KUSTOMIZE_VERSION=v5.8.2
-KUBECONFORM_VERSION=v0.8.0
-CRANE_VERSION=v0.22.1
-
-GOBIN_DIR="$(go env GOPATH)/bin"
 step() { printf '\n== setup-k8s: %s\n' "$*"; }
 
-step "apt: docker-registry, prometheus"
-missing=()
-command -v docker-registry >/dev/null || missing+=(docker-registry)
-command -v prometheus >/dev/null || missing+=(prometheus)
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get -o DPkg::Lock::Timeout=300 update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}"
-  # The Debian packages start services; we run our own processes in the tests.
-  for svc in docker-registry prometheus; do
-    systemctl disable --now "$svc" >/dev/null 2>&1 || true
-  done
-fi
-docker-registry --version
-prometheus --version 2>&1 | sed -n 1p
+step "docker-registry, prometheus (apt), kustomize, kubeconform, crane (go): tools/tools.tsv"
+bash tools/install.sh docker-registry prometheus kustomize kubeconform crane
+"$BIN/docker-registry" --version
+"$BIN/prometheus" --version 2>&1 | sed -n 1p
 
 step "Python packages (requirements.txt: kubernetes-validate, grafana-foundation-sdk)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-
-step "Go tools: kustomize $KUSTOMIZE_VERSION, kubeconform $KUBECONFORM_VERSION, crane $CRANE_VERSION"
-# The module version a binary was built from (go install leaves no -v string).
-modversion() { [ -x "$1" ] && go version -m "$1" | awk '$1 == "mod" {print $3}'; }
-[ "$(modversion "$GOBIN_DIR/kustomize")" = "$KUSTOMIZE_VERSION" ] \
-  || nice -n 10 go install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
-[ "$(modversion "$GOBIN_DIR/kubeconform")" = "$KUBECONFORM_VERSION" ] \
-  || nice -n 10 go install "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"
-[ "$(modversion "$GOBIN_DIR/crane")" = "$CRANE_VERSION" ] \
-  || nice -n 10 go install "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
 
 step "istioctl, wasmfetch, istiowasm, istioclusters from istio.io/istio (pinned in tools/istio/go.mod)"
 key=$( (cat tools/istio/go.mod tools/istio/go.sum; find tools/istio -name '*.go' | sort | xargs cat; go version) \
@@ -97,6 +73,6 @@ cat > build/k8s/tools.json <<EOF
 {"istioctl": "$PWD/$ISTIO_DIR/istioctl", "wasmfetch": "$PWD/$ISTIO_DIR/wasmfetch",
  "istiowasm": "$PWD/$ISTIO_DIR/istiowasm", "istioclusters": "$PWD/$ISTIO_DIR/istioclusters",
  "promtool": "$PWD/$PROMTOOL", "istio_module": "$ISTIO_MODULE_DIR",
- "kustomize": "$GOBIN_DIR/kustomize", "kubeconform": "$GOBIN_DIR/kubeconform", "crane": "$GOBIN_DIR/crane"}
+ "kustomize": "$BIN/kustomize", "kubeconform": "$BIN/kubeconform", "crane": "$BIN/crane"}
 EOF
 echo "tools: build/k8s/tools.json"

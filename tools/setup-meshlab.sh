@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prerequisites of the mesh lab (perf/meshlab) and of its Bookinfo-shaped application (perf/bookinfo):
-#   iproute2 (`ip netns`), iptables (traffic capture, as Istio does), the openssl CLI (per-run mesh
+#   iproute2 (`ip netns`), iptables (traffic capture, as Istio does; tools/tools.tsv), the openssl CLI (per-run mesh
 #   certificates), Ruby + WEBrick (details), Node.js (ratings), a JDK 17 (reviews, compiled here into
 #   build/bookinfo/reviews), and from requirements.txt gunicorn + urllib3 (productpage) and
 #   matplotlib (report charts).
@@ -11,7 +11,6 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
-command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v ruby >/dev/null 2>&1 || missing+=(ruby)
 ruby -e 'require "webrick"' >/dev/null 2>&1 || missing+=(ruby-webrick)
@@ -25,6 +24,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   else
     echo "== setup-meshlab: missing ${missing[*]} (not root): the mesh lab will skip itself"
   fi
+fi
+
+# iptables is a row of tools/tools.tsv (the control plane's setup installs it too).
+if [ "$(id -u)" = 0 ]; then
+  bash tools/install.sh iptables
 fi
 
 if [ ! -x .venv/bin/python ]; then

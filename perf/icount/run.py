@@ -33,7 +33,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness import fortio, nginx
+from harness import fortio, nginx, tools
 from harness.engine import Engine
 from harness.envoy import Envoy
 from harness.net import free_port
@@ -387,8 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             p.jobs = max(1, args.jobs)
         wasm = resolve_builds(p, parse_wasm_overrides(args.wasm))
         for tool in ("valgrind", "callgrind_control"):
-            if shutil.which(tool) is None:
-                raise SpecError(f"{tool} not found: run `make perf-setup` (tools/setup-perf.sh installs valgrind)")
+            tools.path(tool)  # installed by `make tool-valgrind`, else FileNotFoundError
         elf = envoy_elf()
     except (SpecError, ValueError, RuntimeError, FileNotFoundError) as e:
         print(f"perf.icount: {e}", file=sys.stderr)

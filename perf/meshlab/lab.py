@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from harness import netns
+from harness import netns, tools
 from harness.envoy import Envoy
 from harness.procs import stop
 
@@ -54,8 +54,10 @@ def check_available() -> None:
         raise LabUnavailable("`ip` (iproute2) not found: install iproute2")
     if os.geteuid() != 0:
         raise LabUnavailable("network namespaces need root (run as root or skip the mesh lab)")
-    if shutil.which("iptables") is None:
-        raise LabUnavailable("`iptables` not found: install iptables (traffic capture, as Istio does)")
+    try:
+        tools.path("iptables")
+    except FileNotFoundError as e:
+        raise LabUnavailable(f"iptables (traffic capture, as Istio does): {e}") from None
     probe = f"tml-{os.getpid()}-probe"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode != 0:

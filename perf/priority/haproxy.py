@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from harness import tools
 from harness.net import can_connect, free_port
 from harness.procs import Child
 
@@ -35,10 +36,7 @@ backend be
 
 
 def binary() -> str:
-    path = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
-    if path is None:
-        raise FileNotFoundError("haproxy not installed: run perf/priority/setup.sh (make perf-priority-setup)")
-    return path
+    return tools.path("haproxy")
 
 
 class HAProxy(Child):

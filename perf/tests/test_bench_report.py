@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from harness import tools
 from perf.bench import report
 from perf.bench.run import CSV_COLUMNS
 
@@ -114,8 +115,7 @@ def test_cluster_table(rendered):
 
 
 def test_html_renders_to_a_non_trivial_png(rendered):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "chromium not installed: run tools/setup-perf.sh"
+    chromium = tools.path("chromium")
     png = rendered["html"].with_name("report.png")
     png.unlink(missing_ok=True)
     profile = tempfile.mkdtemp(prefix="perf-chromium-")

@@ -71,7 +71,7 @@ def test_vegeta_results_and_arguments():
     assert [h.start_ns for h in r.hits] == [900, 1000, 1100]
     assert r.codes() == {200: 2, 429: 1}
     assert r.latencies_ms(200) == [5.0, 7.0]
-    argv = Load("http://x/", rate=80, duration_s=4, headers=["x-priority: critical"]).argv(Path("/tmp/o"))
+    argv = Load("http://x/", rate=80, duration_s=4, headers=["x-priority: critical"]).argv(Path("/tmp/o"), "vegeta")
     assert "-rate=80/1s" in argv and "-duration=4s" in argv
     assert argv[-2:] == ["-header", "x-priority: critical"]
 

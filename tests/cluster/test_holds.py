@@ -5,7 +5,8 @@ engine (envoyproxy/ratelimit + Redis, harness/engine.py) and real Envoys
 proxies' own statistics and logs. The same scenarios run in the simulation
 (filters/throttle/core/src/cluster/holds.rs); these check the real thing.
 Needs `make setup-engine` (a prerequisite of `make integration`); the clock
-test builds the test-only `test-clock` .wasm (target/test-clock) itself.
+test builds the test-only `test-clock` .wasm (target/test-clock) itself
+(tests/cluster/conftest.py).
 
 Each test says what it costs (wall time on this 2-core machine, shared); the
 file takes about 2.5 minutes.
@@ -25,12 +26,10 @@ from __future__ import annotations
 import http.client
 import math
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,7 +37,6 @@ import pytest
 from harness import fortio, windows
 from harness.cluster import ClusterLab, split, uniform_load
 from harness.net import free_port, wait_until
-from harness.procs import ROOT
 from harness.stalls import StallMonitor
 
 pytestmark = pytest.mark.integration
@@ -49,7 +47,6 @@ FALLBACK_AFTER_S = 0.25
 # The longest a request may take beyond max_queue_delay because this machine's cores
 # are busy (Envoy, Fortio and the upstream share them): see test_cluster_scope.py.
 SCHEDULING_S = 1.0
-CLOCK_WASM = ROOT / "target" / "test-clock" / "wasm32-wasip1" / "release" / "throttle.wasm"
 
 
 def load() -> str:
@@ -277,17 +274,6 @@ def test_low_rates_are_shared_and_the_total_kept(wasm):
 
 
 # -- 3. A skewed clock ----------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def clock_wasm() -> Path:
-    """The filter built with the test-only `test-clock` feature (its wall clock
-    moved by THROTTLE_TEST_WALL_OFFSET_MS from the VM's environment), in its own
-    target directory so the release .wasm stays the shipped one."""
-    subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip1", "-p", "throttle-wasm",
-                    "--features", "test-clock", "--target-dir", "target/test-clock"], cwd=ROOT, check=True)
-    assert CLOCK_WASM.is_file(), CLOCK_WASM
-    return CLOCK_WASM
-
 
 SKEWS_MS = [-1200, 700]
 SKEW_RATE = 100

@@ -11,10 +11,13 @@ from harness.cluster import (
     LAB_HEADER,
     NATIVE_KEY,
     fortio_plan,
+    log_5xx,
+    log_refusals,
     native_ratelimit_config,
     plugin_config,
     proxy_config,
     split,
+    uniform_load,
 )
 from harness.engine import hits
 from harness.net import wait_until
@@ -90,6 +93,27 @@ def test_proxy_configs_carry_the_engine_cluster_and_tag_requests():
     assert clusters["throttle_engine"] == engine
     hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     assert hcm["route_config"]["request_headers_to_add"][0]["header"] == {"key": LAB_HEADER, "value": "p1"}
+
+
+def test_the_refusal_log_is_added_beside_the_5xx_log(tmp_path):
+    cfg = proxy_config(plugin_config("300/s"), upstream_port=9, tag="p1")
+    log_5xx(cfg, tmp_path / "5xx.log")
+    log_refusals(cfg, tmp_path / "429.log")
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert [a["typed_config"]["path"] for a in hcm["access_log"]] == [str(tmp_path / "5xx.log"),
+                                                                      str(tmp_path / "429.log")]
+    refusals = hcm["access_log"][1]
+    assert refusals["filter"]["status_code_filter"]["comparison"]["op"] == "EQ"
+    assert refusals["filter"]["status_code_filter"]["comparison"]["value"]["default_value"] == 429
+    fmt = refusals["typed_config"]["log_format"]["text_format_source"]["inline_string"]
+    assert fmt == "%START_TIME(%s.%3f)% %DURATION% %REQ(:PATH)%\n"  # what ClusterLab.refusals splits
+
+
+def test_a_uniform_load_carries_its_headers(tmp_path):
+    load = uniform_load("http://127.0.0.1:9/c", qps=50, duration_s=4, max_queue_delay_s=1.0,
+                        headers=["x-priority: critical"])
+    argv = load.argv(tmp_path / "out.json", "fortio")
+    assert argv[argv.index("-H") + 1] == "x-priority: critical"
 
 
 def test_native_config_sends_the_rate_as_its_descriptor():

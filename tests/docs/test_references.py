@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import tools
 from tests.support.repo import ROOT, SKIP_DIRS, files
 
 # Where builds and runs put things: named in the docs, absent from a clean clone.
@@ -84,7 +85,11 @@ TEXTS = texts()
 @cache
 def make_targets() -> set[str]:
     text = "\n".join(p.read_text() for p in [ROOT / "Makefile", *sorted((ROOT / "mk").glob("*.mk"))])
-    return set(re.findall(r"^([a-z0-9][a-z0-9-]*):", text, re.M))
+    targets = set(re.findall(r"^([a-z0-9][a-z0-9-]*):", text, re.M))
+    # The pattern rule `tool-%`: one target per row of tools/tools.tsv, and `tool-<row>` itself.
+    if re.search(r"^tool-%:", text, re.M):
+        targets |= {"tool-"} | {f"tool-{name}" for name in tools.rows()}
+    return targets
 
 
 @cache

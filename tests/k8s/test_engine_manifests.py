@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness import tools
 from harness.engine import CONFIG_FILE, RateLimitService
 from tests.support.repo import files as repo_files
 from tools import engine_image
@@ -111,9 +112,7 @@ def test_redis_is_never_two():
 
 
 def test_the_image_is_the_commit_the_tests_run():
-    version = re.search(r"^RATELIMIT_VERSION=(\S+)$", (ROOT / "tools" / "setup-engine.sh").read_text(), re.M)
-    assert version, "tools/setup-engine.sh: RATELIMIT_VERSION"
-    commit = version.group(1).rsplit("-", 1)[1]  # the pseudo-version's commit (12 hex digits)
+    commit = tools.version("ratelimit").rsplit("-", 1)[1]  # the pseudo-version's commit (12 hex digits)
     repo, _, tag = engine_image.image_tag().rpartition(":")
     assert repo == "docker.io/envoyproxy/ratelimit"
     # Upstream tags every main commit with its first 8 hex digits.

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import fortio
+from harness import fortio, tools
 from harness.configs import render
 from harness.engine import Engine
 from harness.envoy import Envoy
@@ -167,8 +167,7 @@ class Prometheus:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Prometheus:
-        binary = shutil.which("prometheus")
-        assert binary, "prometheus not installed: run `make k8s-setup`"
+        binary = tools.path("prometheus")
         self.log = open(self.dir / "log", "wb")
         self.proc = subprocess.Popen([binary, f"--config.file={self.dir / 'prometheus.yml'}",
                                       f"--storage.tsdb.path={self.dir / 'data'}",

@@ -184,12 +184,18 @@ def test_without_root_the_run_skips_with_a_clear_message(monkeypatch, capsys, tm
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("tool,says", [("ip", "iproute2"), ("iptables", "install iptables")])
+@pytest.mark.parametrize("tool,says", [("ip", "iproute2"), ("iptables", "make tool-iptables")])
 def test_without_a_tool_the_run_names_it(monkeypatch, tool, says):
     from perf.meshlab import lab
 
     real = lab.shutil.which
-    monkeypatch.setattr(lab.shutil, "which", lambda name: None if name == tool else real(name))
+    monkeypatch.setattr(lab.shutil, "which", lambda name: None if name == tool else real(name) or f"/bin/{name}")
+
+    def path(name: str) -> str:  # the tool table's lookup, as on a machine without iptables set up
+        if name == tool:
+            raise FileNotFoundError(f"{name} is not installed in this checkout: run `make tool-{name}`")
+        return f"/bin/{name}"
+    monkeypatch.setattr(lab.tools, "path", path)
     monkeypatch.setattr(lab.os, "geteuid", lambda: 0)  # the tools are checked for root, too
     with pytest.raises(lab.LabUnavailable, match=says):
         lab.check_available()

@@ -10,6 +10,7 @@ import pytest
 ENVOY_TIERS = ("integration", "reliability", "k8s", "lab")
 TIER_FIXTURES: dict[str, dict[str, tuple[str, ...]]] = {
     "tests.conftest": dict.fromkeys(("wasm", "upstream", "app", "envoy_with"), ENVOY_TIERS),
+    "tests.cluster.conftest": {"clock_wasm": ENVOY_TIERS},
     "tests.reliability.conftest": dict.fromkeys(("envoy_to", "own_upstream", "dynamic_envoy"), ENVOY_TIERS),
     "tests.k8s.conftest": dict.fromkeys(("tools", "configured", "rendered", "schemas", "registry", "pushed",
                                            "engine_clusters"), ("k8s",)),

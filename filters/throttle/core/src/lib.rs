@@ -54,6 +54,8 @@ pub mod units;
 pub mod worker;
 
 #[cfg(any(test, feature = "testing"))]
+pub mod sim;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use clock::{NS_PER_MS, NS_PER_S};

@@ -1,13 +1,39 @@
 //! Test support, shared by the unit tests, the property tests, the glue's
 //! tests and the cluster simulation (feature `testing`): in-memory shared
-//! cells and values with compare-and-swap.
+//! cells and values with compare-and-swap, as Envoy keeps them.
+//!
+//! Envoy's shared data (proxy-wasm-cpp-host `SharedData::set`) writes a key
+//! that does not exist whatever the token, and overwrites an existing one
+//! when the token is 0: only a non-zero token of an existing key is checked.
+//! These stores do the same, so that a test sees the races Envoy has (two
+//! workers that both read a missing cell both write it). A store a token
+//! did not guard is counted in [`MemCells::unconditional`], so tests can
+//! check that nothing but a key table's slots (written with token 0 by
+//! design) and the cells created at configure are ever written that way.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use crate::store::{BlobId, CellId, SharedBlob, SharedCell, Store, StoreError};
 
-/// One shared cell in memory; `store` fails when the token is stale.
+/// Whether Envoy's `SharedData::set` writes a value whose current token is
+/// `current` (None: the key does not exist) when given `token`.
+pub fn host_writes(current: Option<u32>, token: u32) -> bool {
+    match current {
+        None => true,
+        Some(c) => token == 0 || token == c,
+    }
+}
+
+/// The token of a value at `version` (0 only for a value never stored, as
+/// in Envoy, whose tokens of existing keys are never 0).
+fn token_of(exists: bool, version: u32) -> Option<u32> {
+    exists.then(|| version.wrapping_add(1).max(1))
+}
+
+/// One shared cell in memory; `store` fails when the token is stale, as
+/// Envoy's shared data does ([`host_writes`]). A cell never stored reads
+/// token 0.
 #[derive(Debug, Default, Clone)]
 pub struct MemCell {
     pub v: Option<[u64; 2]>,
@@ -17,10 +43,14 @@ pub struct MemCell {
 impl SharedCell for MemCell {
     type Token = u32;
     fn load(&mut self) -> Result<(Option<[u64; 2]>, u32), StoreError> {
-        Ok((self.v, self.version))
+        Ok((
+            self.v,
+            token_of(self.v.is_some(), self.version).unwrap_or(0),
+        ))
     }
     fn store(&mut self, v: [u64; 2], token: u32) -> Result<bool, StoreError> {
-        if token != self.version {
+        let current = token_of(self.v.is_some(), self.version);
+        if !host_writes(current, token) {
             return Ok(false);
         }
         self.v = Some(v);
@@ -29,7 +59,8 @@ impl SharedCell for MemCell {
     }
 }
 
-/// One variable-size shared value in memory with compare-and-swap.
+/// One variable-size shared value in memory with compare-and-swap, as
+/// Envoy's shared data ([`host_writes`]).
 #[derive(Debug, Default, Clone)]
 pub struct MemBlob {
     pub v: Option<Vec<u8>>,
@@ -39,10 +70,11 @@ pub struct MemBlob {
 impl SharedBlob for MemBlob {
     type Token = u32;
     fn load(&mut self) -> Result<(Option<Vec<u8>>, u32), StoreError> {
-        Ok((self.v.clone(), self.version))
+        let token = token_of(self.v.is_some(), self.version).unwrap_or(0);
+        Ok((self.v.clone(), token))
     }
     fn store(&mut self, value: &[u8], token: u32) -> Result<bool, StoreError> {
-        if token != self.version {
+        if !host_writes(token_of(self.v.is_some(), self.version), token) {
             return Ok(false);
         }
         self.v = Some(value.to_vec());
@@ -61,12 +93,37 @@ pub struct MemCells {
     pub broken: bool,
     /// The next this-many stores lose their race (another worker wrote first).
     pub lost_races: u32,
+    /// Stores no token guarded (the key was missing, or the token was 0),
+    /// by cell or blob: where two writers can both win. [`MemCells::configured`]
+    /// clears it after the cells created at configure.
+    pub unconditional: BTreeMap<String, u32>,
 }
 
 impl MemCells {
     /// The value of a cell.
     pub fn get(&self, id: CellId) -> Option<[u64; 2]> {
         self.cells.get(&id).map(|(v, _)| *v)
+    }
+
+    /// Configure is over: the unguarded writes counted from now on are races.
+    pub fn configured(&mut self) {
+        self.unconditional.clear();
+    }
+
+    /// The unguarded writes since configure, but a key table's slots (written
+    /// with token 0 by design: the slot's fingerprint guards them).
+    pub fn unguarded_writes(&self) -> Vec<(String, u32)> {
+        self.unconditional
+            .iter()
+            .filter(|(k, _)| !k.starts_with("Slot("))
+            .map(|(k, n)| (k.clone(), *n))
+            .collect()
+    }
+
+    fn note(&mut self, what: String, current: Option<u32>, token: u32) {
+        if current.is_none() || token == 0 {
+            *self.unconditional.entry(what).or_default() += 1;
+        }
     }
 }
 
@@ -95,10 +152,11 @@ impl Store for MemStore<'_> {
             c.lost_races -= 1;
             return Ok(false);
         }
-        let current = c.cells.get(&id).map_or(0, |(_, v)| *v);
-        if token != current {
+        let current = c.cells.get(&id).map(|(_, v)| *v);
+        if !host_writes(current, token) {
             return Ok(false);
         }
+        c.note(format!("{id:?}"), current, token);
         c.next_version += 1;
         let version = c.next_version;
         c.cells.insert(id, (value, version));
@@ -121,10 +179,11 @@ impl Store for MemStore<'_> {
         if c.broken {
             return Err(StoreError(10));
         }
-        let current = c.blobs.get(&id).map_or(0, |(_, v)| *v);
-        if token != current {
+        let current = c.blobs.get(&id).map(|(_, v)| *v);
+        if !host_writes(current, token) {
             return Ok(false);
         }
+        c.note(format!("{id:?}"), current, token);
         c.next_version += 1;
         let version = c.next_version;
         c.blobs.insert(id, (value.to_vec(), version));

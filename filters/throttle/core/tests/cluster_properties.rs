@@ -248,7 +248,7 @@ proptest! {
             let to = o.end - 300 * MS;
             let got = times.iter().filter(|&&t| t >= from && t < to).count() as f64;
             let want = (to - from) as f64 / S as f64 * c.rate as f64;
-            let slack = 2.0 * o.reach.grid.slots_per_epoch as f64 + 2.0;
+            let slack = 2.0 * (o.reach.grid.epoch_ns as f64 / o.reach.grid.interval_ns as f64).ceil() + 2.0;
             prop_assert!((got - want).abs() <= slack.max(0.02 * want), "got {} want {} ({:?})", got, want, c);
         }
         // Calls: at most 10 per second per proxy (paced at 100 ms, up to

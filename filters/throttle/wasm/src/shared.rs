@@ -4,9 +4,9 @@
 //! queues. Shared data is scoped by `vm_id`.
 
 use throttle_core::store::{
-    BlobId, CellId, Initial, Key, Store, StoreError, MAX_CAS_ATTEMPTS, SEED_KEY, WAKE_KEY,
+    BlobId, CellId, Key, Store, StoreError, MAX_CAS_ATTEMPTS, SEED_KEY, WAKE_KEY,
 };
-use throttle_core::stream::initial_values;
+use throttle_core::stream::create_initial;
 use throttle_core::Config;
 
 use crate::host::Host;
@@ -128,25 +128,16 @@ impl<H: Host> SharedStore<'_, H> {
         id.key(self.rule_name(id.rule())?).ok_or(NO_KEY)
     }
 
-    /// Creates every rule's shared values that must exist before its first
-    /// request. Returns the names of rules whose values could not be created.
+    /// Creates every shared value that must exist before the first request
+    /// ([`create_initial`]). Returns what could not be created: rule names,
+    /// or "the leases" for the process's calling and learning leases.
     pub fn create_initial(&self) -> Vec<&str> {
-        let host = self.host;
-        self.config
-            .rules
-            .iter()
-            .enumerate()
-            .filter(|(i, rule)| {
-                !initial_values(*i, rule).iter().all(|v| match v {
-                    Initial::Cell(id) => self
-                        .cell_key(*id)
-                        .is_ok_and(|k| ensure(host, k.as_str(), &encode16([0, 0]))),
-                    Initial::Blob(id, bytes) => self
-                        .blob_key(*id)
-                        .is_ok_and(|k| ensure(host, k.as_str(), bytes)),
-                })
+        create_initial(*self, self.config)
+            .into_iter()
+            .map(|rule| match rule.and_then(|i| self.config.rules.get(i)) {
+                Some(r) => r.name.as_str(),
+                None => "the leases",
             })
-            .map(|(_, r)| r.name.as_str())
             .collect()
     }
 }
@@ -172,16 +163,6 @@ impl<H: Host> Store for SharedStore<'_, H> {
         self.host
             .shared_set(key.as_str(), value, token)
             .map_err(StoreError)
-    }
-}
-
-/// Creates a value if it does not exist yet, so that every later update
-/// carries a compare-and-swap token (a token of 0 would skip the check).
-fn ensure<H: Host>(host: H, key: &str, initial: &[u8]) -> bool {
-    match host.shared_get(key) {
-        Ok((Some(_), _)) => true,
-        Ok((None, cas)) => host.shared_set(key, initial, cas).unwrap_or(false),
-        Err(_) => false,
     }
 }
 

@@ -296,8 +296,7 @@ pub fn per_second(interval_ns: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Initial;
-    use crate::stream::initial_values;
+    use crate::stream::create_initial;
     use crate::testing::{MemBlob, MemCell, MemCells, MemStore};
     use std::cell::RefCell;
 
@@ -365,19 +364,7 @@ mod tests {
 
     fn initialised(config: &Config) -> &'static RefCell<MemCells> {
         let cells: &'static RefCell<MemCells> = Box::leak(Box::default());
-        let store = MemStore(cells);
-        for (i, r) in config.rules.iter().enumerate() {
-            for init in initial_values(i, r) {
-                match init {
-                    Initial::Cell(id) => {
-                        let _ = store.store(id, [0, 0], 0);
-                    }
-                    Initial::Blob(id, bytes) => {
-                        let _ = store.store_blob(id, &bytes, 0);
-                    }
-                }
-            }
-        }
+        create_initial(MemStore(cells), config);
         cells
     }
 

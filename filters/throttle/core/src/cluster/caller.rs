@@ -71,7 +71,7 @@ mod answer;
 mod shares;
 
 pub use shares::{ahead_epochs, lag_epochs};
-use shares::{div_ceil_u128, epoch_phase, grant_rate, phase_offset, rotated_floor};
+use shares::{div_ceil_u128, epoch_phase, grant_rate, phase_offset, share};
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
 /// The process counter they read moves when each worker hands its counts
@@ -398,7 +398,7 @@ impl Caller {
                     demand: 0,
                     mode: Mode::Grid,
                     stats: RuleStats::default(),
-                    skew: Skew::new(epoch_ns),
+                    skew: Skew::new(epoch_ns, engine.max_clock_skew_ns),
                     own_adds: Vec::new(),
                     shift: 0,
                     second: None,
@@ -451,9 +451,9 @@ impl Caller {
         std::mem::take(&mut self.events)
     }
 
-    /// Rule `i`'s slots per epoch.
-    pub fn slots_per_epoch(&self, i: usize) -> Option<u64> {
-        self.rules.get(i).map(|r| r.spec.grid.slots_per_epoch)
+    /// Rule `i`'s grid.
+    pub fn grid(&self, i: usize) -> Option<Grid> {
+        self.rules.get(i).map(|r| r.spec.grid)
     }
 
     /// Rule `i`'s clock offset from the other proxies', in its epochs.
@@ -536,21 +536,26 @@ impl Caller {
             if demand == 0 {
                 continue;
             }
-            // Whole requests per epoch, for the leftover claim.
-            let a = demand.div_ceil(DEMAND_UNIT);
+            // Whole requests per epoch, for the leftover claim (a fraction
+            // of one claims nothing ahead: it goes on credit, and what it
+            // owes is claimed next).
+            let a = demand / DEMAND_UNIT;
             r.last_epoch = Some(e);
             let next = e + 1;
-            let l = g.slots_per_epoch;
             let share = match (lookup3(&r.demand_ranges, y), lookup(&r.demand_totals, y)) {
-                (Some((d0, d1)), total) if total > 0 => {
-                    let total = total.max(d1);
-                    let phi = epoch_phase(ahead);
-                    rotated_floor(l, d1, total, phi) - rotated_floor(l, d0, total, phi)
-                }
+                (Some(place), total) if total > 0 => share(
+                    &g,
+                    g.slots_in(ahead),
+                    place,
+                    total.max(place.1),
+                    epoch_phase(ahead),
+                ),
                 _ => 0,
             };
             let need = a.saturating_add(fact.waiting).saturating_add(fact.owed);
-            let leftover = need.saturating_sub(lookup(&r.granted, next)).min(l);
+            let leftover = need
+                .saturating_sub(lookup(&r.granted, next))
+                .min(g.slots_in(next));
             let mut push = |purpose, epoch, hits| {
                 plan.push(Planned {
                     rule: i,
@@ -670,12 +675,15 @@ fn rules_of(plan: &[Planned]) -> Vec<usize> {
 }
 
 /// Updates the estimate of arrivals per epoch from the process counter,
-/// over the span of the samples kept (one epoch at first, then up to
-/// `ARRIVAL_SAMPLES - 1` epochs).
+/// over the span of the samples kept (one epoch, or slot, at first, then up
+/// to `ARRIVAL_SAMPLES - 1` of them).
 fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     let e_ns = r.spec.grid.epoch_ns;
+    // Samples an epoch apart, or a slot apart for rates below 10/s: a
+    // rule's demand is measured over about five of its slots at least.
+    let spacing = e_ns.max(r.spec.grid.interval_ns);
     if let Some(&(_, at)) = r.arrived_samples.last() {
-        if now.saturating_sub(at) < e_ns {
+        if now.saturating_sub(at) < spacing {
             return;
         }
     }

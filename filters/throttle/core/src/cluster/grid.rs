@@ -1,20 +1,26 @@
 //! The grid every proxy computes alike from a rule's interval `T`: slot `k`
-//! (a global index) is at wall-clock time `k * T` ns since the Unix epoch;
-//! epoch `f` holds slots `[f*L, (f+1)*L)` with `L = ceil(100 ms / T)` (at
-//! least 1) and lasts `E = L*T` (`E` in [100 ms, 200 ms) for `T <= 100 ms`,
-//! `E = T` for slower rates).
+//! (a global index) is at wall-clock time `k * T` ns since the Unix epoch.
+//! Epochs are the same for every rule of every proxy: epoch `f` is the wall
+//! time `[f*E, (f+1)*E)` with `E` = [`EPOCH_NS`] (100 ms), and holds the slots
+//! whose times fall in it, `[ceil(f*E/T), ceil((f+1)*E/T))`: `E/T` of them
+//! on average, the count differing by one from epoch to epoch when `T` does
+//! not divide `E`, and none in most epochs of rates below 10/s. One epoch
+//! for all rules lets one call per epoch carry every rule's claims at the
+//! right moment (until 2026-11-28 each rule had its own epoch of `L` whole
+//! slots, `E = L*T`, so two rules' epochs drifted apart and the calls,
+//! paced for both, skipped or delayed one rule's: red team 3, finding 3).
 //!
 //! Positions are not times. The engine hands out *positions* `0..L` of an
-//! epoch in the order claims arrive, so one claim holds a run of positions.
-//! Were position `p` the slot `f*L + p`, each proxy's slots would be one
-//! run of time, and a request arriving outside its proxy's run would wait
-//! for the next epoch even well within the rate. Positions are therefore
-//! dealt over [`LANES`] lanes (`p mod LANES`), and the lanes laid out in time
-//! in bit-reversed order ([`Grid::position_ranges`]): a run of positions
-//! covers a share of every lane, so each proxy's slots are spread over the
-//! whole epoch in at most [`LANES`] short runs, and any run of positions is
-//! still at most [`LANES`] ranges of slots. Every proxy computes the same
-//! bijection from `L` alone.
+//! epoch (`L` its slots) in the order claims arrive, so one claim holds a
+//! run of positions. Were position `p` the epoch's slot `p`, each proxy's
+//! slots would be one run of time, and a request arriving outside its
+//! proxy's run would wait for the next epoch even well within the rate.
+//! Positions are therefore dealt over [`LANES`] lanes (`p mod LANES`), and
+//! the lanes laid out in time in bit-reversed order
+//! ([`Grid::position_ranges`]): a run of positions covers a share of every
+//! lane, so each proxy's slots are spread over the whole epoch in at most
+//! [`LANES`] short runs, and any run of positions is still at most [`LANES`]
+//! ranges of slots. Every proxy computes the same bijection from `L` alone.
 //!
 //! The service appends the hour of *its own* clock to every counter's key
 //! (engine/README.md). All claims on one epoch must land on one counter, so a
@@ -22,12 +28,12 @@
 //! holding the epoch's start, and at least `max_clock_skew` from its start and
 //! `max_clock_skew + timeout` from its end ([`Grid::may_claim`]).
 
-use crate::clock::{NS_PER_MS, NS_PER_S};
+use crate::clock::NS_PER_MS;
 
-/// Target epoch length: at most 10 epochs (10 calls) per second per rule.
-pub const EPOCH_TARGET_NS: u64 = 100 * NS_PER_MS;
+/// The epoch of every rule: 10 epochs (at most 10 calls) per second.
+pub const EPOCH_NS: u64 = 100 * NS_PER_MS;
 /// The service's counter window (`unit: hour` in engine/config/throttle.yaml).
-pub const WINDOW_NS: u64 = 3600 * NS_PER_S;
+pub const WINDOW_NS: u64 = 3600 * crate::clock::NS_PER_S;
 
 /// Lanes an epoch's positions are dealt over (a power of two).
 pub const LANES: u64 = 8;
@@ -43,21 +49,16 @@ fn block_of_lane(j: u64) -> u64 {
 pub struct Grid {
     /// `T`: ns between two slots (the rule's interval).
     pub interval_ns: u64,
-    /// `L`: slots per epoch.
-    pub slots_per_epoch: u64,
-    /// `E = L*T`: ns per epoch.
+    /// `E`: ns per epoch ([`EPOCH_NS`] for every rule).
     pub epoch_ns: u64,
 }
 
 impl Grid {
     /// The grid of a rule released every `interval_ns` (> 0).
     pub fn new(interval_ns: u64) -> Grid {
-        let t = interval_ns.max(1);
-        let l = EPOCH_TARGET_NS.div_ceil(t).max(1);
         Grid {
-            interval_ns: t,
-            slots_per_epoch: l,
-            epoch_ns: l.saturating_mul(t),
+            interval_ns: interval_ns.max(1),
+            epoch_ns: EPOCH_NS,
         }
     }
 
@@ -81,26 +82,42 @@ impl Grid {
         f.saturating_mul(self.epoch_ns)
     }
 
-    /// Global index of position 0 of epoch `f`.
+    /// Global index of epoch `f`'s first slot (position 0).
     pub fn first_slot(&self, f: u64) -> u64 {
-        f.saturating_mul(self.slots_per_epoch)
+        self.slot_at_or_after(self.epoch_start(f))
+    }
+
+    /// `L`: the slots of epoch `f` (0 in most epochs of rates below 10/s).
+    pub fn slots_in(&self, f: u64) -> u64 {
+        self.first_slot(f.saturating_add(1))
+            .saturating_sub(self.first_slot(f))
     }
 
     /// The epoch holding slot `k`.
     pub fn epoch_of_slot(&self, k: u64) -> u64 {
-        k / self.slots_per_epoch
+        self.epoch_of(self.slot_time(k))
     }
 
-    /// Positions of lane `j` (those `p < L` with `p mod LANES = j`).
-    fn lane_len(&self, j: u64) -> u64 {
-        self.slots_per_epoch.saturating_sub(j).div_ceil(LANES)
+    /// Slots a run of `epochs` epochs holds, rounded: how far a clock offset
+    /// of that many epochs moves the grid's slots.
+    pub fn shift_slots(&self, epochs: i64) -> i64 {
+        let ns = i128::from(epochs) * i128::from(self.epoch_ns);
+        let t = i128::from(self.interval_ns);
+        let slots = (ns + ns.signum() * t / 2) / t;
+        i64::try_from(slots).unwrap_or(if epochs < 0 { i64::MIN } else { i64::MAX })
+    }
+
+    /// Positions of lane `j` in an epoch of `l` slots (those `p < l` with
+    /// `p mod LANES = j`).
+    fn lane_len(l: u64, j: u64) -> u64 {
+        l.saturating_sub(j).div_ceil(LANES)
     }
 
     /// Offset from the epoch's first slot at which lane `j`'s slots start:
     /// the lanes placed before it in time, in bit-reversed order.
-    fn lane_offset(&self, j: u64) -> u64 {
+    fn lane_offset(l: u64, j: u64) -> u64 {
         (0..block_of_lane(j))
-            .map(|b| self.lane_len(block_of_lane(b)))
+            .map(|b| Self::lane_len(l, block_of_lane(b)))
             .sum()
     }
 
@@ -108,12 +125,13 @@ impl Grid {
     /// sorted, disjoint ranges `[start, end)`: at most [`LANES`] of them.
     /// Position `p` is slot `first + lane_offset(p mod LANES) + p div LANES`.
     pub fn position_ranges(&self, f: u64, a: u64, b: u64) -> Vec<(u64, u64)> {
-        let b = b.min(self.slots_per_epoch);
+        let l = self.slots_in(f);
+        let b = b.min(l);
         let first = self.first_slot(f);
         let mut out: Vec<(u64, u64)> = Vec::new();
         for block in 0..LANES {
             let j = block_of_lane(block);
-            let start = first + self.lane_offset(j);
+            let start = first + Self::lane_offset(l, j);
             // Lane indices i with a <= i*LANES + j < b.
             let lo = a.saturating_sub(j).div_ceil(LANES);
             let hi = b.saturating_sub(j).div_ceil(LANES);
@@ -128,28 +146,26 @@ impl Grid {
     }
 
     /// The key naming this grid's counters for rule `name` at epoch `f`:
-    /// `<name>:<T>:<L>:<f>`. Proxies whose rule differs in name or rate never
-    /// share a counter.
+    /// `<name>:<T>:<f>`. Proxies whose rule differs in name or rate never
+    /// share a counter (nor with filters older than 2026-11-28, whose keys
+    /// were `<name>:<T>:<L>:<f>`, on epochs of their own).
     pub fn counter_key(&self, name: &str, f: u64) -> String {
-        format!("{name}:{}:{}:{f}", self.interval_ns, self.slots_per_epoch)
+        format!("{name}:{}:{f}", self.interval_ns)
     }
 
-    /// The name of this grid's per-hour count of calls (`<name>:<T>:<L>:gen`):
+    /// The name of this grid's per-hour count of calls (`<name>:<T>:gen`):
     /// it only grows within the service's hour, unless counters were lost.
     pub fn gen_key(&self, name: &str) -> String {
-        format!("{name}:{}:{}:gen", self.interval_ns, self.slots_per_epoch)
+        format!("{name}:{}:gen", self.interval_ns)
     }
 
     /// The per-second member counters of rule `name`: of every proxy that
     /// carries a rule of that name, whatever its rate (`<name>:any:<s>`),
-    /// and of those on this grid (`<name>:<T>:<L>:sec:<s>`).
+    /// and of those on this grid (`<name>:<T>:sec:<s>`).
     pub fn second_keys(&self, name: &str, s: u64) -> (String, String) {
         (
             format!("{name}:any:{s}"),
-            format!(
-                "{name}:{}:{}:sec:{s}",
-                self.interval_ns, self.slots_per_epoch
-            ),
+            format!("{name}:{}:sec:{s}", self.interval_ns),
         )
     }
 
@@ -184,50 +200,82 @@ pub fn window_of(t: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::NS_PER_S;
 
     const MS: u64 = NS_PER_MS;
 
     #[test]
-    fn epochs_are_about_100ms_and_whole_slots() {
-        // 300/s: T = 3,333,334 ns (rounded up), L = 30, E = 100,000,020 ns.
-        let g = Grid::new(3_333_334);
-        assert_eq!((g.slots_per_epoch, g.epoch_ns), (30, 100_000_020));
-        // 500/s: T = 2 ms, L = 50, E = 100 ms exactly.
+    fn every_rule_counts_in_100ms_epochs_of_whole_slots() {
+        // 500/s: T = 2 ms, 50 slots in every epoch.
         let g = Grid::new(2 * MS);
-        assert_eq!((g.slots_per_epoch, g.epoch_ns), (50, 100 * MS));
-        // 7/s: T = 142,857,143 ns > 100 ms: one slot per epoch.
+        assert_eq!(g.epoch_ns, 100 * MS);
+        assert!((0..100).all(|f| g.slots_in(f) == 50));
+        // 300/s: T = 3,333,334 ns (rounded up): 30 slots, now and then 29.
+        let g = Grid::new(3_333_334);
+        let counts: Vec<u64> = (1_000_000..1_000_100).map(|f| g.slots_in(f)).collect();
+        assert!(counts.iter().all(|&l| l == 29 || l == 30));
+        // 30/s: T = 33,333,334 ns: 3 slots, or 4 when one falls at an epoch's start.
+        let g = Grid::new(33_333_334);
+        let total: u64 = (0..30).map(|f| g.slots_in(f)).sum();
+        assert_eq!(total, g.first_slot(30) - g.first_slot(0));
+        // 7/s: T = 142,857,143 ns: one slot in 7 epochs of 10, none in the others.
         let g = Grid::new(142_857_143);
-        assert_eq!((g.slots_per_epoch, g.epoch_ns), (1, 142_857_143));
-        // 15/s: T = 66,666,667 ns: L = 2, E = 133,333,334 ns (in [100, 200) ms).
-        let g = Grid::new(66_666_667);
-        assert_eq!((g.slots_per_epoch, g.epoch_ns), (2, 133_333_334));
-        // 1,000,000/s: L = 100,000.
-        assert_eq!(Grid::new(1000).slots_per_epoch, 100_000);
+        let ones = (0..700).filter(|&f| g.slots_in(f) == 1).count();
+        assert!((0..700).all(|f| g.slots_in(f) <= 1));
+        assert_eq!(ones, 490);
+        // 1/s: one slot every 10 epochs.
+        let g = Grid::new(NS_PER_S);
+        assert_eq!((0..100).map(|f| g.slots_in(f)).sum::<u64>(), 10);
+        // Every slot is in exactly one epoch, the one its time falls in.
+        for t in [2 * MS, 3_333_334, 33_333_334, 142_857_143] {
+            let g = Grid::new(t);
+            for k in 1_000..1_200 {
+                let f = g.epoch_of_slot(k);
+                assert!(
+                    g.first_slot(f) <= k && k < g.first_slot(f + 1),
+                    "T {t} slot {k}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_clock_offset_moves_the_slots_by_its_time() {
+        let g = Grid::new(2 * MS);
+        assert_eq!(g.shift_slots(9), 450);
+        assert_eq!(g.shift_slots(-9), -450);
+        let g = Grid::new(33_333_334);
+        assert_eq!(g.shift_slots(1), 3); // 100 ms = 2.99999994 slots
+        assert_eq!(g.shift_slots(-10), -30);
+        assert_eq!(Grid::new(NS_PER_S).shift_slots(9), 1);
     }
 
     /// The global slot of position `p` (< L) of epoch `f`, one at a time.
     fn slot_of_position(g: &Grid, f: u64, p: u64) -> u64 {
-        g.first_slot(f) + g.lane_offset(p % LANES) + p / LANES
+        let l = g.slots_in(f);
+        g.first_slot(f) + Grid::lane_offset(l, p % LANES) + p / LANES
     }
 
     #[test]
     fn positions_map_one_to_one_onto_the_epochs_slots() {
         for l in (1..=70).chain([97, 100, 128, 1000]) {
-            let g = Grid::new(EPOCH_TARGET_NS.div_ceil(l));
-            assert_eq!(g.slots_per_epoch, l);
-            let f = 12_345;
-            let mut slots: Vec<u64> = (0..l).map(|p| slot_of_position(&g, f, p)).collect();
-            slots.sort_unstable();
-            let want: Vec<u64> = (g.first_slot(f)..g.first_slot(f + 1)).collect();
-            assert_eq!(slots, want, "L = {l}");
+            let g = Grid::new(EPOCH_NS / l);
+            for f in [12_345, 12_346, 17_954_676_001] {
+                let l = g.slots_in(f);
+                let mut slots: Vec<u64> = (0..l).map(|p| slot_of_position(&g, f, p)).collect();
+                slots.sort_unstable();
+                let want: Vec<u64> = (g.first_slot(f)..g.first_slot(f + 1)).collect();
+                assert_eq!(slots, want, "L = {l}");
+            }
         }
     }
 
     #[test]
     fn a_run_of_positions_is_at_most_lanes_ranges_of_the_same_slots() {
         for l in [1, 2, 3, 7, 8, 9, 15, 16, 17, 30, 50, 97] {
-            let g = Grid::new(EPOCH_TARGET_NS.div_ceil(l));
+            let g = Grid::new(EPOCH_NS / l);
             let f = 7;
+            let l = g.slots_in(f);
             for a in 0..=l {
                 for b in a..=l + 2 {
                     let ranges = g.position_ranges(f, a, b);
@@ -249,12 +297,15 @@ mod tests {
 
     #[test]
     fn a_third_of_the_positions_is_spread_over_the_whole_epoch() {
-        // 300/s: L = 30 in lanes of 4,4,4,4,4,4,3,3 slots, placed in time in
-        // the order of lanes 0,4,2,6,1,5,3,7.
-        let g = Grid::new(3_333_334);
-        let first = g.first_slot(3);
+        // 300/s at T = 10/3 ms exactly every 3 epochs: epoch 3 holds slots
+        // 90..120 (L = 30), in lanes of 4,4,4,4,4,4,3,3 slots, placed in time
+        // in the order of lanes 0,4,2,6,1,5,3,7.
+        let g = Grid::new(3_333_333);
+        let f = 3;
+        assert_eq!(g.slots_in(f), 30);
+        let first = g.first_slot(f);
         let rel = |a, b| -> Vec<(u64, u64)> {
-            g.position_ranges(3, a, b)
+            g.position_ranges(f, a, b)
                 .into_iter()
                 .map(|(s, e)| (s - first, e - first))
                 .collect()
@@ -273,28 +324,13 @@ mod tests {
                 (27, 28)
             ]
         );
-        assert_eq!(
-            rel(10, 20),
-            vec![
-                (2, 3),
-                (5, 6),
-                (9, 11),
-                (13, 14),
-                (17, 18),
-                (20, 21),
-                (24, 26),
-                (28, 29)
-            ]
-        );
         // The longest stretch of the epoch without a slot of positions 0..10:
         // 3 slots (10 ms), where positions in order of time would leave 20.
         let owned = rel(0, 10);
         let longest_gap = owned.windows(2).map(|w| w[1].0 - w[0].1).max();
         assert_eq!(longest_gap, Some(3));
-        // Positions in time order, position 0 first.
-        assert_eq!(slot_of_position(&g, 3, 0), first);
-        assert_eq!(slot_of_position(&g, 3, 4), first + 4);
-        assert_eq!(slot_of_position(&g, 3, 7), first + 27);
+        assert_eq!(slot_of_position(&g, f, 0), first);
+        assert_eq!(slot_of_position(&g, f, 7), first + 27);
     }
 
     #[test]
@@ -310,7 +346,7 @@ mod tests {
         assert_eq!(g.slot_at_or_after(now - MS), g.slot_at_or_after(now) - 1);
         assert_eq!(g.epoch_of_slot(g.first_slot(f) + 49), f);
         assert_eq!(g.epoch_of_slot(g.first_slot(f) + 50), f + 1);
-        assert_eq!(g.counter_key("orders", f), "orders:2000000:50:17954676001");
+        assert_eq!(g.counter_key("orders", f), "orders:2000000:17954676001");
     }
 
     #[test]

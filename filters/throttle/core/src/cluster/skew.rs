@@ -10,7 +10,7 @@
 //! to), so every count is of the other proxies only. "About": calls come within the first
 //! quarter of an epoch, so each count is right to a quarter of an epoch.
 //!
-//! The caller probes two offsets per call, each ahead and behind (4 looks),
+//! The caller probes three offsets per call, each ahead and behind (6 looks),
 //! in turn over offsets out to about 2.5 s ([`Skew::new`]). After a full sweep
 //! it asks [`Skew::estimate`]. Others' adds already in our future counters
 //! can only mean they are ahead: if more than half of them have reached `j`
@@ -28,8 +28,12 @@
 //! 5 epochs apart, one correction leaves us within 2 epochs, which the grid's
 //! ordering absorbs (and the next sweeps refine).
 
-/// Offsets probed, in epochs (each also negated), as far as [`REACH_NS`].
-const OFFSETS: [i64; 10] = [1, 2, 3, 4, 6, 8, 11, 15, 20, 25];
+/// Offsets probed, in epochs (each also negated), as far as [`REACH_NS`]:
+/// at most 2 apart, so that a move to the middle of the two offsets where
+/// the others stand leaves at most about one epoch (plus the quarter epoch
+/// of the call phases), which the next sweeps ignore (see [`Skew::min_move`]):
+/// one move per skew event.
+const OFFSETS: [i64; 15] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20, 22, 25];
 
 /// How far probes reach, ns: a clock off by more is not seen here (others
 /// beyond the reach look absent), and the service's hour check
@@ -50,12 +54,17 @@ pub struct Skew {
     pending: Option<i64>,
     /// Our clock's offset from the fleet's, in epochs (positive: ahead).
     pub offset_epochs: i64,
+    /// The smallest correction made, in epochs: more than `max_clock_skew`
+    /// (which the claim schedule absorbs) and at least 2, so that what a
+    /// move leaves over never moves the grid again.
+    min_move: i64,
 }
 
 impl Skew {
     /// The probes of a grid whose epochs last `epoch_ns`: every offset of
-    /// the offsets probed (1 to 25 epochs) within [`REACH_NS`] (at least one).
-    pub fn new(epoch_ns: u64) -> Skew {
+    /// the offsets probed (1 to 25 epochs) within [`REACH_NS`] (at least one);
+    /// `skew_ns`: the engine's `max_clock_skew`, a difference that is no skew.
+    pub fn new(epoch_ns: u64, skew_ns: u64) -> Skew {
         let mut offsets: Vec<i64> = OFFSETS
             .iter()
             .copied()
@@ -72,17 +81,21 @@ impl Skew {
             next: 0,
             pending: None,
             offset_epochs: 0,
+            min_move: i64::try_from(skew_ns / epoch_ns.max(1))
+                .unwrap_or(i64::MAX)
+                .saturating_add(1)
+                .max(2),
         }
     }
 
     /// The offsets (epochs from `k` ahead of ours) to look at in this call:
-    /// two, each ahead and behind.
-    pub fn probes(&mut self) -> [i64; 4] {
+    /// three, each ahead and behind (a sweep of the 15 offsets in 5 calls).
+    pub fn probes(&mut self) -> [i64; 6] {
         let n = self.offsets.len().max(1);
-        let a = self.offsets.get(self.next).copied().unwrap_or(1);
-        let b = self.offsets.get((self.next + 1) % n).copied().unwrap_or(1);
-        self.next = (self.next + 2) % n;
-        [a, -a, b, -b]
+        let at = |i: usize| self.offsets.get(i % n).copied().unwrap_or(1);
+        let (a, b, c) = (at(self.next), at(self.next + 1), at(self.next + 2));
+        self.next = (self.next + 3) % n;
+        [a, -a, b, -b, c, -c]
     }
 
     /// The count seen at offset `j`, less our own adds to that counter
@@ -112,6 +125,9 @@ impl Skew {
         let now = self.sweep();
         self.ahead.iter_mut().for_each(|c| *c = None);
         self.behind.iter_mut().for_each(|c| *c = None);
+        // A difference the claim schedule absorbs is no skew: what a move
+        // leaves over (at most about an epoch) never moves the grid again.
+        let now = now.filter(|m| m.abs() >= self.min_move);
         let confirmed = match (self.pending, now) {
             // Behind (others' adds are in our future: unambiguous): the same
             // direction twice (a count right at an offset may tip either
@@ -158,20 +174,27 @@ impl Skew {
         let in_future = ahead.first().copied().unwrap_or(0);
         let in_past = behind.last().copied().unwrap_or(0);
         let others = in_future.max(in_past);
-        let majority = |n: u64| n.saturating_mul(2) > others;
-        // Behind: more than half of the others have reached j epochs past us.
-        let ahead: Vec<bool> = ahead.iter().map(|&c| majority(c)).collect();
+        // The fleet counts us too: a split of it in two equal halves moves
+        // only the half behind (forward, to the other's clock); the half
+        // ahead stays. So in a tie nobody chases anybody (until 2026-11-28
+        // every proxy of a 2-against-2 split moved, again and again).
+        let fleet = others.saturating_add(1);
+        // Behind: at least half of the fleet has reached j epochs past us.
+        let ahead: Vec<bool> = ahead
+            .iter()
+            .map(|&c| c.saturating_mul(2) >= fleet)
+            .collect();
         if let Some(m) = self.midway(&ahead) {
             return Some(-m);
         }
-        // Ahead: more than half of the others, present further back, have not
+        // Ahead: more than half of the fleet, present further back, has not
         // reached j epochs before us yet. With one other, it moves instead.
         if others < 2 || in_past < others {
             return None;
         }
         let behind: Vec<bool> = behind
             .iter()
-            .map(|&c| majority(in_past.saturating_sub(c)))
+            .map(|&c| in_past.saturating_sub(c).saturating_mul(2) > fleet)
             .collect();
         self.midway(&behind)
     }
@@ -205,7 +228,7 @@ mod tests {
     /// A full sweep of counts of the other proxies: `ahead(j)` at +j,
     /// `at_or_after(j)` at -j (our own add comes on top there, and is taken out).
     fn sweep(s: &mut Skew, ahead: impl Fn(i64) -> u64, at_or_after: impl Fn(i64) -> u64) {
-        for _ in 0..s.offsets.len().div_ceil(2) {
+        for _ in 0..s.offsets.len().div_ceil(3) {
             for j in s.probes() {
                 if j > 0 {
                     s.record(j, ahead(j), 0);
@@ -220,30 +243,36 @@ mod tests {
     #[test]
     fn probes_reach_about_two_and_a_half_seconds_whatever_the_epoch() {
         assert_eq!(
-            Skew::new(100 * MS).offsets,
-            vec![1, 2, 3, 4, 6, 8, 11, 15, 20, 25]
+            Skew::new(100 * MS, 100 * MS).offsets,
+            vec![1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20, 22, 25]
         );
-        assert_eq!(Skew::new(250 * MS).offsets, vec![1, 2, 3, 4, 6, 8]);
-        assert_eq!(Skew::new(1000 * MS).offsets, vec![1, 2]);
-        assert_eq!(Skew::new(5000 * MS).offsets, vec![1]);
-        let mut s = Skew::new(1000 * MS);
-        assert_eq!([s.probes(), s.probes()], [[1, -1, 2, -2], [1, -1, 2, -2]]);
-        let mut s = Skew::new(100 * MS);
+        assert_eq!(
+            Skew::new(250 * MS, 100 * MS).offsets,
+            vec![1, 2, 3, 4, 5, 6, 8, 10]
+        );
+        assert_eq!(Skew::new(1000 * MS, 100 * MS).offsets, vec![1, 2]);
+        assert_eq!(Skew::new(5000 * MS, 100 * MS).offsets, vec![1]);
+        let mut s = Skew::new(1000 * MS, 100 * MS);
+        assert_eq!(
+            [s.probes(), s.probes()],
+            [[1, -1, 2, -2, 1, -1], [2, -2, 1, -1, 2, -2]]
+        );
+        let mut s = Skew::new(100 * MS, 100 * MS);
         assert_eq!(
             [s.probes(), s.probes(), s.probes(), s.probes(), s.probes()],
             [
-                [1, -1, 2, -2],
-                [3, -3, 4, -4],
-                [6, -6, 8, -8],
-                [11, -11, 15, -15],
-                [20, -20, 25, -25]
+                [1, -1, 2, -2, 3, -3],
+                [4, -4, 5, -5, 6, -6],
+                [8, -8, 10, -10, 12, -12],
+                [14, -14, 16, -16, 18, -18],
+                [20, -20, 22, -22, 25, -25]
             ]
         );
     }
 
     #[test]
     fn in_step_with_the_fleet_nothing_moves() {
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         // 5 proxies: 4 others, none ahead, all in at every offset behind.
         for _ in 0..3 {
             sweep(&mut s, |_| 0, |_| 4);
@@ -253,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_proxy_ahead_that_just_started_does_not_move_the_ones_in_step() {
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         // One other in step (present at every offset behind), and one 8
         // epochs ahead that started adding 3 epochs ago: in our counters +6
         // to +8 only, not yet in our past. Not a majority of the two.
@@ -279,7 +308,7 @@ mod tests {
 
     #[test]
     fn three_epochs_ahead_of_two_others_is_corrected_after_two_sweeps() {
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         // Us ahead by ~3.3 epochs: the two others have not reached -1, -2, -3
         // yet; at -4 and beyond they are in.
         let behind = |j: i64| if j <= 3 { 0 } else { 2 };
@@ -287,8 +316,8 @@ mod tests {
         assert_eq!(s.estimate(), None, "one sweep is not enough");
         sweep(&mut s, |_| 0, behind);
         assert_eq!(s.estimate(), Some(3));
-        // Ahead by ~13: beyond 11, not 15: halfway, 13.
-        let mut s = Skew::new(100 * MS);
+        // Ahead by ~11-12: beyond 10, not 12: halfway, 11.
+        let mut s = Skew::new(100 * MS, 100 * MS);
         let behind = |j: i64| if j <= 11 { 0 } else { 2 };
         sweep(&mut s, |_| 0, behind);
         sweep(&mut s, |_| 0, behind);
@@ -298,7 +327,7 @@ mod tests {
             "the second sweep only confirms after the first estimate"
         );
         sweep(&mut s, |_| 0, behind);
-        assert_eq!(s.estimate(), Some(13));
+        assert_eq!(s.estimate(), Some(11));
     }
 
     #[test]
@@ -310,16 +339,16 @@ mod tests {
             s.estimate()
         };
         // Two others 8+ epochs ahead of us.
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         let ahead = |j: i64| if j <= 8 { 2 } else { 0 };
         assert_eq!(twice(&mut s, &ahead, &|_| 2), Some(-9));
         // One other ahead: the one behind moves forward...
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         let one = |j: i64| u64::from(j <= 8);
         assert_eq!(twice(&mut s, &one, &|_| 1), Some(-9));
         // ...and the one ahead of a single other stays (it cannot tell
         // that one from a proxy that started late or went idle).
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         let alone_ahead = |j: i64| if j <= 8 { 0 } else { 1 };
         assert_eq!(twice(&mut s, &|_| 0, &alone_ahead), None);
     }
@@ -327,20 +356,20 @@ mod tests {
     #[test]
     fn ahead_of_two_others_is_taken_only_if_they_were_there_before_and_it_stays_put() {
         // Two others missing from our last 8 epochs, present before: ahead by ~9.
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         let behind = |j: i64| if j <= 8 { 0 } else { 2 };
         sweep(&mut s, |_| 0, behind);
         assert_eq!(s.estimate(), None);
         sweep(&mut s, |_| 0, behind);
         assert_eq!(s.estimate(), Some(9));
         // Missing everywhere we look: not there at all (not started, idle).
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         for _ in 0..3 {
             sweep(&mut s, |_| 0, |_| 0);
             assert_eq!(s.estimate(), None);
         }
         // Missing for longer and longer (they went idle): never confirmed.
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         for gone in [3, 6, 11, 15] {
             sweep(&mut s, |_| 0, move |j: i64| if j <= gone { 0 } else { 2 });
             assert_eq!(s.estimate(), None, "gone for {gone}");
@@ -350,7 +379,7 @@ mod tests {
     #[test]
     fn a_minority_out_of_step_moves_nobody_in_step() {
         // 5 proxies: 2 others ahead by 5, 2 in step: we stay.
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         let ahead = |j: i64| if j <= 6 { 2 } else { 0 };
         for _ in 0..3 {
             sweep(&mut s, ahead, |_| 4);
@@ -360,7 +389,7 @@ mod tests {
 
     #[test]
     fn two_sweeps_must_agree_on_the_direction_and_the_smaller_is_taken() {
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         // Ahead: 3 then 4 is confirmed (the smaller), 3 then 7 is not.
         sweep(&mut s, |_| 0, |j| if j <= 2 { 0 } else { 2 });
         assert_eq!(s.estimate(), None);
@@ -371,19 +400,69 @@ mod tests {
         sweep(&mut s, |_| 0, |j| if j <= 6 { 0 } else { 2 });
         assert_eq!(s.estimate(), None, "2 then 7: not put");
         // Behind: the same direction twice, the smaller.
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         sweep(&mut s, |j| if j <= 3 { 2 } else { 0 }, |_| 2);
         assert_eq!(s.estimate(), None);
         sweep(&mut s, |j| if j <= 6 { 2 } else { 0 }, |_| 2);
         assert_eq!(s.estimate(), Some(-3), "-3 then -7: the smaller");
         // Ahead, then behind: no answer; then behind twice.
-        let mut s = Skew::new(100 * MS);
+        let mut s = Skew::new(100 * MS, 100 * MS);
         sweep(&mut s, |_| 0, |j| if j <= 3 { 0 } else { 2 });
         assert_eq!(s.estimate(), None);
         let two_ahead = |j: i64| if j <= 4 { 2 } else { 0 };
         sweep(&mut s, two_ahead, |_| 2);
         assert_eq!(s.estimate(), None, "ahead then behind");
         sweep(&mut s, two_ahead, |_| 2);
-        assert_eq!(s.estimate(), Some(-5));
+        assert_eq!(s.estimate(), Some(-4));
+    }
+
+    #[test]
+    fn a_tie_moves_only_the_half_behind() {
+        // 4 proxies, 2 of them 9 epochs behind the other 2 (red team 3,
+        // finding 4). Seen from one behind: 3 others, 2 of them ahead: half
+        // the fleet of 4, it moves forward.
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        let two_ahead = |j: i64| if j <= 8 { 2 } else { 0 };
+        sweep(&mut s, two_ahead, |_| 3);
+        assert_eq!(s.estimate(), None);
+        sweep(&mut s, two_ahead, |_| 3);
+        assert_eq!(s.estimate(), Some(-9));
+        // Seen from one ahead: 2 of 3 others missing from the last 8
+        // epochs, present before: half the fleet, not more: it stays.
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        let two_behind = |j: i64| if j <= 8 { 1 } else { 3 };
+        for _ in 0..3 {
+            sweep(&mut s, |_| 0, two_behind);
+            assert_eq!(s.estimate(), None);
+        }
+        // Three behind of 4 is more than half: the one ahead moves back.
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        let three_behind = |j: i64| if j <= 8 { 0 } else { 3 };
+        sweep(&mut s, |_| 0, three_behind);
+        assert_eq!(s.estimate(), None);
+        sweep(&mut s, |_| 0, three_behind);
+        assert_eq!(s.estimate(), Some(9));
+    }
+
+    #[test]
+    fn what_a_move_leaves_over_moves_nothing_again() {
+        // The others 1 epoch ahead (a move's remainder, or a skew within
+        // max_clock_skew): no move, ever.
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        for _ in 0..4 {
+            sweep(&mut s, |j| if j <= 1 { 2 } else { 0 }, |_| 2);
+            assert_eq!(s.estimate(), None);
+        }
+        // Two epochs is a skew beyond 100 ms: moved once.
+        sweep(&mut s, |j| if j <= 2 { 2 } else { 0 }, |_| 2);
+        assert_eq!(s.estimate(), None);
+        sweep(&mut s, |j| if j <= 2 { 2 } else { 0 }, |_| 2);
+        assert_eq!(s.estimate(), Some(-2));
+        // With max_clock_skew 350 ms, 3 epochs are no skew.
+        let mut s = Skew::new(100 * MS, 350 * MS);
+        for _ in 0..3 {
+            sweep(&mut s, |j| if j <= 3 { 2 } else { 0 }, |_| 2);
+            assert_eq!(s.estimate(), None);
+        }
     }
 }

@@ -168,7 +168,7 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
     let request = call.unwrap().request;
     assert_eq!(request.header(":path"), Some("/json"));
     let body = String::from_utf8(request.body).unwrap();
-    let v = |f: u64| format!("orders:2000000:50:{f}");
+    let v = |f: u64| format!("orders:2000000:{f}");
     let d = |key: &str, f: u64, hits: u64| {
         format!(
             r#"{{"entries":[{{"key":"{key}","value":"{}"}}],"hitsAddend":"{hits}"}}"#,
@@ -177,12 +177,13 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
     };
     // Look at the demand total of e+1 (complete: lag = ceil((25 + 50 + 100)
     // ms / 100 ms) = 2 epochs before e+3, where adds go: k = 3), add one to
-    // the hour's call count, probe the members one and two epochs ahead of
-    // e+3 and behind it, look at e+1's proxies, take 3 leftovers of e+1 (1 arrival per
-    // epoch at least, plus 2 waiting), add itself and its demand (1 arrival
-    // per epoch, in 1/64) to e+3. No share yet: it had no place in an earlier
+    // the hour's call count, probe the members one, two and three epochs
+    // ahead of e+3 and behind it, look at e+1's proxies, take 3 leftovers of
+    // e+1 (1 request per epoch, its demand while requests wait, plus 2
+    // waiting), add itself and its demand (1 arrival per epoch, in 1/64) to e+3. No share yet: it had no place in an earlier
     // demand total.
-    let gen = r#"{"entries":[{"key":"throttle_members","value":"orders:2000000:50:gen"}],"hitsAddend":"1"}"#;
+    let gen =
+        r#"{"entries":[{"key":"throttle_members","value":"orders:2000000:gen"}],"hitsAddend":"1"}"#;
     // Once per second: itself in this second's count of the rule's name and
     // of its grid, and a look at both two seconds back.
     let sec = T0 / NS_PER_S;
@@ -193,20 +194,22 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
     };
     let seconds = [
         m(format!("orders:any:{sec}"), 1),
-        m(format!("orders:2000000:50:sec:{sec}"), 1),
+        m(format!("orders:2000000:sec:{sec}"), 1),
         m(format!("orders:any:{}", sec - 2), 0),
-        m(format!("orders:2000000:50:sec:{}", sec - 2), 0),
+        m(format!("orders:2000000:sec:{}", sec - 2), 0),
     ]
     .join(",");
     assert_eq!(
         body,
         format!(
-            r#"{{"descriptors":[{},{gen},{seconds},{},{},{},{},{},{},{},{}],"domain":"envoy_throttle"}}"#,
+            r#"{{"descriptors":[{},{gen},{seconds},{},{},{},{},{},{},{},{},{},{}],"domain":"envoy_throttle"}}"#,
             d("throttle_demand", E0 + 1, 0),
             d("throttle_members", E0 + 4, 0),
             d("throttle_members", E0 + 2, 0),
             d("throttle_members", E0 + 5, 0),
             d("throttle_members", E0 + 1, 0),
+            d("throttle_members", E0 + 6, 0),
+            d("throttle_members", E0, 0),
             d("throttle_members", E0 + 1, 0),
             d("throttle_slots", E0 + 1, 3),
             d("throttle_members", E0 + 3, 1),
@@ -279,9 +282,9 @@ fn a_counter_that_moves_in_steps_keeps_a_sparse_proxy_claiming() {
     assert_eq!(c.stats(0).map(|s| s.calls), Some(25));
 }
 
-#[test]
-fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
-    // Two proxies, 30 and 10 arrivals per epoch, calling once per epoch.
+/// Two proxies with `per_a` and `per_b` arrivals per epoch, calling once
+/// per epoch in turns: the shares each is granted, once demand is known.
+fn shares_of(per_a: u64, per_b: u64) -> Vec<(u64, u64)> {
     let mut eng = FakeEngine::default();
     let mut a = Caller::new(
         &engine(),
@@ -293,12 +296,12 @@ fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
         // Calls drift a little later each epoch (at least 100 ms apart).
         let now = T0 + k * 104 * MS;
         let fa = [RuleFacts {
-            arrived_total: 30 * k,
+            arrived_total: per_a * k,
             waiting: 0,
             owed: 0,
         }];
         let fb = [RuleFacts {
-            arrived_total: 10 * k,
+            arrived_total: per_b * k,
             waiting: 0,
             owed: 0,
         }];
@@ -321,13 +324,33 @@ fn shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
     }
     // Arrivals are measured from k = 1, so demand(E0+4) is the first with
     // both; shares of e+3 come from demand(e): from k = 4 (epoch E0+7) on.
-    // 50*30/40 = 37.5 -> the epoch's offset decides the rounding.
-    let shares: Vec<(u64, u64)> = granted.iter().skip(4).map(|&(_, x, y)| (x, y)).collect();
+    granted.iter().skip(4).map(|&(_, x, y)| (x, y)).collect()
+}
+
+#[test]
+fn above_the_rate_shares_follow_demand_and_add_up_to_the_epoch_whatever_the_order() {
+    // 80 asked of 50 slots: 50*60/80 = 37.5 -> the epoch's offset decides the rounding.
+    let shares = shares_of(60, 20);
     assert_eq!(shares.len(), 6);
     for &(x, y) in &shares {
         assert_eq!(x + y, 50, "{shares:?}");
         assert!((37..=38).contains(&x), "{shares:?}");
     }
+}
+
+#[test]
+fn below_the_rate_each_share_is_the_demand_and_the_rest_is_left_over() {
+    // 40 asked of 50 slots: each proxy's share is its own demand; 10 slots
+    // an epoch stay for leftover claims (bursts, credit repaid, new proxies).
+    // (Calls 104 ms apart measure 30 arrivals per call as about 29 per epoch.)
+    let shares = shares_of(30, 10);
+    assert_eq!(shares.len(), 6);
+    assert!(
+        shares
+            .iter()
+            .all(|&(x, y)| (28..=30).contains(&x) && (9..=10).contains(&y)),
+        "{shares:?}"
+    );
 }
 
 #[test]
@@ -567,10 +590,13 @@ fn no_claim_lands_near_the_services_hour_boundary() {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             for d in v["descriptors"].as_array().unwrap() {
                 let value = d["entries"][0]["value"].as_str().unwrap();
-                // Epoch counters only (`<rule>:<T>:<L>:<epoch>`): the hour's
+                // Epoch counters only (`<rule>:<T>:<epoch>`): the hour's
                 // call count and the per-second member counts have none.
                 let parts: Vec<&str> = value.split(':').collect();
-                if let [_, _, _, f] = parts[..] {
+                if let [_, kind, f] = parts[..] {
+                    if kind == "any" {
+                        continue;
+                    }
                     if let Ok(f) = f.parse::<u64>() {
                         claimed.push((t, f));
                     }

@@ -140,37 +140,81 @@ struct Ctx<'a, S> {
     can_hold: bool,
 }
 
-/// The shared values rule `index`'s stages need before its first request
-/// (so that every update carries a compare-and-swap token). Key tables are
-/// not listed: a slot is written with a token of 0 the first time.
-pub fn initial_values(index: usize, rule: &Rule) -> Vec<Initial> {
+/// The shared values a configuration needs before its first request, so
+/// that every update carries a compare-and-swap token: Envoy writes a key
+/// that does not exist whatever the token, so two workers that both found a
+/// cell missing could both write it (both take the first credit, both take
+/// the first lease). Per rule (`Some(index)`), then the process's leases
+/// (`None`). Key tables are not listed: a slot is written with a token of 0
+/// by design (its fingerprint guards it).
+pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
     let mut out = Vec::new();
-    if rule.schedule.is_some() {
-        out.push(Initial::Cell(CellId::Rate(index)));
+    for (index, rule) in config.rules.iter().enumerate() {
+        let mut add = |v| out.push((Some(index), v));
+        if rule.schedule.is_some() {
+            add(Initial::Cell(CellId::Rate(index)));
+        }
+        if rule.concurrency.is_some() {
+            add(Initial::Cell(CellId::Gate(index)));
+        }
+        if !rule.classes.is_empty() {
+            add(Initial::Blob(
+                BlobId::Classes(index),
+                crate::classes::Tickets::default().encode(),
+            ));
+        }
+        if rule.adaptive.is_some() {
+            add(Initial::Blob(
+                BlobId::Tally(index),
+                crate::adaptive::learner::encode(&crate::adaptive::Tally::EMPTY),
+            ));
+        }
+        if rule.cluster.is_some() {
+            for id in [
+                CellId::Cursor(index),
+                CellId::Fallback(index),
+                CellId::Ahead(index),
+            ] {
+                add(Initial::Cell(id));
+            }
+            add(Initial::Blob(
+                BlobId::Grants(index),
+                Grants::default().encode(),
+            ));
+        }
     }
-    if rule.concurrency.is_some() {
-        out.push(Initial::Cell(CellId::Gate(index)));
+    if config.engine.is_some() && config.rules.iter().any(|r| r.cluster.is_some()) {
+        out.push((None, Initial::Cell(CellId::Caller)));
     }
-    if !rule.classes.is_empty() {
-        out.push(Initial::Blob(
-            BlobId::Classes(index),
-            crate::classes::Tickets::default().encode(),
-        ));
-    }
-    if rule.adaptive.is_some() {
-        out.push(Initial::Blob(
-            BlobId::Tally(index),
-            crate::adaptive::learner::encode(&crate::adaptive::Tally::EMPTY),
-        ));
-    }
-    if rule.cluster.is_some() {
-        out.extend([CellId::Cursor(index), CellId::Fallback(index)].map(Initial::Cell));
-        out.push(Initial::Blob(
-            BlobId::Grants(index),
-            Grants::default().encode(),
-        ));
+    if config.rules.iter().any(|r| r.adaptive.is_some()) {
+        out.push((None, Initial::Cell(CellId::Learner)));
     }
     out
+}
+
+/// Creates what [`initial_values`] lists where it does not exist yet (a
+/// value another VM created first is kept). Returns the rules (None: the
+/// process's leases) whose values could not be created.
+pub fn create_initial<S: Store>(store: S, config: &Config) -> Vec<Option<usize>> {
+    let mut failed: Vec<Option<usize>> = Vec::new();
+    for (rule, value) in initial_values(config) {
+        let ok = match value {
+            Initial::Cell(id) => match store.load(id) {
+                Ok((Some(_), _)) => true,
+                Ok((None, token)) => store.store(id, [0, 0], token).unwrap_or(false),
+                Err(_) => false,
+            },
+            Initial::Blob(id, bytes) => match store.load_blob(id) {
+                Ok((Some(_), _)) => true,
+                Ok((None, token)) => store.store_blob(id, &bytes, token).unwrap_or(false),
+                Err(_) => false,
+            },
+        };
+        if !ok && !failed.contains(&rule) {
+            failed.push(rule);
+        }
+    }
+    failed
 }
 
 impl Stream {

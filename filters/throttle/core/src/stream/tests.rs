@@ -67,6 +67,14 @@ struct Proc {
 
 impl Proc {
     fn new(json: &str) -> Proc {
+        let p = Proc::unconfigured(json);
+        // As the glue does on configure.
+        assert!(super::create_initial(MemStore(&p.cells), &p.config).is_empty());
+        p.cells.borrow_mut().configured();
+        p
+    }
+
+    fn unconfigured(json: &str) -> Proc {
         Proc {
             config: config::parse(json.as_bytes()).expect("a valid configuration"),
             hasher: KeyHasher::new((1, 2)),
@@ -1113,4 +1121,127 @@ fn a_quiet_response_side_answers_nothing() {
     p.get(1);
     assert_eq!(p.get(2), Verdict::Hold);
     assert!(!p.streams[&2].response_is_quiet(&p.config));
+}
+
+// ------------------------------------------------------------- cells created at configure
+
+/// A store on which another VM's whole action runs right after this one
+/// first reads `target`: the interleaving in which both read a cell before
+/// either writes it.
+#[derive(Clone, Copy)]
+struct Racing<'a, 'b> {
+    mem: MemStore<'a>,
+    target: CellId,
+    other: &'b dyn Fn(),
+    fired: &'b std::cell::Cell<bool>,
+}
+
+impl Store for Racing<'_, '_> {
+    fn load(&self, id: CellId) -> Result<(Option<[u64; 2]>, u32), crate::StoreError> {
+        let seen = self.mem.load(id);
+        if id == self.target && !self.fired.replace(true) {
+            (self.other)();
+        }
+        seen
+    }
+    fn store(&self, id: CellId, value: [u64; 2], token: u32) -> Result<bool, crate::StoreError> {
+        self.mem.store(id, value, token)
+    }
+    fn load_blob(&self, id: BlobId) -> Result<(Option<Vec<u8>>, u32), crate::StoreError> {
+        self.mem.load_blob(id)
+    }
+    fn store_blob(&self, id: BlobId, value: &[u8], token: u32) -> Result<bool, crate::StoreError> {
+        self.mem.store_blob(id, value, token)
+    }
+}
+
+const CREDIT_RULE: &str = r#"{"engine": {"cluster": "throttle_engine"},
+    "rules": [{"name": "c", "rate": "10/s", "scope": "cluster", "expected_replicas": 2}]}"#;
+
+/// Two workers take credit for their first requests at once (no grants yet).
+/// Returns how many went on credit and what the process owes.
+fn first_credits(p: &Proc) -> (usize, u64) {
+    let reach = cluster::rule_reach(&p.config.rules[0]).unwrap();
+    let mem = MemStore(&p.cells);
+    let b_took = RefCell::new(None);
+    let other = || {
+        *b_took.borrow_mut() = Some(cluster::take(
+            &mut mem.cell(CellId::Cursor(0)),
+            &mut mem.blob(BlobId::Grants(0)),
+            &mut mem.cell(CellId::Ahead(0)),
+            &reach,
+            WALL0,
+            true,
+            cluster::Attempt::First,
+        ));
+    };
+    let fired = std::cell::Cell::new(false);
+    let racing = Racing {
+        mem,
+        target: CellId::Ahead(0),
+        other: &other,
+        fired: &fired,
+    };
+    let a = cluster::take(
+        &mut racing.cell(CellId::Cursor(0)),
+        &mut racing.blob(BlobId::Grants(0)),
+        &mut racing.cell(CellId::Ahead(0)),
+        &reach,
+        WALL0,
+        true,
+        cluster::Attempt::First,
+    );
+    let b = *b_took.borrow();
+    let credits = [Some(a), b]
+        .iter()
+        .filter(|t| **t == Some(cluster::Take::Credit))
+        .count();
+    let owed = cluster::Ahead::decode(p.cells.borrow().get(CellId::Ahead(0))).owed;
+    (credits, owed)
+}
+
+#[test]
+fn two_workers_racing_for_the_first_credit_take_it_once() {
+    // burst 0: one request may go ahead of the grants. The ahead cell exists
+    // from configure on, so the second compare-and-swap sees the first.
+    let p = Proc::new(CREDIT_RULE);
+    assert_eq!(first_credits(&p), (1, 1));
+    assert!(p.cells.borrow().unguarded_writes().is_empty());
+    // Had configure not created it, Envoy would have written both (a key that
+    // does not exist is written whatever the token): two ahead, one owed.
+    let bare = Proc::unconfigured(CREDIT_RULE);
+    assert_eq!(first_credits(&bare), (2, 1));
+}
+
+/// Two VMs tick at once and both try to take the calling lease. Returns how
+/// many hold it.
+fn lease_holders(p: &Proc) -> usize {
+    let mem = MemStore(&p.cells);
+    let b_holds = RefCell::new(false);
+    let other = || {
+        *b_holds.borrow_mut() = cluster::lease::hold(&mut mem.cell(CellId::Caller), 9, T0);
+    };
+    let fired = std::cell::Cell::new(false);
+    let racing = Racing {
+        mem,
+        target: CellId::Caller,
+        other: &other,
+        fired: &fired,
+    };
+    let a = cluster::lease::hold(&mut racing.cell(CellId::Caller), 7, T0);
+    let b = *b_holds.borrow();
+    usize::from(a) + usize::from(b)
+}
+
+#[test]
+fn two_vms_racing_for_the_first_lease_one_holds_it() {
+    let p = Proc::new(CREDIT_RULE);
+    assert_eq!(lease_holders(&p), 1);
+    assert!(p.cells.borrow().unguarded_writes().is_empty());
+    let bare = Proc::unconfigured(CREDIT_RULE);
+    assert_eq!(
+        lease_holders(&bare),
+        2,
+        "an uncreated lease cell is taken twice"
+    );
 }

@@ -157,13 +157,10 @@ impl Caller {
                 Purpose::Share | Purpose::Leftover => {
                     bump(&mut r.seen, p.epoch, |v| v.max(c.after));
                     let before = c.after - p.hits;
-                    let end = c.after.min(g.slots_per_epoch);
+                    let end = c.after.min(g.slots_in(p.epoch));
                     if before < end {
                         // The fleet's slots, in this process's time.
-                        let shift = r
-                            .skew
-                            .offset_epochs
-                            .saturating_mul(i64::try_from(g.slots_per_epoch).unwrap_or(i64::MAX));
+                        let shift = g.shift_slots(r.skew.offset_epochs);
                         if let Some(list) = ranges.get_mut(p.rule) {
                             list.extend(g.position_ranges(p.epoch, before, end).into_iter().map(
                                 |(a, b)| {
@@ -204,8 +201,7 @@ impl Caller {
                 r.skew.restart();
                 // The same fleet slots, at other local times: granted
                 // before, and in this answer.
-                let shift = delta
-                    .saturating_mul(i64::try_from(r.spec.grid.slots_per_epoch).unwrap_or(i64::MAX));
+                let shift = r.spec.grid.shift_slots(delta);
                 r.shift = r.shift.saturating_add(shift);
                 r.last_epoch = None;
                 for range in list.iter_mut() {

@@ -41,21 +41,33 @@ pub(super) fn epoch_phase(f: u64) -> u64 {
     f.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// `floor(l * d / total + phi / 2^64)` (total > 0). Summed over proxies whose
-/// demand ranges tile `[0, total)`, the differences give exactly `l`.
-pub(super) fn rotated_floor(l: u64, d: u64, total: u64, phi: u64) -> u64 {
-    let total = u128::from(total.max(1));
-    let ld = u128::from(l) * u128::from(d);
-    // l * d < 2^64 for any real rate and demand; beyond it, no offset.
-    match (
-        ld.checked_shl(64).filter(|_| ld >> 64 == 0),
-        total.checked_shl(64),
-    ) {
-        (Some(num), Some(den)) if total >> 64 == 0 => {
-            u64::try_from((num + u128::from(phi) * total) / den).unwrap_or(u64::MAX)
-        }
-        _ => u64::try_from(ld / total).unwrap_or(u64::MAX),
-    }
+/// `floor(num / den + phi / 2^64)` (den > 0), exactly, for num and den
+/// below 2^64 times anything.
+pub(super) fn rotated_div(num: u128, den: u128, phi: u64) -> u64 {
+    let den = den.max(1);
+    let (q, r) = (num / den, num % den);
+    // r/den + phi/2^64 >= 1  <=>  phi * den >= (den - r) * 2^64.
+    let carry = match (u128::from(phi).checked_mul(den), (den - r).checked_shl(64)) {
+        (Some(lhs), Some(rhs)) => u64::from(lhs >= rhs),
+        _ => 0,
+    };
+    u64::try_from(q).unwrap_or(u64::MAX).saturating_add(carry)
+}
+
+/// A proxy's share of epoch `f`'s `l` slots, its demand at `[d0, d1)` of the
+/// fleet's `total` (in 1/[`DEMAND_UNIT`] of a request per epoch): in
+/// proportion to demand when the fleet asks for more than the rate, and its
+/// demand when it asks for less (the rest is left over for whoever needs it:
+/// a burst, a proxy whose demand rose, one that owes credit). Over the
+/// proxies, the shares add up to exactly `l x min(1, A / (R x E))`, whatever
+/// the order of the claims.
+pub(super) fn share(g: &Grid, l: u64, (d0, d1): (u64, u64), total: u64, phi: u64) -> u64 {
+    let t = u128::from(g.interval_ns);
+    // The rate per epoch in demand units: DEMAND_UNIT * E / T.
+    let capacity = u128::from(DEMAND_UNIT) * u128::from(g.epoch_ns);
+    let den = (u128::from(total) * t).max(capacity);
+    let at = |d: u64| rotated_div(u128::from(l) * u128::from(d) * t, den, phi);
+    at(d1).saturating_sub(at(d0))
 }
 
 /// `ceil(a * b / c)` without overflow (c > 0), saturating at u64::MAX.
@@ -64,14 +76,29 @@ pub(super) fn div_ceil_u128(a: u64, b: u64, c: u64) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
-/// The share per second this process can expect: `L * a / A` slots per
-/// epoch (`L / N` before the demand is known).
+/// The slots per second this process can expect: its share (its demand
+/// `a` of the fleet's `A`, [`share`]) and, while the fleet asks for less
+/// than the rate, its part of what is left over (the rest split over the
+/// `N` proxies with demand); `R / N` before the demand is known.
 pub(super) fn grant_rate(r: &RuleState) -> u64 {
     let g = r.spec.grid;
-    let l = g.slots_per_epoch;
-    let per_epoch = match r.stats.demand {
-        0 => l.div_ceil(r.stats.members.max(1)),
-        total => l.min(div_ceil_u128(l, r.demand.max(1), total)),
+    let (e, t, ns) = (
+        u128::from(g.epoch_ns),
+        u128::from(g.interval_ns.max(1)),
+        u128::from(NS_PER_S),
+    );
+    let n = u128::from(r.stats.members.max(1));
+    let capacity = u128::from(DEMAND_UNIT) * e;
+    let per_s = match u128::from(r.stats.demand) {
+        0 => ns.div_ceil(t * n),
+        total => {
+            let den = (total * t).max(capacity);
+            let share = u128::from(r.demand) * ns;
+            let spare = capacity.saturating_sub(total * t) * ns;
+            // share/den + spare/(64 T E N), over one denominator.
+            let d2 = u128::from(DEMAND_UNIT) * t * e * n;
+            (share * d2 + spare * den).div_ceil(den * d2)
+        }
     };
-    div_ceil_u128(per_epoch, NS_PER_S, g.epoch_ns)
+    u64::try_from(per_s).unwrap_or(u64::MAX)
 }

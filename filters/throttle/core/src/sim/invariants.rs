@@ -1,0 +1,787 @@
+//! The invariants, as predicates over a run's trace ([`Trace`]). Each is
+//! stated once here (and in engine/README.md, "Invariants"), with every
+//! allowance and its reason; [`check`] returns every violation of a run.
+//!
+//! Notation: `R` a rule's rate, `b` its burst, `T = 1/R`, `E` its epoch,
+//! `N` the proxies with requests of the rule, `J` the longest gap between a
+//! VM's ticks (a held request leaves at the first tick after its turn: its
+//! release may come up to `J` late, so a window can hold up to `R x J` more
+//! releases than the schedule puts in it).
+//!
+//! 1. **Rate.** In every window `W` of 100 ms and of 1 s, the releases of a
+//!    rule at the upstream are at most, in process scope (per process, and
+//!    per key for a keyed rule), `R x (W + J) + b + 1` (GCRA); in cluster scope
+//!    (the whole fleet), `R x (W + J + S) + b + 2 + N x (b + 1)`: the grid's
+//!    bound, each proxy ahead of its grants by at most `b + 1`, and `S` the
+//!    spread of the proxies' clocks within `max_clock_skew`. Around an engine
+//!    fault (from 1 s before it to 3 s after it ends), the fleet's releases
+//!    over that episode exceed the rate by at most `R x (fallback_after + E)
+//!    + b + N x (b + 1) + R x J`.
+//! 2. **Early refusal.** A request is refused only at arrival, never after it
+//!    was held, except a request of a lower priority class displaced by a
+//!    higher class that arrived while it waited (the classes' design: counted
+//!    `displaced`), and a request waiting for a concurrency slot (the gate
+//!    cannot know when requests in flight end). And every rule's counters
+//!    keep `queued = released + cancelled + gone + timed_out + held` plus the
+//!    late refusals allowed here.
+//! 3. **Within the rate, no wait.** A request that an ideal limiter of the
+//!    fleet's rate would let go at once (one GCRA at `R` with burst
+//!    `N x (b + 1) - 1` over the fleet's requests of the rule, and one at `R`
+//!    with burst `b` over its own proxy's: what process scope at the full
+//!    rate would do) waits at most `J + 5 ms`.
+//! 4. **Shares.** Over every 5 s after the first 3 s of a cluster rule whose
+//!    fleet is offered more than its rate, each proxy is admitted at least
+//!    85% of `min(its demand, R x its demand / the fleet's demand)`, less
+//!    two requests; no proxy with demand gets nothing.
+//! 5. **Rules are independent** ([`independent`], a second run): without the
+//!    other rules' requests, a rule's releases change by at most 2% (and
+//!    3 requests) in all and 10% (and 3) on any proxy.
+//! 6. **Class floors.** Once a rule with classes is saturated, a class with a
+//!    floor whose requests keep waiting gets at least its floor in every
+//!    1 s window, less one request.
+//! 7. **Clocks.** A proxy's grid moves at most once per skew event (its
+//!    initial skew, each step of its clock).
+//! 8. **Soundness of the run.** No grid slot is granted twice; no cell but a
+//!    key table's slot is written without a compare-and-swap token after
+//!    configure; every slot the store saw taken is matched to a request.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::clock::{NS_PER_MS, NS_PER_S};
+use crate::cluster::grid::Grid;
+use crate::stats::{ClassStat, Stat};
+
+use super::fleet::Trace;
+use super::process::End;
+use super::scenario::{RuleSpec, Shape};
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.invariant, self.detail)
+    }
+}
+
+fn v(invariant: &'static str, detail: String) -> Violation {
+    Violation { invariant, detail }
+}
+
+/// Most items in any window of `w` ns over sorted `times`, and where it starts.
+pub fn busiest(times: &[u64], w: u64) -> (usize, u64) {
+    let mut best = (0, 0);
+    let mut lo = 0;
+    for (hi, &t) in times.iter().enumerate() {
+        while times.get(lo).is_some_and(|&x| x + w <= t) {
+            lo += 1;
+        }
+        if hi + 1 - lo > best.0 {
+            best = (hi + 1 - lo, times.get(lo).copied().unwrap_or(t));
+        }
+    }
+    best
+}
+
+/// What the checks need of a rule.
+struct RuleView<'a> {
+    index: usize,
+    spec: &'a RuleSpec,
+    rate: f64,
+    interval_ns: u64,
+    epoch_ns: u64,
+}
+
+impl<'a> RuleView<'a> {
+    fn new(index: usize, spec: &'a RuleSpec) -> RuleView<'a> {
+        let interval_ns = spec.interval_ns();
+        RuleView {
+            index,
+            spec,
+            rate: NS_PER_S as f64 / interval_ns as f64,
+            interval_ns,
+            epoch_ns: Grid::new(interval_ns).epoch_ns,
+        }
+    }
+}
+
+/// The facts of a run every check uses.
+struct Facts<'a> {
+    t: &'a Trace,
+    /// The longest tick gap, ns.
+    jitter_ns: u64,
+    /// Engine fault episodes, true ns.
+    faults: Vec<(u64, u64)>,
+    /// Whether any proxy's clock is off by more than max_clock_skew, or steps.
+    clocks_apart: bool,
+    /// The spread of the clocks within max_clock_skew, ns.
+    skew_spread_ns: u64,
+    start: u64,
+    end: u64,
+}
+
+impl<'a> Facts<'a> {
+    fn new(t: &'a Trace) -> Facts<'a> {
+        let sc = &t.scenario;
+        let jitter_ns = sc.tick_ms.1.max(sc.tick_ms.0) * NS_PER_MS;
+        let faults = sc
+            .faults
+            .iter()
+            .map(|f| {
+                let (a, b) = f.span_ms();
+                (sc.at(a), sc.at(b))
+            })
+            .collect();
+        let skews: Vec<i64> = sc.proxies.iter().map(|p| p.skew_ms).collect();
+        let lo = skews.iter().copied().min().unwrap_or(0);
+        let hi = skews.iter().copied().max().unwrap_or(0);
+        let spread_ms = hi.saturating_sub(lo).unsigned_abs();
+        let clocks_apart =
+            spread_ms > sc.max_clock_skew_ms || sc.proxies.iter().any(|p| !p.steps.is_empty());
+        Facts {
+            t,
+            jitter_ns,
+            faults,
+            clocks_apart,
+            skew_spread_ns: if clocks_apart {
+                0
+            } else {
+                spread_ms * NS_PER_MS
+            },
+            start: sc.start_ns(),
+            end: t.end,
+        }
+    }
+
+    /// Whether `[a, b)` touches an engine fault episode (from 1 s before
+    /// it to 3 s after it ends).
+    fn disturbed(&self, a: u64, b: u64) -> bool {
+        self.faults
+            .iter()
+            .any(|&(fa, fb)| b > fa.saturating_sub(NS_PER_S) && a < fb + 3 * NS_PER_S)
+    }
+
+    fn releases(&self, rule: usize, filter: impl Fn(usize, Option<u32>) -> bool) -> Vec<u64> {
+        let mut out: Vec<u64> = self
+            .t
+            .records
+            .iter()
+            .filter(|r| r.rule == rule && filter(r.proxy, r.key))
+            .filter_map(|r| match r.end {
+                End::Released { at, .. } => Some(at),
+                _ => None,
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Proxies with requests of rule `rule`.
+    fn proxies_of(&self, rule: usize) -> usize {
+        let mut seen: Vec<usize> = self
+            .t
+            .records
+            .iter()
+            .filter(|r| r.rule == rule)
+            .map(|r| r.proxy)
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
+    }
+}
+
+/// Every violation of one run.
+pub fn check(t: &Trace) -> Vec<Violation> {
+    let f = Facts::new(t);
+    let mut out = Vec::new();
+    for (i, spec) in t.scenario.rules.iter().enumerate() {
+        let r = RuleView::new(i, spec);
+        rate(&f, &r, &mut out);
+        early_refusal(&f, &r, &mut out);
+        if spec.cluster {
+            no_wait(&f, &r, &mut out);
+            if spec.classes.is_empty() {
+                // Classes share by class, not by proxy.
+                shares(&f, &r, &mut out);
+            }
+        }
+        floors(&f, &r, &mut out);
+    }
+    clocks(&f, &mut out);
+    soundness(&f, &mut out);
+    out
+}
+
+fn rate(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
+    let sc = &f.t.scenario;
+    let b = r.spec.burst as f64;
+    let j = f.jitter_ns as f64 / 1e9;
+    let name = &r.spec.name;
+    if !r.spec.cluster {
+        // Per process (and per key of a keyed rule without a quota).
+        for p in 0..sc.proxies.len() {
+            let groups: Vec<Option<u32>> =
+                if r.spec.keyed.is_some() && r.spec.key_quota_per_s.is_none() {
+                    let mut keys: Vec<Option<u32>> =
+                        f.t.records
+                            .iter()
+                            .filter(|x| x.rule == r.index && x.proxy == p)
+                            .map(|x| x.key)
+                            .collect();
+                    keys.sort_unstable();
+                    keys.dedup();
+                    keys
+                } else {
+                    vec![None]
+                };
+            for k in groups {
+                let times = f.releases(r.index, |proxy, key| {
+                    proxy == p && (k.is_none() || key == k)
+                });
+                for w in [100 * NS_PER_MS, NS_PER_S] {
+                    let bound = (r.rate * (w as f64 / 1e9 + j) + b + 1.0).floor() as usize;
+                    let (n, at) = busiest(&times, w);
+                    if n > bound {
+                        out.push(v("rate", format!(
+                            "rule {name} (process scope) proxy {p}{}: {n} releases in {} ms from {:.3} s, bound {bound}",
+                            k.map(|k| format!(" key {k}")).unwrap_or_default(),
+                            w / NS_PER_MS,
+                            (at - f.start) as f64 / 1e9
+                        )));
+                    }
+                }
+            }
+        }
+        return;
+    }
+    let n = f.proxies_of(r.index) as f64;
+    let s = f.skew_spread_ns as f64 / 1e9;
+    let times = f.releases(r.index, |_, _| true);
+    let ahead = n * (b + 1.0);
+    for w in [100 * NS_PER_MS, NS_PER_S] {
+        let bound = (r.rate * (w as f64 / 1e9 + j + s) + b + 2.0 + ahead).floor() as usize;
+        // Windows away from faults and (with clocks apart) after the fleet
+        // found them: a window is judged if it is undisturbed.
+        let mut lo = 0;
+        for (hi, &t) in times.iter().enumerate() {
+            while times.get(lo).is_some_and(|&x| x + w <= t) {
+                lo += 1;
+            }
+            let count = hi + 1 - lo;
+            let from = times.get(lo).copied().unwrap_or(t);
+            if count > bound && !f.disturbed(from, t) && !clock_settling(f, t) {
+                out.push(v("rate", format!(
+                    "rule {name} (cluster, {n} proxies): {count} releases in {} ms from {:.3} s, bound {bound}",
+                    w / NS_PER_MS,
+                    (from - f.start) as f64 / 1e9
+                )));
+                break;
+            }
+        }
+    }
+    // The fault bound over each episode.
+    let fb = sc.fallback_after_ms as f64 / 1e3;
+    let e = r.epoch_ns as f64 / 1e9;
+    if r.spec.on_failure == "local_full" {
+        return; // documented: up to R x F more while F proxies fail
+    }
+    for &(a, bnd) in &f.faults {
+        let from = a.saturating_sub(NS_PER_S);
+        let to = (bnd + 3 * NS_PER_S).min(f.end);
+        if to <= from {
+            continue;
+        }
+        let count = times.iter().filter(|&&x| x >= from && x < to).count();
+        let len = (to - from) as f64 / 1e9;
+        let allowed = (r.rate * (len + fb + e + j) + b + ahead).floor() as usize;
+        if count > allowed {
+            out.push(v("rate", format!(
+                "rule {name}: {count} releases over the fault episode [{:.1}, {:.1}) s, bound {allowed} (R x (len + fallback_after + E + J) + b + N(b+1))",
+                (from - f.start) as f64 / 1e9,
+                (to - f.start) as f64 / 1e9
+            )));
+        }
+    }
+}
+
+/// With clocks apart: before 2 s after the last skew event the fleet could find.
+fn clock_settling(f: &Facts<'_>, t: u64) -> bool {
+    if !f.clocks_apart {
+        return false;
+    }
+    let sc = &f.t.scenario;
+    // A skew is found within two sweeps of the probes (~1 s each), then 2 s.
+    let last_event = sc
+        .proxies
+        .iter()
+        .flat_map(|p| p.steps.iter().map(|s| s.0))
+        .chain([0])
+        .max()
+        .unwrap_or(0);
+    t < sc.at(last_event + 2_000 + 2_000)
+}
+
+fn early_refusal(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
+    let name = &r.spec.name;
+    let mut late = 0;
+    let mut first: Option<String> = None;
+    for x in f.t.records.iter().filter(|x| x.rule == r.index) {
+        let End::Refused {
+            at,
+            held: true,
+            displaced,
+        } = x.end
+        else {
+            continue;
+        };
+        if displaced {
+            let c = x.class.unwrap_or(0);
+            let higher_came = c > 0
+                && f.t.records.iter().any(|y| {
+                    y.rule == r.index
+                        && y.class.is_some_and(|yc| yc < c)
+                        && y.arrived > x.arrived
+                        && y.arrived <= at
+                });
+            if higher_came {
+                continue;
+            }
+        }
+        late += 1;
+        first.get_or_insert_with(|| {
+            format!(
+                "proxy {} class {:?} arrived {:.3} s, refused after {:.0} ms",
+                x.proxy,
+                x.class,
+                (x.arrived - f.start) as f64 / 1e9,
+                (at - x.arrived) as f64 / 1e6
+            )
+        });
+    }
+    if late > 0 {
+        out.push(v(
+            "early_refusal",
+            format!(
+                "rule {name}: {late} requests refused after they were held (first: {})",
+                first.unwrap_or_default()
+            ),
+        ));
+    }
+    // The counters, per process: queued = released + cancelled + gone +
+    // timed_out + held + the late refusals (each counted as it happened).
+    for (p, proc_) in f.t.processes.iter().enumerate() {
+        let st = |s: Stat| proc_.total(r.index, s);
+        let late_here =
+            f.t.records
+                .iter()
+                .filter(|x| x.rule == r.index && x.proxy == p)
+                .filter(|x| matches!(x.end, End::Refused { held: true, .. }))
+                .count() as i64;
+        let rhs = st(Stat::Released)
+            + st(Stat::Cancelled)
+            + st(Stat::Gone)
+            + st(Stat::TimedOut)
+            + st(Stat::Held);
+        if st(Stat::Queued) != rhs + late_here {
+            out.push(v("early_refusal", format!(
+                "rule {name} proxy {p}: queued {} != released {} + cancelled {} + gone {} + timed_out {} + held {} + late refusals {late_here}",
+                st(Stat::Queued), st(Stat::Released), st(Stat::Cancelled), st(Stat::Gone), st(Stat::TimedOut), st(Stat::Held)
+            )));
+        }
+    }
+}
+
+/// The wait an ideal GCRA at `interval_ns` with burst `burst` gives each of
+/// `arrivals` (sorted), by index.
+fn gcra_waits(arrivals: &[u64], interval_ns: u64, burst: u64) -> Vec<u64> {
+    let tau = burst.saturating_mul(interval_ns);
+    let mut tat = 0u64;
+    arrivals
+        .iter()
+        .map(|&a| {
+            let t = tat.max(a);
+            let release = t.saturating_sub(tau).max(a);
+            tat = t + interval_ns;
+            release - a
+        })
+        .collect()
+}
+
+fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
+    let sc = &f.t.scenario;
+    if f.clocks_apart {
+        return;
+    }
+    let n = f.proxies_of(r.index) as u64;
+    let b = r.spec.burst;
+    let mut fleet: Vec<(u64, usize)> =
+        f.t.records
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.rule == r.index)
+            .map(|(i, x)| (x.arrived, i))
+            .collect();
+    fleet.sort_unstable();
+    let times: Vec<u64> = fleet.iter().map(|x| x.0).collect();
+    let fleet_waits = gcra_waits(&times, r.interval_ns, n * (b + 1) - 1);
+    let mut ok_fleet: HashMap<usize, bool> = HashMap::new();
+    for ((_, i), w) in fleet.iter().zip(fleet_waits) {
+        ok_fleet.insert(*i, w == 0);
+    }
+    let mut ok_proc: HashMap<usize, bool> = HashMap::new();
+    for p in 0..sc.proxies.len() {
+        let mine: Vec<(u64, usize)> = fleet
+            .iter()
+            .copied()
+            .filter(|&(_, i)| f.t.records.get(i).is_some_and(|x| x.proxy == p))
+            .collect();
+        let ts: Vec<u64> = mine.iter().map(|x| x.0).collect();
+        for ((_, i), w) in mine.iter().zip(gcra_waits(&ts, r.interval_ns, b)) {
+            ok_proc.insert(*i, w == 0);
+        }
+    }
+    // The fleet's demand below the rate: at most 90% of it over the second
+    // before the request (what "within the rate" means beyond one instant).
+    let first = times.first().copied().unwrap_or(0);
+    let below = |at: u64| {
+        // Over the last second, or since the rule's first request (at least
+        // 100 ms): at the start, three requests in 20 ms is no lull.
+        let span = NS_PER_S.min(at.saturating_sub(first)).max(100 * NS_PER_MS);
+        let lo = times.partition_point(|&x| x < at.saturating_sub(span));
+        let hi = times.partition_point(|&x| x <= at);
+        ((hi - lo) as f64) <= 0.9 * r.rate * span as f64 / 1e9
+    };
+    let allowance = f.jitter_ns + 5 * NS_PER_MS;
+    let mut waited = 0;
+    let mut worst = (0u64, String::new());
+    for (i, x) in f.t.records.iter().enumerate() {
+        if x.rule != r.index
+            || !ok_fleet.get(&i).copied().unwrap_or(false)
+            || !ok_proc.get(&i).copied().unwrap_or(false)
+        {
+            continue;
+        }
+        if f.disturbed(x.arrived, x.arrived) || !below(x.arrived) {
+            continue;
+        }
+        let wait = match x.end {
+            End::Released { at, .. } => at - x.arrived,
+            End::Refused { at, .. } => (at - x.arrived).max(allowance + 1),
+            _ => continue,
+        };
+        if wait > allowance {
+            waited += 1;
+            if wait > worst.0 {
+                worst = (
+                    wait,
+                    format!(
+                        "proxy {} at {:.3} s",
+                        x.proxy,
+                        (x.arrived - f.start) as f64 / 1e9
+                    ),
+                );
+            }
+        }
+    }
+    if waited > 0 {
+        out.push(v("no_wait", format!(
+            "rule {}: {waited} requests within the fleet's rate waited over {} ms (worst {:.0} ms: {})",
+            r.spec.name,
+            allowance / NS_PER_MS,
+            worst.0 as f64 / 1e6,
+            worst.1
+        )));
+    }
+}
+
+fn shares(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
+    let sc = &f.t.scenario;
+    if f.clocks_apart {
+        return;
+    }
+    let w = 5 * NS_PER_S;
+    let mut a = f.start + 3 * NS_PER_S;
+    while a + w <= f.end {
+        let b = a + w;
+        if f.disturbed(a, b) {
+            a = b;
+            continue;
+        }
+        let mut demand: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut admitted: BTreeMap<usize, u64> = BTreeMap::new();
+        for x in
+            f.t.records
+                .iter()
+                .filter(|x| x.rule == r.index && x.arrived >= a && x.arrived < b)
+        {
+            *demand.entry(x.proxy).or_default() += 1;
+            if matches!(x.end, End::Released { .. }) {
+                *admitted.entry(x.proxy).or_default() += 1;
+            }
+        }
+        let total: u64 = demand.values().sum();
+        let cap = r.rate * 5.0;
+        if (total as f64) > cap * 1.05 {
+            for (&p, &d) in &demand {
+                let fair = (d as f64).min(cap * d as f64 / total as f64);
+                let got = admitted.get(&p).copied().unwrap_or(0) as f64;
+                if got < 0.85 * fair - 2.0 {
+                    out.push(v("shares", format!(
+                        "rule {} [{:.0}, {:.0}) s: proxy {p} admitted {got} of demand {d}, its share {fair:.1} (fleet demand {total}, rate x 5 s {cap:.0}){}",
+                        r.spec.name,
+                        (a - f.start) as f64 / 1e9,
+                        (b - f.start) as f64 / 1e9,
+                        if sc.rules.len() > 1 { format!(", {} rules", sc.rules.len()) } else { String::new() }
+                    )));
+                    break;
+                }
+            }
+        }
+        a = b;
+    }
+}
+
+fn floors(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
+    if r.spec.classes.is_empty() || f.clocks_apart {
+        return;
+    }
+    let classes = r.spec.classes.len();
+    let mut a = f.start + 2 * NS_PER_S;
+    while a + NS_PER_S <= f.end {
+        let b = a + NS_PER_S;
+        if f.disturbed(a, b) {
+            a = b;
+            continue;
+        }
+        let mut arrived = vec![0u64; classes];
+        let mut released = vec![0u64; classes];
+        for x in f.t.records.iter().filter(|x| x.rule == r.index) {
+            let c = x.class.unwrap_or(classes - 1).min(classes - 1);
+            if x.arrived >= a && x.arrived < b {
+                arrived[c] += 1;
+            }
+            if let End::Released { at, .. } = x.end {
+                if at >= a && at < b {
+                    released[c] += 1;
+                }
+            }
+        }
+        let offered: u64 = arrived.iter().sum();
+        let saturated = offered as f64 > r.rate * 1.2;
+        for (c, (name, share, _)) in r.spec.classes.iter().enumerate() {
+            let floor = share * r.rate;
+            // The class keeps waiting: it is offered at least its floor.
+            if !saturated || *share <= 0.0 || (arrived[c] as f64) < floor * 1.2 {
+                continue;
+            }
+            if (released[c] as f64) < floor - 1.0 {
+                out.push(v("floors", format!(
+                    "rule {} class {name}: {} released in [{:.0}, {:.0}) s, floor {floor:.1} (offered {})",
+                    r.spec.name,
+                    released[c],
+                    (a - f.start) as f64 / 1e9,
+                    (b - f.start) as f64 / 1e9,
+                    arrived[c]
+                )));
+                return;
+            }
+        }
+        a = b;
+    }
+}
+
+fn clocks(f: &Facts<'_>, out: &mut Vec<Violation>) {
+    let sc = &f.t.scenario;
+    for (p, proc_) in f.t.processes.iter().enumerate() {
+        let moves = proc_
+            .log
+            .iter()
+            .filter(|(_, l)| l.contains("clock is about"))
+            .count();
+        let events = 1 + sc.proxies.get(p).map_or(0, |s| s.steps.len());
+        // Per rule a grid may move; count per rule by name.
+        let rules = sc.rules.iter().filter(|r| r.cluster).count().max(1);
+        if moves > events * rules {
+            out.push(v("clocks", format!(
+                "proxy {p}: {moves} grid moves for {events} skew event(s) and {rules} cluster rule(s): {:?}",
+                proc_
+                    .log
+                    .iter()
+                    .filter(|(_, l)| l.contains("clock is about"))
+                    .map(|(t, l)| format!("{:.1}s {}", (*t - f.start) as f64 / 1e9, l.split(": this proxy").next().unwrap_or("")))
+                    .take(6)
+                    .collect::<Vec<_>>()
+            )));
+        }
+        if let Some((_, l)) = proc_.log.iter().find(|(_, l)| l.contains("about 0 ms")) {
+            out.push(v(
+                "clocks",
+                format!("proxy {p}: a move of 0 ms logged: {l}"),
+            ));
+        }
+    }
+}
+
+fn soundness(f: &Facts<'_>, out: &mut Vec<Violation>) {
+    for (p, proc_) in f.t.processes.iter().enumerate() {
+        let w = proc_.unguarded_writes();
+        if !w.is_empty() {
+            out.push(v(
+                "sound",
+                format!("proxy {p}: cells written without a token after configure: {w:?}"),
+            ));
+        }
+        if proc_.unmatched > 0 {
+            out.push(v(
+                "sound",
+                format!("proxy {p}: {} takes matched to no request", proc_.unmatched),
+            ));
+        }
+    }
+    // No grid slot granted twice, per rule, across the fleet (caller rule
+    // indexes are the cluster rules in order).
+    let mut by_rule: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
+    for proc_ in &f.t.processes {
+        for &(rule, range) in &proc_.granted {
+            by_rule.entry(rule).or_default().push(range);
+        }
+    }
+    for (rule, mut ranges) in by_rule {
+        ranges.sort_unstable();
+        if let Some(w) = ranges.windows(2).find(|w| matches!(w, [a, b] if b.0 < a.1)) {
+            out.push(v(
+                "sound",
+                format!("cluster rule #{rule}: a slot granted twice: {w:?}"),
+            ));
+        }
+    }
+}
+
+/// Invariant 5: rule 0's releases with and without the other rules'
+/// requests (`alone`: the same scenario with only rule 0's loads).
+pub fn independent(with: &Trace, alone: &Trace) -> Vec<Violation> {
+    let count = |t: &Trace, p: Option<usize>| {
+        t.records
+            .iter()
+            .filter(|x| x.rule == 0 && p.is_none_or(|p| x.proxy == p))
+            .filter(|x| matches!(x.end, End::Released { .. }))
+            .count() as f64
+    };
+    let mut out = Vec::new();
+    let (a, b) = (count(with, None), count(alone, None));
+    if (a - b).abs() > (0.02 * b).max(3.0) {
+        out.push(v(
+            "independent",
+            format!(
+                "rule {}: {a} released beside the other rules, {b} alone",
+                with.scenario.rules.first().map_or("?", |r| r.name.as_str())
+            ),
+        ));
+    }
+    for p in 0..with.scenario.proxies.len() {
+        let (a, b) = (count(with, Some(p)), count(alone, Some(p)));
+        if (a - b).abs() > (0.10 * b).max(3.0) {
+            out.push(v(
+                "independent",
+                format!(
+                    "rule {} proxy {p}: {a} released beside the other rules, {b} alone",
+                    with.scenario.rules.first().map_or("?", |r| r.name.as_str())
+                ),
+            ));
+            break;
+        }
+    }
+    out
+}
+
+/// The scenario with only rule 0's requests (for [`independent`]).
+pub fn rule_zero_alone(sc: &super::Scenario) -> super::Scenario {
+    let mut alone = sc.clone();
+    alone.loads.retain(|l| l.rule == 0);
+    alone
+}
+
+/// Offered requests per second of a rule over the whole run (for reports).
+pub fn offered_per_s(sc: &super::Scenario, rule: usize) -> f64 {
+    let secs = sc.duration_ms as f64 / 1e3;
+    sc.loads
+        .iter()
+        .filter(|l| l.rule == rule)
+        .map(|l| {
+            let span = (l.to_ms.min(sc.duration_ms).saturating_sub(l.from_ms)) as f64 / 1e3;
+            match l.shape {
+                Shape::Uniform { per_s, .. } | Shape::Poisson { per_s } => per_s * span / secs,
+                Shape::Burst { n, .. } => f64::from(n) / secs,
+            }
+        })
+        .sum()
+}
+
+/// Class stats, for reports: (queued, released, displaced) of class `c`.
+pub fn class_figures(t: &Trace, rule: usize, c: usize) -> (i64, i64, i64) {
+    t.processes.iter().fold((0, 0, 0), |acc, p| {
+        (
+            acc.0 + p.class_total(rule, c, ClassStat::Queued),
+            acc.1 + p.class_total(rule, c, ClassStat::Released),
+            acc.2 + p.class_total(rule, c, ClassStat::Displaced),
+        )
+    })
+}
+
+/// A few lines of figures of a run, for `--verbose`: per rule, the releases
+/// per second after the first 3 s (all, per proxy, per class) and each
+/// proxy's calls.
+pub fn figures(t: &Trace) -> Vec<String> {
+    let sc = &t.scenario;
+    let from = sc.start_ns() + 3 * NS_PER_S;
+    let secs = (t.end.saturating_sub(from)) as f64 / 1e9;
+    let mut out = Vec::new();
+    for (i, r) in sc.rules.iter().enumerate() {
+        let rel = |f: &dyn Fn(&super::Record) -> bool| {
+            t.records
+                .iter()
+                .filter(|x| x.rule == i && f(x))
+                .filter(|x| matches!(x.end, End::Released { at, .. } if at >= from))
+                .count() as f64
+                / secs
+        };
+        let per_proxy: Vec<String> = (0..sc.proxies.len())
+            .map(|p| format!("{:.1}", rel(&|x| x.proxy == p)))
+            .collect();
+        let mut line = format!(
+            "rule {} ({:.1}/s): {:.2}/s released after 3 s; per proxy [{}]",
+            r.name,
+            r.rate_per_s,
+            rel(&|_| true),
+            per_proxy.join(" ")
+        );
+        if !r.classes.is_empty() {
+            let mut per_s: Vec<Vec<usize>> = vec![Vec::new(); r.classes.len()];
+            let mut s = sc.start_ns();
+            while s + NS_PER_S <= t.end {
+                for (c, row) in per_s.iter_mut().enumerate() {
+                    row.push(
+                        t.records
+                            .iter()
+                            .filter(|x| x.rule == i && x.class.unwrap_or(r.classes.len() - 1) == c)
+                            .filter(|x| matches!(x.end, End::Released { at, .. } if at >= s && at < s + NS_PER_S))
+                            .count(),
+                    );
+                }
+                s += NS_PER_S;
+            }
+            for (c, row) in per_s.iter().enumerate() {
+                line.push_str(&format!("\n    class {} per 1 s: {row:?}", r.classes[c].0));
+            }
+        }
+        out.push(line);
+    }
+    let calls: Vec<String> = t.processes.iter().map(|p| p.calls.to_string()).collect();
+    out.push(format!("engine calls per proxy: [{}]", calls.join(" ")));
+    out
+}

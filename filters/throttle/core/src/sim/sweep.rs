@@ -1,0 +1,462 @@
+//! The seeded sweep: scenarios drawn from a seed over the whole space the
+//! filter promises to hold in (1 to 50 proxies with 1 to 4 VMs each, 1 to 4
+//! rules in cluster and process scope, keyed and with priority classes,
+//! rates from 0.5/s to 5,000/s, bursts, queue delays, steady, Poisson,
+//! sporadic, bursty and overloaded demand, uneven over the proxies, engine
+//! faults, skewed and stepping clocks), each run on what ships and checked
+//! against every invariant ([`super::invariants`]). Same seed, same scenario,
+//! same trace: a failure prints its seed, and `--seed` replays it.
+//!
+//! Named scenarios ([`named`]) are the red team's findings at their own
+//! numbers.
+
+use crate::clock::NS_PER_MS;
+
+use super::fleet;
+use super::invariants::{self, Violation};
+use super::rng::Rng;
+use super::scenario::{Fault, Load, ProxySpec, RuleSpec, Scenario, Shape};
+
+/// The outcome of one seed (or named scenario).
+#[derive(Debug)]
+pub struct Outcome {
+    pub scenario: Scenario,
+    /// Err: the filter refused the drawn configuration (not a failure: the
+    /// sweep counts them).
+    pub refused: Option<String>,
+    pub violations: Vec<Violation>,
+    /// Requests simulated.
+    pub requests: usize,
+    /// A short signature of the configuration's kind, for counting how many
+    /// distinct kinds a sweep covered.
+    pub kind: String,
+    /// Figures of the run, for `--verbose`.
+    pub figures: Vec<String>,
+}
+
+/// Runs one scenario and checks it; with several rules and no faults, also
+/// rule 0 alone (rules are independent).
+pub fn run_checked(sc: &Scenario) -> Outcome {
+    let kind = kind_of(sc);
+    let trace = match fleet::run(sc) {
+        Ok(t) => t,
+        Err(e) => {
+            return Outcome {
+                scenario: sc.clone(),
+                refused: Some(e),
+                violations: Vec::new(),
+                requests: 0,
+                kind,
+                figures: Vec::new(),
+            }
+        }
+    };
+    let mut violations = invariants::check(&trace);
+    if sc.rules.len() > 1 && sc.faults.is_empty() && sc.loads.iter().any(|l| l.rule != 0) {
+        if let Ok(alone) = fleet::run(&invariants::rule_zero_alone(sc)) {
+            violations.extend(invariants::independent(&trace, &alone));
+        }
+    }
+    Outcome {
+        scenario: sc.clone(),
+        refused: None,
+        violations,
+        requests: trace.records.len(),
+        kind,
+        figures: invariants::figures(&trace),
+    }
+}
+
+/// The kind of a configuration: its fleet size, scopes, keys, classes,
+/// faults and clocks, coarsely.
+pub fn kind_of(sc: &Scenario) -> String {
+    let size = match sc.proxies.len() {
+        1 => "1",
+        2..=4 => "2-4",
+        5..=12 => "5-12",
+        _ => "13+",
+    };
+    let mut rules: Vec<String> = sc
+        .rules
+        .iter()
+        .map(|r| {
+            let band = match r.rate_per_s {
+                x if x < 10.0 => "low",
+                x if x < 500.0 => "mid",
+                _ => "high",
+            };
+            format!(
+                "{}{}{}{}{}",
+                if r.cluster { "C" } else { "P" },
+                band,
+                if r.keyed.is_some() { "k" } else { "" },
+                if r.classes.is_empty() { "" } else { "c" },
+                if r.burst > 0 { "b" } else { "" }
+            )
+        })
+        .collect();
+    rules.sort();
+    let faults: Vec<&str> = sc
+        .faults
+        .iter()
+        .map(|f| match f {
+            Fault::RedisRestart { .. } => "redis",
+            Fault::EngineDown { .. } => "down",
+            Fault::Slow { .. } => "slow",
+            Fault::Nonsense { .. } => "nonsense",
+        })
+        .collect();
+    let clocks = if sc.proxies.iter().any(|p| !p.steps.is_empty()) {
+        "step"
+    } else if sc
+        .proxies
+        .iter()
+        .any(|p| p.skew_ms.unsigned_abs() > sc.max_clock_skew_ms)
+    {
+        "split"
+    } else if sc.proxies.iter().any(|p| p.skew_ms != 0) {
+        "skew"
+    } else {
+        "sync"
+    };
+    format!("{size}/{}/{}/{clocks}", rules.join("+"), faults.join("+"))
+}
+
+const RATES: [f64; 16] = [
+    0.5, 1.0, 2.0, 5.0, 7.0, 10.0, 20.0, 30.0, 97.0, 100.0, 150.0, 300.0, 450.0, 1000.0, 2000.0,
+    5000.0,
+];
+
+/// The scenario of `seed`.
+pub fn draw(seed: u64) -> Scenario {
+    let mut rng = Rng::new(seed);
+    let mut sc = Scenario::new(seed, "");
+    let n = rng.pick(&[1usize, 1, 2, 3, 3, 4, 4, 5, 6, 8, 12, 20, 30, 50]);
+    let vms = rng.pick(&[1usize, 1, 2, 2, 3, 4]);
+    sc.proxies = (0..n).map(|_| ProxySpec::new(vms)).collect();
+    sc.duration_ms = rng.range(8, 16) * 1000;
+    sc.tick_ms = rng.pick(&[(1, 2), (2, 6), (3, 5), (1, 8)]);
+    sc.latency_ms = rng.pick(&[(1, 3), (1, 10), (5, 40)]);
+    sc.service_ms = rng.range(1, 20);
+    // Near an hour boundary now and then (claims pause near it).
+    if rng.chance(0.1) {
+        sc.start_s = 1_795_264_200 + 3600 - rng.range(2, 12);
+    }
+    let rules = rng.pick(&[1usize, 1, 1, 2, 2, 3, 4]);
+    // Keep the whole run within about 250,000 requests.
+    let budget = 250_000.0 / (sc.duration_ms as f64 / 1e3) / rules as f64;
+    for i in 0..rules {
+        let cluster = rng.chance(0.65);
+        let mut rate = rng.pick(&RATES);
+        if rate * 3.0 > budget {
+            rate = (budget / 3.0).max(1.0).floor();
+        }
+        let mut r = if cluster {
+            RuleSpec::cluster(&format!("r{i}"), rate, n as u32)
+        } else {
+            RuleSpec::process(&format!("r{i}"), rate)
+        };
+        r.burst = rng.pick(&[0, 0, 0, 1, 2, 5]);
+        r.max_queue_delay_ms = rng.pick(&[0, 200, 500, 1000, 1000, 2000, 3000]);
+        if cluster {
+            // What cluster scope accepts: a rate of 1/s or more, and a queue
+            // delay of at least the engine's timeout.
+            r.rate_per_s = r.rate_per_s.max(1.0);
+            r.max_queue_delay_ms = r.max_queue_delay_ms.max(sc.timeout_ms);
+            r.on_failure = rng.pick(&["local_share", "local_share", "deny"]);
+        }
+        if !cluster && rng.chance(0.25) {
+            r.keyed = Some(rng.pick(&[64, 1024, 4096]));
+            if rng.chance(0.3) {
+                r.key_quota_per_s = Some((rate / 4.0).max(1.0));
+            }
+        }
+        if r.keyed.is_none() && rng.chance(0.25) && r.max_queue_delay_ms > 0 {
+            let floor = rng.pick(&[0.1, 0.2, 0.3]);
+            r.classes = vec![
+                ("critical".into(), 0.0, r.max_queue_delay_ms),
+                ("batch".into(), floor, r.max_queue_delay_ms * 3),
+            ];
+            if rng.chance(0.3) {
+                r.classes
+                    .insert(1, ("normal".into(), 0.1, r.max_queue_delay_ms * 2));
+            }
+        }
+        sc.rules.push(r);
+    }
+    for (i, r) in sc.rules.clone().iter().enumerate() {
+        demand(&mut sc, &mut rng, i, r);
+    }
+    if sc.rules.iter().any(|r| r.cluster) {
+        if rng.chance(0.25) {
+            let at_ms = rng.range(3, sc.duration_ms / 1000 - 3) * 1000;
+            sc.faults.push(match rng.range(0, 3) {
+                0 => Fault::RedisRestart {
+                    at_ms,
+                    down_ms: rng.pick(&[0, 50, 300, 700]),
+                },
+                1 => Fault::EngineDown {
+                    at_ms,
+                    for_ms: rng.pick(&[100, 400, 1500]),
+                },
+                2 => Fault::Slow {
+                    at_ms,
+                    for_ms: rng.pick(&[300, 800]),
+                    latency_ms: 80,
+                },
+                _ => Fault::Nonsense {
+                    at_ms,
+                    for_ms: rng.pick(&[200, 600]),
+                },
+            });
+        }
+        if n > 1 && rng.chance(0.3) {
+            clocks(&mut sc, &mut rng);
+        }
+    }
+    sc
+}
+
+/// The demand of rule `i`: a load factor of its rate, split over the proxies.
+fn demand(sc: &mut Scenario, rng: &mut Rng, i: usize, r: &RuleSpec) {
+    let n = sc.proxies.len();
+    let factor = rng.pick(&[0.2, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0]);
+    // Process scope: the rate is per process; cluster: for the fleet.
+    let total = if r.cluster {
+        r.rate_per_s * factor
+    } else {
+        r.rate_per_s * factor * n as f64
+    };
+    let split = rng.range(0, 2);
+    let weights: Vec<f64> = (0..n)
+        .map(|p| match split {
+            0 => 1.0,
+            1 => 1.0 / (p as f64 + 1.0).powf(0.9),
+            _ => rng.unit() + 0.05,
+        })
+        .collect();
+    let sum: f64 = weights.iter().sum();
+    let dur = sc.duration_ms;
+    let shape = rng.range(0, 4);
+    for (p, w) in weights.iter().enumerate() {
+        let per_s = total * w / sum;
+        if per_s <= 0.0 {
+            continue;
+        }
+        let class_of = |rng: &mut Rng| {
+            (!r.classes.is_empty()).then(|| rng.range(0, r.classes.len() as u64 - 1) as usize)
+        };
+        let keys = r.keyed.map(|_| rng.pick(&[1u32, 10, 100, 1000]));
+        let timeout = rng.chance(0.15).then(|| rng.range(50, 3000));
+        let mut push = |shape: Shape, from_ms: u64, to_ms: u64, class: Option<usize>| {
+            sc.loads.push(Load {
+                rule: i,
+                proxy: p,
+                shape,
+                from_ms,
+                to_ms,
+                class,
+                keys,
+                client_timeout_ms: timeout,
+            })
+        };
+        match shape {
+            // Steady, evenly spaced.
+            0 => {
+                let c = class_of(rng);
+                push(
+                    Shape::Uniform {
+                        per_s,
+                        phase_ms: rng.range(0, 1000),
+                    },
+                    0,
+                    dur,
+                    c,
+                )
+            }
+            // Poisson.
+            1 => {
+                let c = class_of(rng);
+                push(Shape::Poisson { per_s }, 0, dur, c)
+            }
+            // On and off: demand comes and goes.
+            2 => {
+                let on = rng.range(1, 4) * 1000;
+                let off = rng.range(1, 3) * 1000;
+                let mut t = 0;
+                while t < dur {
+                    let c = class_of(rng);
+                    push(Shape::Poisson { per_s }, t, (t + on).min(dur), c);
+                    t += on + off;
+                }
+            }
+            // Bursts after idle, on top of a little steady traffic.
+            _ => {
+                let c = class_of(rng);
+                push(Shape::Poisson { per_s: per_s / 4.0 }, 0, dur, c);
+                let mut t = rng.range(1, 3) * 1000;
+                while t < dur {
+                    let n = (per_s * rng.range(1, 3) as f64).ceil().clamp(1.0, 2000.0) as u32;
+                    let c = class_of(rng);
+                    push(Shape::Burst { n, at_ms: t }, 0, dur, c);
+                    t += rng.range(2, 5) * 1000;
+                }
+            }
+        }
+        // Classes: every class sends, the first the most.
+        if !r.classes.is_empty() && rng.chance(0.5) {
+            for c in 0..r.classes.len() {
+                sc.loads.push(Load {
+                    rule: i,
+                    proxy: p,
+                    shape: Shape::Poisson {
+                        per_s: per_s / (c as f64 + 1.5),
+                    },
+                    from_ms: 0,
+                    to_ms: dur,
+                    class: Some(c),
+                    keys,
+                    client_timeout_ms: None,
+                });
+            }
+        }
+    }
+}
+
+/// Clock trouble: skews within `max_clock_skew`, a split of the fleet (ties
+/// included), or a clock that steps while the fleet runs.
+fn clocks(sc: &mut Scenario, rng: &mut Rng) {
+    let n = sc.proxies.len();
+    match rng.range(0, 2) {
+        0 => {
+            let half = sc.max_clock_skew_ms as i64 / 2;
+            for p in &mut sc.proxies {
+                p.skew_ms = rng.range(0, 2 * half as u64) as i64 - half;
+            }
+        }
+        1 => {
+            let k = rng.range(1, (n as u64 / 2).max(1)) as usize;
+            let off = rng.range(200, 1500) as i64 * if rng.chance(0.5) { 1 } else { -1 };
+            for p in sc.proxies.iter_mut().take(k) {
+                p.skew_ms = off;
+            }
+        }
+        _ => {
+            let p = rng.range(0, n as u64 - 1) as usize;
+            let at = rng.range(3, (sc.duration_ms / 1000).saturating_sub(5).max(3)) * 1000;
+            let by = rng.range(200, 1500) as i64 * if rng.chance(0.5) { 1 } else { -1 };
+            if let Some(x) = sc.proxies.get_mut(p) {
+                x.steps.push((at, by));
+            }
+        }
+    }
+}
+
+/// The named scenarios: red team 3's findings 2-6 at their own numbers.
+pub const NAMES: [&str; 7] = [
+    "late-refusals",
+    "late-refusals-1.1",
+    "two-rules",
+    "two-rules-7-450",
+    "clock-tie",
+    "sporadic",
+    "class-floors",
+];
+
+/// A named scenario (None: no such name).
+pub fn named(name: &str) -> Option<Scenario> {
+    let mut sc = Scenario::new(1, name);
+    let uniform = |rule, proxy, per_s: f64, class| Load {
+        rule,
+        proxy,
+        shape: Shape::Uniform {
+            per_s,
+            phase_ms: proxy as u64 * 7,
+        },
+        from_ms: 0,
+        to_ms: u64::MAX,
+        class,
+        keys: None,
+        client_timeout_ms: None,
+    };
+    match name {
+        // Finding 2: under 1.35x (and 1.1x) overload every 429 came late.
+        "late-refusals" | "late-refusals-1.1" => {
+            let each = if name == "late-refusals" { 45.0 } else { 37.0 };
+            sc.rules.push(RuleSpec::cluster("orders", 100.0, 3));
+            sc.proxies = vec![ProxySpec::new(2); 3];
+            for p in 0..3 {
+                sc.loads.push(uniform(0, p, each, None));
+            }
+            sc.duration_ms = 14_000;
+        }
+        // Finding 3: two cluster rules in one Envoy.
+        "two-rules" => {
+            sc.rules.push(RuleSpec::cluster("alpha", 30.0, 3));
+            sc.rules.push(RuleSpec::cluster("beta", 150.0, 3));
+            sc.proxies = vec![ProxySpec::new(2); 3];
+            for p in 0..3 {
+                sc.loads.push(uniform(0, p, 20.0, None));
+                sc.loads
+                    .push(uniform(1, p, 300.0 * (p as f64 + 1.0) / 6.0, None));
+            }
+            sc.duration_ms = 14_000;
+        }
+        "two-rules-7-450" => {
+            sc.rules.push(RuleSpec::cluster("alpha", 7.0, 4));
+            sc.rules.push(RuleSpec::cluster("beta", 450.0, 4));
+            sc.proxies = vec![ProxySpec::new(2); 4];
+            for p in 0..4 {
+                sc.loads.push(uniform(0, p, 3.5, None));
+                sc.loads.push(uniform(1, p, 90.0 * (p as f64 + 1.0), None));
+            }
+            sc.duration_ms = 14_000;
+        }
+        // Finding 4: two of four proxies 900 ms behind.
+        "clock-tie" => {
+            sc.rules.push(RuleSpec::cluster("skew", 100.0, 4));
+            sc.proxies = vec![ProxySpec::new(2); 4];
+            for (p, x) in sc.proxies.iter_mut().enumerate() {
+                x.skew_ms = if p >= 2 { -900 } else { 0 };
+            }
+            for p in 0..4 {
+                sc.loads.push(uniform(0, p, 50.0, None));
+            }
+            sc.duration_ms = 18_000;
+        }
+        // Finding 5: one request per proxy every 1.3 s, staggered, at 7/s.
+        "sporadic" => {
+            let mut r = RuleSpec::cluster("orders", 7.0, 4);
+            r.max_queue_delay_ms = 3000;
+            sc.rules.push(r);
+            sc.proxies = vec![ProxySpec::new(2); 4];
+            for p in 0..4 {
+                let mut l = uniform(0, p, 1.0 / 1.3, None);
+                l.shape = Shape::Uniform {
+                    per_s: 1.0 / 1.3,
+                    phase_ms: p as u64 * 1300 / 4,
+                };
+                sc.loads.push(l);
+            }
+            sc.duration_ms = 12_000;
+        }
+        // Finding 6: a 20% floor in cluster scope while critical exceeds the rate.
+        "class-floors" => {
+            let mut r = RuleSpec::cluster("orders", 100.0, 3);
+            r.classes = vec![("critical".into(), 0.0, 1000), ("batch".into(), 0.2, 3000)];
+            sc.rules.push(r);
+            sc.proxies = vec![ProxySpec::new(2); 3];
+            sc.loads.push(uniform(0, 0, 120.0, Some(0)));
+            sc.loads.push(uniform(0, 1, 60.0, Some(1)));
+            sc.loads.push(uniform(0, 2, 30.0, Some(0)));
+            sc.loads.push(uniform(0, 2, 30.0, Some(1)));
+            sc.duration_ms = 14_000;
+        }
+        _ => return None,
+    }
+    for l in &mut sc.loads {
+        l.to_ms = l.to_ms.min(sc.duration_ms);
+    }
+    let _ = NS_PER_MS;
+    Some(sc)
+}
