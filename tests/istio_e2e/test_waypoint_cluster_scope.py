@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from harness import windows
+from harness import tools, windows
 from harness.mesh import NAMESPACE
 from harness.net import wait_until
 from harness.stalls import StallMonitor
@@ -410,7 +410,7 @@ def grids(phase: Phase, rule: str, since: float) -> dict[int, list[tuple[float, 
     (redis,) = phase.pods["redis"]
 
     def cli(*args: str) -> list[str]:
-        out = redis.node.run(["redis-cli", "-p", "6379", *args], timeout=60, check=True).stdout
+        out = redis.node.run([tools.path("redis-cli"), "-p", "6379", *args], timeout=60, check=True).stdout
         return out.split()
 
     parsed: list[tuple[int, float, str]] = []

@@ -130,7 +130,9 @@ def test_the_replicated_waypoint_takes_both_replicas_and_the_rule_in_cluster_sco
     assert cluster["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"][
         "match_typed_subject_alt_names"] == [{"san_type": "URI", "matcher": {"exact": certs["waypoint"]["san"]}}]
     below = Topology("waypoints", "below")
-    cfg = topologies.plugin(below.rate(40), below.burst(4), cluster=below.cluster_scope)
+    rate = below.rate(40)
+    assert rate == 20
+    cfg = topologies.plugin(rate, below.burst(4), cluster=below.cluster_scope)
     (rule,) = cfg["rules"]
     assert cfg["engine"]["cluster"] == "outbound|8080||ratelimit.throttle-engine.svc.cluster.local"
     assert (rule["scope"], rule["rate"], rule["expected_replicas"]) == ("cluster", "20/s", topologies.WAYPOINT_REPLICAS)
