@@ -216,7 +216,7 @@ def test_a_replica_killed_and_restarted_keeps_the_fault_bound(waypoint_cluster, 
     victim = pods[0]  # weight 6 of 10: the most connections, the largest share
     apply_rule(waypoint_cluster, RATE)
     istio.load(waypoint_cluster.client, URL, qps=OFFERED, connections=CONNECTIONS, duration="2s")
-    run = istio.Background(waypoint_cluster.client, URL, qps=OFFERED, connections=CONNECTIONS, duration="24s")
+    run = istio.Background(waypoint_cluster.client, URL, qps=OFFERED, connections=CONNECTIONS, duration="20s")
     wait_until(lambda: time.time() - run.start >= 6, 10, "6 s of load")
     held = istio.rule_stats(victim, RULE).get("held", 0)
     killed = time.time()
@@ -281,7 +281,7 @@ def test_a_new_rate_takes_effect_on_every_replica(waypoint_cluster, figures):
     pods = replicas(waypoint_cluster)
     apply_rule(waypoint_cluster, RATE)
     pids = {p.name: p.envoy_pids() for p in pods}
-    run = istio.Background(waypoint_cluster.client, URL, qps=OFFERED, connections=CONNECTIONS, duration="18s")
+    run = istio.Background(waypoint_cluster.client, URL, qps=OFFERED, connections=CONNECTIONS, duration="15s")
     wait_until(lambda: time.time() - run.start >= 6, 10, "6 s of load")
     applied = time.time()
     lines = apply_rule(waypoint_cluster, RATE / 2)
@@ -377,8 +377,8 @@ def test_sidecar_clients_bypass_the_waypoint_unless_their_sidecar_joins_the_grid
         istio.wait_configured(client, before_lines, f"{RULE}: rate {RATE}/1s")
         istio.load(waypoint_cluster.client, URL, qps=OFFERED / 2, connections=CONNECTIONS // 2, duration="2s")
         both = [istio.Background(waypoint_cluster.client, URL, qps=OFFERED / 2, connections=CONNECTIONS // 2,
-                                 duration="12s"),
-                istio.Background(client, URL, qps=OFFERED / 2, connections=CONNECTIONS // 2, duration="12s")]
+                                 duration="10s"),
+                istio.Background(client, URL, qps=OFFERED / 2, connections=CONNECTIONS // 2, duration="10s")]
         results = [b.result() for b in both]
         stamps = arrivals(waypoint_cluster)
         start, end = max(r["start"] for r in results) + 2, min(r["end"] for r in results) - 1
@@ -405,8 +405,9 @@ def test_sidecar_clients_bypass_the_waypoint_unless_their_sidecar_joins_the_grid
 
 def grids(phase: Phase, rule: str, since: float) -> dict[int, list[tuple[float, int]]]:
     """A cluster rule's grids as the engine's Redis holds them: {interval (ns): [(epoch start, slots
-    claimed in it)]} for the epochs from `since` on (engine/README.md: the key
-    `<prefix>_throttle_slots_<rule>:<interval ns>:<slots per epoch>:<epoch>_<hour>`)."""
+    claimed in it)]} for the epochs from `since` on (the key
+    `<domain>_throttle_slots_<rule>:<interval ns>:<epoch>_<hour>`, epochs of 100 ms:
+    filters/throttle/core/src/cluster/grid.rs `counter_key`)."""
     (redis,) = phase.pods["redis"]
 
     def cli(*args: str) -> list[str]:
@@ -415,8 +416,8 @@ def grids(phase: Phase, rule: str, since: float) -> dict[int, list[tuple[float, 
 
     parsed: list[tuple[int, float, str]] = []
     for key in cli("--scan", "--pattern", f"*_throttle_slots_{rule}:*"):
-        interval, per, epoch = key.split("_throttle_slots_", 1)[1].rsplit("_", 1)[0].split(":")[1:]
-        start = int(epoch) * int(interval) * int(per) / 1e9
+        interval, epoch = key.split("_throttle_slots_", 1)[1].rsplit("_", 1)[0].split(":")[1:]
+        start = int(epoch) * EPOCH_S
         if start >= since:
             parsed.append((int(interval), start, key))
     out: dict[int, list[tuple[float, int]]] = {}
