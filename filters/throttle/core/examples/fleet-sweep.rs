@@ -6,13 +6,19 @@
 //! fleet-sweep [--seconds S] [--from SEED] [--seeds N]   sweep (default: 60 s from seed 1)
 //! fleet-sweep --seed SEED [--verbose]                    replay one seed
 //! fleet-sweep --scenario NAME                            a named scenario (--scenario list)
+//! fleet-sweep --seed SEED|--scenario NAME --trace RULE   every request of a rule and its end
 //! ```
 //! Exit status 1 if any invariant failed.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use throttle_core::sim::sweep::{self, Outcome};
+use throttle_core::sim::process::End;
+use throttle_core::sim::scenario::Scenario;
+use throttle_core::sim::{
+    fleet,
+    sweep::{self, Outcome},
+};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -58,9 +64,76 @@ fn report(o: &Outcome, verbose: bool) -> bool {
     o.violations.is_empty()
 }
 
+/// One line per request of rule `rule`, in arrival order: proxy, arrival
+/// and end, in ms from the start.
+fn trace(sc: &Scenario, rule: usize) {
+    let t = match fleet::run(sc) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("fleet-sweep: configuration refused: {e}");
+            std::process::exit(2);
+        }
+    };
+    let start = sc.start_ns();
+    let ms = |x: u64| x.saturating_sub(start) as f64 / 1e6;
+    let mut rows: Vec<_> = t.records.iter().filter(|r| r.rule == rule).collect();
+    rows.sort_by_key(|r| r.arrived);
+    for r in rows {
+        let end = match r.end {
+            End::Released {
+                at,
+                held,
+                slot,
+                credit,
+            } => format!(
+                "released {:.1}{}{}{}",
+                ms(at),
+                if held { " after a hold" } else { "" },
+                slot.map(|s| format!(" slot {s}")).unwrap_or_default(),
+                if credit { " on credit" } else { "" }
+            ),
+            End::Refused {
+                at,
+                held,
+                displaced,
+            } => format!(
+                "refused {:.1}{}{}",
+                ms(at),
+                if held { " after a hold" } else { "" },
+                if displaced { " (displaced)" } else { "" }
+            ),
+            ref other => format!("{other:?}"),
+        };
+        println!(
+            "proxy {} class {:?} key {:?} arrived {:.1}: {end}",
+            r.proxy,
+            r.class,
+            r.key,
+            ms(r.arrived)
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verbose = args.iter().any(|a| a == "--verbose");
+    if let Some(rule) = arg(&args, "--trace") {
+        let Ok(rule) = rule.parse::<usize>() else {
+            eprintln!("fleet-sweep: --trace takes a rule's index");
+            std::process::exit(2);
+        };
+        let sc = match (arg(&args, "--seed"), arg(&args, "--scenario")) {
+            (Some(seed), _) => seed.parse().ok().map(sweep::draw),
+            (None, Some(name)) => sweep::named(&name),
+            _ => None,
+        };
+        let Some(sc) = sc else {
+            eprintln!("fleet-sweep: --trace needs --seed SEED or --scenario NAME");
+            std::process::exit(2);
+        };
+        trace(&sc, rule);
+        return;
+    }
     if let Some(name) = arg(&args, "--scenario") {
         let names: Vec<&str> = if name == "all" {
             sweep::NAMES.to_vec()

@@ -8,11 +8,11 @@
 //! its own state; the schedules and gates it consults are process-wide
 //! ([`Store`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use crate::adaptive::learner::interval_in;
 use crate::adaptive::{Mode, Tally};
-use crate::classes::ClassWaiters;
+use crate::classes::{tickets, ClassWaiter, ClassWaiters};
 use crate::clock::Clock;
 use crate::clock::NS_PER_MS;
 use crate::cluster;
@@ -22,83 +22,6 @@ use crate::queue::{Held, HeldQueue};
 use crate::reply::{rejection, Reply};
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store};
-use crate::stream::{retry_grants, Outcome, Wait};
-
-/// Requests of cluster rules waiting for grants from the engine, by rule and
-/// deadline. A rule's deadlines grow with its waiters' age (one
-/// `max_queue_delay` per rule), so each rule's list is oldest first.
-#[derive(Debug, Default)]
-pub struct GrantWaiters {
-    /// (rule, deadline, context id) -> since.
-    by_rule: BTreeMap<(usize, u64, u32), u64>,
-    /// context id -> (rule, deadline).
-    index: HashMap<u32, (usize, u64)>,
-}
-
-/// A request waiting for grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GrantWaiter {
-    pub id: u32,
-    pub rule: usize,
-    /// When it started waiting.
-    pub since: u64,
-    /// When its `max_queue_delay` runs out.
-    pub deadline: u64,
-}
-
-impl GrantWaiters {
-    pub fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
-    }
-
-    pub fn contains(&self, id: u32) -> bool {
-        self.index.contains_key(&id)
-    }
-
-    /// Starts waiting at `since` until `deadline`.
-    pub fn wait(&mut self, id: u32, rule: usize, since: u64, deadline: u64) {
-        if let Some(old) = self.index.insert(id, (rule, deadline)) {
-            self.by_rule.remove(&(old.0, old.1, id));
-        }
-        self.by_rule.insert((rule, deadline, id), since);
-    }
-
-    /// Stops waiting; returns its rule if it was waiting.
-    pub fn cancel(&mut self, id: u32) -> Option<usize> {
-        let (rule, deadline) = self.index.remove(&id)?;
-        self.by_rule.remove(&(rule, deadline, id));
-        Some(rule)
-    }
-
-    /// The oldest waiter of the first rule at or after `rule`.
-    pub fn first_from(&self, rule: usize) -> Option<GrantWaiter> {
-        self.by_rule
-            .range((rule, 0, 0)..)
-            .next()
-            .map(|(&(rule, deadline, id), &since)| GrantWaiter {
-                id,
-                rule,
-                since,
-                deadline,
-            })
-    }
-
-    /// Every waiter, by rule, oldest first.
-    pub fn iter(&self) -> impl Iterator<Item = GrantWaiter> + '_ {
-        self.by_rule
-            .iter()
-            .map(|(&(rule, deadline, id), &since)| GrantWaiter {
-                id,
-                rule,
-                since,
-                deadline,
-            })
-    }
-}
 
 /// State of one worker.
 #[derive(Debug, Default)]
@@ -111,8 +34,6 @@ pub struct Worker {
     pub in_flight: HashMap<u32, usize>,
     /// Resumed requests: context id -> milliseconds held (`x-throttle-wait-ms`).
     pub waited: HashMap<u32, u64>,
-    /// Requests of cluster rules waiting for grants from the engine.
-    pub grants: GrantWaiters,
     /// Held gRPC requests (a tick-time rejection answers them the gRPC way).
     pub grpc: HashSet<u32>,
     /// Adaptive rules: what this worker saw of each rule's traffic since it
@@ -172,46 +93,32 @@ impl Worker {
         Self::default()
     }
 
-    /// Requests held now, by rate, by gate or waiting for grants.
+    /// Requests held now, by rate, by gate or waiting in a rule's line.
     pub fn held(&self) -> usize {
-        self.queue.len() + self.gate.len() + self.grants.len() + self.classes.len()
+        self.queue.len() + self.gate.len() + self.classes.len()
     }
 
     /// Whether `id` is held now.
     pub fn holds(&self, id: u32) -> bool {
-        self.queue.contains(id)
-            || self.gate.contains(id)
-            || self.grants.contains(id)
-            || self.classes.contains(id)
+        self.queue.contains(id) || self.gate.contains(id) || self.classes.contains(id)
     }
 
     /// Whether anything needs the tick.
     pub fn needs_ticks(&self) -> bool {
-        !self.queue.is_empty()
-            || self.gate.needs_ticks()
-            || !self.grants.is_empty()
-            || self.classes.needs_ticks()
+        !self.queue.is_empty() || self.gate.needs_ticks() || self.classes.needs_ticks()
     }
 
     /// Stops holding `id` (its stream ended, or Envoy answered it): removes it
     /// from the queue, the gate (an abandoned ticket is counted at its turn)
-    /// or the grant waiters (the rule's waiting count goes down). Returns
-    /// whether it was held.
+    /// or its line (its ticket is abandoned). Returns whether it was held.
     pub fn unhold<S: Store>(&mut self, store: S, id: u32) -> bool {
         let from_queue = self.queue.cancel(id).is_some();
         let from_gate = self.gate.cancel(id).is_some();
-        let from_grants = match self.grants.cancel(id) {
-            Some(rule) => {
-                let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(rule)), -1);
-                true
-            }
-            None => false,
-        };
         let from_classes = self.leave_class(store, id);
         self.releasing.remove(&id);
         self.grpc.remove(&id);
         self.learning_held.remove(&id);
-        from_queue || from_gate || from_grants || from_classes
+        from_queue || from_gate || from_classes
     }
 
     /// Adaptive rule `rule`'s tally of this worker.
@@ -294,10 +201,10 @@ impl Worker {
     }
 
     /// The plan for a tick: requests whose turn came are resumed (rules with
-    /// a concurrency limit send them on to their gate first); requests
-    /// waiting for grants try again, oldest first; waiters whose ticket may
-    /// go are resumed; waiters past their deadline are answered with a
-    /// rejection.
+    /// a concurrency limit send them on to their gate first); the lines grant
+    /// their due slots and resume the waiters whose ticket was granted;
+    /// waiters past their deadline go on credit (cluster scope) or are
+    /// answered with a rejection.
     pub fn plan_tick<S: Store>(
         &mut self,
         cfg: &Config,
@@ -309,75 +216,10 @@ impl Worker {
         if !self.queue.is_empty() {
             self.follow_learned_rates(cfg, store, now);
         }
-        let back_on_grid = self.rate_releases(cfg, store, now, &mut plan);
+        self.rate_releases(cfg, store, now, &mut plan);
         self.class_turns(cfg, store, clock, &mut plan);
-        if !self.grants.is_empty() {
-            self.grant_retries(cfg, store, clock, &mut plan);
-        }
-        // From the next tick on, with the others.
-        self.wait_for_grants(back_on_grid);
         self.gate_turns(cfg, store, now, &mut plan);
         plan
-    }
-
-    /// Requests waiting for grants try again, each rule's oldest first; a
-    /// rule stops at its first request that must still wait (later ones
-    /// would too, and their deadlines are later). A request whose
-    /// `max_queue_delay` ran out is rejected.
-    fn grant_retries<S: Store>(
-        &mut self,
-        cfg: &Config,
-        store: S,
-        clock: &mut impl Clock,
-        plan: &mut TickPlan,
-    ) {
-        let now = clock.mono();
-        let wall = clock.wall();
-        let mut from = 0;
-        while let Some(GrantWaiter {
-            id,
-            rule: index,
-            since,
-            deadline,
-        }) = self.grants.first_from(from)
-        {
-            let Some(rule) = cfg.rules.get(index).filter(|r| r.cluster.is_some()) else {
-                // Not a cluster rule of this configuration: left alone.
-                from = index + 1;
-                continue;
-            };
-            if now >= deadline {
-                self.grants.cancel(id);
-                let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), -1);
-                plan.actions.push(self.reject(cfg, id, index));
-                continue;
-            }
-            let waited_ns = now.saturating_sub(since);
-            let mut counts = Counts::NONE;
-            let outcome = retry_grants(store, index, rule, now, wall, waited_ns, &mut counts);
-            plan.merge(index, &counts);
-            let (release_at, fallback) = match outcome {
-                Outcome::Wait(Wait::Fallback { until, .. }) => (Some(until), true),
-                Outcome::Wait(_) => {
-                    from = index + 1;
-                    continue;
-                }
-                Outcome::Go => (Some(now), false),
-                Outcome::Hold { until } => (Some(until), false),
-                Outcome::Reject { .. } | Outcome::Contention => (None, false),
-            };
-            self.grants.cancel(id);
-            match release_at {
-                Some(t) if t <= now => plan.actions.push(TickAction::Resume {
-                    id,
-                    rule: index,
-                    waited_ns,
-                }),
-                Some(t) if fallback => self.queue.hold_fallback(id, index, since, t),
-                Some(t) => self.queue.hold(id, index, since, t),
-                None => plan.actions.push(self.reject(cfg, id, index)),
-            }
-        }
     }
 
     /// Only the rate part of a tick: requests whose turn came are resumed
@@ -386,15 +228,8 @@ impl Worker {
     /// does), leaving the retries and the gate to the regular tick.
     pub fn plan_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64) -> TickPlan {
         let mut plan = TickPlan::default();
-        let back_on_grid = self.rate_releases(cfg, store, now, &mut plan);
-        self.wait_for_grants(back_on_grid);
+        self.rate_releases(cfg, store, now, &mut plan);
         plan
-    }
-
-    fn wait_for_grants(&mut self, waiters: Vec<GrantWaiter>) {
-        for w in waiters {
-            self.grants.wait(w.id, w.rule, w.since, w.deadline);
-        }
     }
 
     /// Only the gate part of a tick: waiters whose turn came (a slot was
@@ -414,17 +249,9 @@ impl Worker {
         }
     }
 
-    /// Resumes the requests whose turn came; returns those held on a
-    /// fallback schedule whose rule is back on the grid: they wait for
-    /// grants (counted as waiting already).
-    fn rate_releases<S: Store>(
-        &mut self,
-        cfg: &Config,
-        store: S,
-        now: u64,
-        plan: &mut TickPlan,
-    ) -> Vec<GrantWaiter> {
-        let mut back_on_grid = Vec::new();
+    /// Resumes the requests whose turn came; those held on a fallback
+    /// schedule whose rule is back on the grid join the rule's line instead.
+    fn rate_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64, plan: &mut TickPlan) {
         let mut due: Vec<Held> = Vec::new();
         self.queue.pop_due(now, &mut due);
         for r in due {
@@ -434,26 +261,33 @@ impl Worker {
             };
             if r.fallback && cluster::on_grid(&mut store.blob(BlobId::Grants(index))) {
                 // Its turn was given on the fallback schedule, and the grid
-                // is back: going now would add to the whole grid. It waits
-                // for grants (first among them: it waited longest), within
-                // what is left of its max_queue_delay.
+                // is back: going now would add to the whole grid. It joins
+                // the rule's line, within what is left of its max_queue_delay
+                // (at its deadline, credit if the proxy may).
                 let deadline = r.held_at.saturating_add(rule.max_delay_ns);
-                if cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), 1).is_ok() {
-                    back_on_grid.push(GrantWaiter {
-                        id,
-                        rule: index,
-                        since: r.held_at,
-                        deadline,
-                    });
-                } else {
-                    plan.count(index, Stat::Contention, 1);
-                    plan.actions.push(self.reject(cfg, id, index));
+                let ticket =
+                    tickets::take_ticket(&mut store.blob(BlobId::Classes(index)), 0, now, |_| true);
+                match ticket {
+                    Ok((_, Some(ticket))) => {
+                        let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), 1);
+                        self.classes.wait(ClassWaiter {
+                            context_id: id,
+                            rule: index,
+                            class: 0,
+                            ticket,
+                            since: r.held_at,
+                            deadline,
+                        });
+                    }
+                    _ => {
+                        plan.count(index, Stat::Contention, 1);
+                        plan.actions.push(self.reject(cfg, id, index));
+                    }
                 }
                 continue;
             }
             self.release(cfg, store, id, index, r.held_at, now, plan);
         }
-        back_on_grid
     }
 
     /// A held request's turn came: resumed, or sent on to its rule's gate.

@@ -964,7 +964,7 @@ fn calls_of(
     for i in 0..n {
         let id = 1000 + i;
         w.at_both(from_ms + u64::from(i));
-        assert_eq!(w.request(id, headers), Flow::Continue);
+        assert_eq!(w.request(id, headers), Flow::Continue, "request {i}");
         w.respond(id, false);
         w.response_end(id);
         w.done(id);
@@ -1019,8 +1019,9 @@ fn the_fast_path_host_calls_per_request() {
         "a path match"
     );
     // Cluster scope with grants in hand (the engine answered for a second of
-    // traffic first): the wall clock only, and the cursor cell; the grants
-    // only when the cursor's range ends.
+    // traffic at the rate measured, 1000/s: shares follow demand): the wall
+    // clock only, and the cursor cell; the grants only when the cursor's
+    // range ends.
     let host = Fake::new();
     host.state().clusters = vec!["throttle_engine".into()];
     let mut w = Worker::new(
@@ -1030,15 +1031,29 @@ fn the_fast_path_host_calls_per_request() {
             "rules": [{"name": "c", "rate": "1000000/s", "scope": "cluster"}]}"#,
     );
     let mut engine = FakeEngine::default();
-    for t in (0..1000).step_by(10) {
-        w.at_both(t);
-        let id = 100 + t as u32;
-        w.request(id, &[]);
-        w.run(t + 1, t + 9, Some(&mut engine));
-        w.respond(id, true);
-        w.done(id);
+    let mut held = Vec::new();
+    for t in 0..2000 {
+        w.run(t, t, Some(&mut engine));
+        let id = 100_000 + t as u32;
+        if w.request(id, &[]) == Flow::Pause {
+            held.push(id);
+        } else {
+            w.respond(id, true);
+            w.done(id);
+        }
+        let resumed = host.state().resumed.clone();
+        held.retain(|id| {
+            let go = resumed.contains(id);
+            if go {
+                w.respond(*id, true);
+                w.done(*id);
+            }
+            !go
+        });
     }
-    let calls = calls_of(&mut w, 50, &[], 1000);
+    held.retain(|id| reply(host, *id).is_none());
+    assert!(held.is_empty(), "the warm-up's requests all went: {held:?}");
+    let calls = calls_of(&mut w, 50, &[], 2000);
     let get = |name| {
         calls
             .iter()

@@ -70,9 +70,13 @@ pub const MAX: usize = crate::config::spec::MAX_CLASSES;
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// How long a due slot may wait for a worker's tick and still be granted at
-/// its own time (virtual time, so late ticks lose nothing). A slot older than
-/// this while requests wait is forfeited (the safe side: fewer releases).
-pub const CATCH_UP_NS: u64 = 250 * crate::clock::NS_PER_MS;
+/// its own time: the ticks of a worker that holds requests come every few
+/// milliseconds, and a slot older than this is forfeited (the safe side:
+/// fewer releases). It bounds the releases a late tick sends at once to
+/// `R x CATCH_UP_NS` more than the schedule's, as for held requests released
+/// at the first tick after their turn (until 2026-11-28, 250 ms: a tick after
+/// a stall sent a quarter second of slots at once).
+pub const CATCH_UP_NS: u64 = 20 * crate::clock::NS_PER_MS;
 
 /// The class whose floor slot `slot` is, if that class has requests waiting.
 pub fn floor_of(slot: u64, classes: &[Class], waiting: &[u64; MAX]) -> Option<usize> {

@@ -287,8 +287,11 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
         } else {
             self.expected_per_s
         };
+        // Reckoned slower than expected, as a line's turn is
+        // ([`cluster::DERATE`]).
         let interval_ns = if per_s > 0.0 {
-            (crate::clock::NS_PER_S as f64 / per_s).ceil() as u64
+            let i = (crate::clock::NS_PER_S as f64 / per_s).ceil() as u64;
+            i.saturating_add(i / cluster::DERATE)
         } else {
             0
         };
@@ -349,6 +352,15 @@ impl<S: Store> Source<S> {
         match self {
             Source::Rate(_) => 0,
             Source::Grid(g) => std::mem::take(&mut g.taken),
+        }
+    }
+
+    /// Whether the rule rejects while its engine fails (`on_engine_failure:
+    /// "deny"`, and the engine failing): nothing will be granted to a waiter.
+    pub fn denies(&mut self) -> Result<bool, StoreError> {
+        match self {
+            Source::Rate(_) => Ok(false),
+            Source::Grid(g) => Ok(g.grants()?.mode == Mode::Deny),
         }
     }
 }

@@ -4,10 +4,11 @@
 //! answer those whose turn can no longer come in time (`displaced`).
 
 use crate::clock::{Clock, NS_PER_S};
+use crate::cluster;
 use crate::config::{Config, Rule};
 use crate::reply::rejection;
 use crate::stats::{ClassStat, Counts, Stat};
-use crate::store::{BlobId, Store, StoreError};
+use crate::store::{BlobId, CellId, Store, StoreError};
 use crate::worker::{TickAction, TickPlan, Worker};
 
 use super::slots::{self, Slots};
@@ -51,7 +52,7 @@ impl Worker {
             {
                 // The shared value or the schedule failed: nothing is
                 // granted this tick; waiters past their deadline still go.
-                self.class_deadlines(cfg, index, store, now, plan);
+                self.class_deadlines(cfg, index, store, (now, wall), plan);
             }
         }
     }
@@ -68,10 +69,14 @@ impl Worker {
         let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
             return Ok(());
         };
+        let line = rule.line();
+        // A cluster rule's own line (no classes): its waiters are counted in
+        // the rule's cursor, for the fast path ([`cluster::Cursor::waiting`]).
+        let counted_in_cursor = rule.cluster.is_some() && rule.classes.is_empty();
         let mut blob = store.blob(BlobId::Classes(index));
         let mut t = Tickets::default();
         for _ in 0..ROUNDS {
-            let g = tickets::grant_due(&mut blob, &mut slots, &rule.classes, now)?;
+            let g = tickets::grant_due(&mut blob, &mut slots, &line, now)?;
             t = g.tickets;
             let mut passed = false;
             for (c, ticket, counted) in self.classes.abandoned_of(index) {
@@ -97,15 +102,29 @@ impl Worker {
                 i32::try_from(taken).unwrap_or(i32::MAX),
             );
         }
-        for (c, line) in t.lines.iter().enumerate().take(rule.classes.len()) {
-            for w in self.classes.granted(index, c, line.granted) {
+        for (c, tickets_of) in t.lines.iter().enumerate().take(line.len()) {
+            for w in self.classes.granted(index, c, tickets_of.granted) {
                 self.classes.remove(w.context_id);
-                self.releasing.insert(w.context_id, w.class);
+                if !rule.classes.is_empty() {
+                    self.releasing.insert(w.context_id, w.class);
+                }
                 self.release(cfg, store, w.context_id, index, w.since, now, plan);
             }
         }
+        if counted_in_cursor {
+            let waiting: u64 = t.waiting().iter().sum();
+            let _ = cluster::set_waiting(&mut store.cell(CellId::Cursor(index)), waiting);
+        }
         for w in self.classes.expired(index, now) {
-            self.displace(cfg, store, w, 1, now, plan);
+            self.expire(cfg, rule, store, w, (now, wall), plan);
+        }
+        if slots.denies()? {
+            // The engine fails and the rule denies: nobody waits for a grant
+            // that cannot come.
+            for w in self.classes.of_rule(index) {
+                self.displace(cfg, store, w, 1, now, plan);
+            }
+            return Ok(());
         }
         if self.classes.is_empty() || !self.classes.check_due(index, now, CHECK_EVERY_NS) {
             return Ok(());
@@ -119,7 +138,7 @@ impl Worker {
         let outlook = slots.outlook(now, true)?;
         let (t, _) = tickets::load(&mut blob)?;
         let b = Backlog {
-            classes: &rule.classes,
+            classes: &line,
             tickets: &t,
             outlook,
             now,
@@ -133,7 +152,11 @@ impl Worker {
                 .saturating_sub(line.abandoned.into())
                 .max(1);
             let beyond = position.saturating_sub(GRANTS_IN_FLIGHT).max(1);
-            if w.ticket >= line.granted && cannot_make_it(&b, w.class, beyond, w.deadline) {
+            // The top class is displaced by nobody: it waits to its deadline.
+            if w.class > 0
+                && w.ticket >= line.granted
+                && cannot_make_it(&b, w.class, beyond, w.deadline)
+            {
                 let retry = turn_ns(&b, w.class, position, true)
                     .unwrap_or(NS_PER_S)
                     .div_ceil(NS_PER_S)
@@ -150,11 +173,49 @@ impl Worker {
         cfg: &Config,
         index: usize,
         store: S,
-        now: u64,
+        (now, wall): (u64, u64),
         plan: &mut TickPlan,
     ) {
+        let Some(rule) = cfg.rules.get(index) else {
+            return;
+        };
         for w in self.classes.expired(index, now) {
-            self.displace(cfg, store, w, 1, now, plan);
+            self.expire(cfg, rule, store, w, (now, wall), plan);
+        }
+    }
+
+    /// A waiter whose `max_queue_delay` ran out before its grant: in cluster
+    /// scope its turn was reckoned on the share the proxy expected, and the
+    /// grants came later: it goes on credit if the proxy may (at most
+    /// `burst + 1` ahead of its grants, [`cluster::at_deadline`]); else (or
+    /// in process scope) it is answered with the rule's rejection.
+    fn expire<S: Store>(
+        &mut self,
+        cfg: &Config,
+        rule: &Rule,
+        store: S,
+        w: ClassWaiter,
+        (now, wall): (u64, u64),
+        plan: &mut TickPlan,
+    ) {
+        if self.leave_line(cfg, store, w, now, plan) {
+            return;
+        }
+        let credit = cluster::rule_reach(rule).is_some_and(|reach| {
+            cluster::at_deadline(&mut store.cell(CellId::Ahead(w.rule)), &reach, wall)
+                .unwrap_or(false)
+        });
+        if credit {
+            if !rule.classes.is_empty() {
+                self.releasing.insert(w.context_id, w.class);
+            }
+            plan.merge(
+                w.rule,
+                &Counts::of(&[(Stat::SlotsTaken, 1), (Stat::SlotsAhead, 1)]),
+            );
+            self.release(cfg, store, w.context_id, w.rule, w.since, now, plan);
+        } else {
+            self.refuse(cfg, w, 1, plan);
         }
     }
 
@@ -172,18 +233,42 @@ impl Worker {
         now: u64,
         plan: &mut TickPlan,
     ) {
+        if !self.leave_line(cfg, store, w, now, plan) {
+            self.refuse(cfg, w, retry_after_s, plan);
+        }
+    }
+
+    /// A waiter leaves its line: its ticket is abandoned, unless another
+    /// worker granted it meanwhile (the abandonment tells, atomically): then
+    /// it is released on the slot it was granted, and this returns true.
+    fn leave_line<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        w: ClassWaiter,
+        now: u64,
+        plan: &mut TickPlan,
+    ) -> bool {
         self.classes.remove(w.context_id);
         let blob = &mut store.blob(BlobId::Classes(w.rule));
         match tickets::abandon(blob, w.class, w.ticket) {
             Ok(Abandoned::Granted) => {
-                self.releasing.insert(w.context_id, w.class);
+                if cfg.rules.get(w.rule).is_some_and(|r| !r.classes.is_empty()) {
+                    self.releasing.insert(w.context_id, w.class);
+                }
                 self.release(cfg, store, w.context_id, w.rule, w.since, now, plan);
-                return;
+                return true;
             }
             Ok(Abandoned::Skipped) => {}
             Ok(Abandoned::Counted) => self.classes.abandon(w.rule, w.class, w.ticket, true),
             Err(_) => self.classes.abandon(w.rule, w.class, w.ticket, false),
         }
+        false
+    }
+
+    /// Answers a waiter with the rule's rejection (counted `displaced` in a
+    /// rule with classes).
+    fn refuse(&mut self, cfg: &Config, w: ClassWaiter, retry_after_s: u64, plan: &mut TickPlan) {
         let status = cfg.rules.get(w.rule).map_or(429, |r| r.reject_status);
         let grpc = self.grpc.contains(&w.context_id);
         plan.actions.push(TickAction::Reply {
@@ -191,9 +276,11 @@ impl Worker {
             rule: w.rule,
             reply: rejection(status, retry_after_s, grpc, Vec::new()),
         });
-        let mut c = Counts::NONE;
-        c.add_class(w.class, ClassStat::Displaced, 1);
-        plan.merge(w.rule, &c);
+        if cfg.rules.get(w.rule).is_some_and(|r| !r.classes.is_empty()) {
+            let mut c = Counts::NONE;
+            c.add_class(w.class, ClassStat::Displaced, 1);
+            plan.merge(w.rule, &c);
+        }
     }
 
     /// A class waiter leaves (its stream ended, or Envoy answered it): its

@@ -14,32 +14,53 @@ use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 use super::grants::{load_grants, Attempt, Cursor, Grants, Reach, Take};
 
 /// How far a process is ahead of its grants, kept in the rule's ahead cell
-/// ([`crate::CellId::Ahead`], `[owed, until_ms]`): slots owed (requests that went on
-/// credit) and, in wall-clock ms, the time of the latest slot that was
-/// taken before its time or repays a credit. While that time lies ahead, or
-/// anything is owed, no request goes early; so at any instant the process
-/// is ahead of its grants by at most `burst + 1` requests.
+/// ([`crate::CellId::Ahead`], `[owed, pending << 48 | until_ms]`): slots owed
+/// (requests that went on credit), and slots taken for a request before
+/// their time or to repay a credit that are not yet due (`pending`, the
+/// latest of them due at `until_ms`, wall-clock ms). Owed and pending
+/// together stay within `burst + 1` (credit), and a request goes before its
+/// slot's time only when neither is left; so at any instant the process is
+/// ahead of its grants by at most `burst + 1` requests. (Pending slots count
+/// until the latest of them is due: a bound that errs on the safe side.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ahead {
     pub owed: u64,
+    pub pending: u64,
     pub until_ms: u64,
 }
 
 impl Ahead {
+    const MS_BITS: u32 = 48;
+
     /// The state of a cell's value (a cell never stored: nothing ahead).
     pub fn decode(value: Option<[u64; 2]>) -> Ahead {
-        let [owed, until_ms] = value.unwrap_or([0, 0]);
-        Ahead { owed, until_ms }
+        let [owed, packed] = value.unwrap_or([0, 0]);
+        Ahead {
+            owed,
+            pending: packed >> Self::MS_BITS,
+            until_ms: packed & ((1 << Self::MS_BITS) - 1),
+        }
     }
 
     /// The cell's value.
     pub fn encode(self) -> [u64; 2] {
-        [self.owed, self.until_ms]
+        let ms = self.until_ms.min((1 << Self::MS_BITS) - 1);
+        let pending = self.pending.min(u64::from(u16::MAX));
+        [self.owed, pending << Self::MS_BITS | ms]
     }
 
     /// Nothing taken ahead is still ahead at wall time `now`.
     fn clear_at(self, now: u64) -> bool {
         self.until_ms.saturating_mul(NS_PER_MS) <= now
+    }
+
+    /// The slots taken ahead still not due at `now`.
+    fn pending_at(self, now: u64) -> u64 {
+        if self.clear_at(now) {
+            0
+        } else {
+            self.pending
+        }
     }
 }
 
@@ -65,12 +86,19 @@ pub(super) fn go_ahead<A: SharedCell>(
             return Some(Take::Contention);
         };
         let mut ahead = Ahead::decode(v);
-        let limit = if early.is_some() { 1 } else { reach.credit };
-        if !ahead.clear_at(now) || ahead.owed >= limit {
+        let may = match early {
+            // Before its slot's time: one at a time, nothing owed.
+            Some(_) => ahead.clear_at(now) && ahead.owed == 0,
+            None => ahead.owed + ahead.pending_at(now) < reach.credit,
+        };
+        if !may {
             return None;
         }
         match early {
-            Some(t) => ahead.until_ms = t.div_ceil(NS_PER_MS),
+            Some(t) => {
+                ahead.until_ms = t.div_ceil(NS_PER_MS);
+                ahead.pending = 1;
+            }
             None => ahead.owed += 1,
         }
         match cell.store(ahead.encode(), token) {
@@ -82,13 +110,32 @@ pub(super) fn go_ahead<A: SharedCell>(
     Some(Take::Contention)
 }
 
+/// A request that waited for grants until its `max_queue_delay` ran out goes
+/// on credit if the process may (nothing ahead, less than `burst + 1` owed):
+/// its turn was reckoned on the share the process expected, and the grants
+/// came later. True if it went; the slot that repays it comes from the next
+/// grants ([`repay`]).
+pub fn at_deadline<A: SharedCell>(
+    ahead: &mut A,
+    reach: &Reach,
+    now: u64,
+) -> Result<bool, StoreError> {
+    match go_ahead(ahead, reach, Attempt::Retry { waited_ns: 0 }, 0, now, None) {
+        Some(Take::Credit) => Ok(true),
+        Some(Take::Contention) => Err(StoreError(0)),
+        _ => Ok(false),
+    }
+}
+
 /// Repays what the process owes (requests that went on credit): takes its
 /// earliest owned slots, through the cursor as a request would, but only
-/// slots due within the coming epoch, so that a request let go early on
-/// credit is made up for within about two epochs (the call after it, and
-/// that epoch); what cannot be repaid yet stays owed, and no new credit is
-/// taken meanwhile. Called by the calling VM after it publishes. Returns how
-/// many were repaid.
+/// slots due within the coming epoch, and only while no request of the
+/// process waits for one: waiting requests go first, and the credit is made
+/// up for by slots nobody needs, as a GCRA's burst refills only while the
+/// rate is not used (so the request after a burst waits for the next slot,
+/// not for the burst to be repaid). What cannot be repaid yet stays owed,
+/// and no new credit is taken meanwhile. Called by the calling VM after it
+/// publishes. Returns how many were repaid.
 pub fn repay<C: SharedCell, A: SharedCell, B: SharedBlob>(
     cursor: &mut C,
     blob: &mut B,
@@ -103,7 +150,7 @@ pub fn repay<C: SharedCell, A: SharedCell, B: SharedBlob>(
             break;
         };
         // Still ahead until the slot that repays it is due.
-        repaid_by(ahead, reach.grid.slot_time(slot))?;
+        repaid_by(ahead, reach.grid.slot_time(slot), now)?;
         repaid += 1;
     }
     Ok(repaid)
@@ -123,6 +170,9 @@ fn take_near<C: SharedCell, B: SharedBlob>(
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (value, token) = cursor.load()?;
         let c = Cursor::decode(value);
+        if c.waiting > 0 {
+            return Ok(None);
+        }
         let (slot, range_end) = if c.next < c.end && c.next >= min_slot {
             (c.next, c.end)
         } else {
@@ -153,10 +203,11 @@ fn take_near<C: SharedCell, B: SharedBlob>(
 }
 
 /// One slot owed is repaid by a slot due at wall time `t`.
-fn repaid_by<A: SharedCell>(cell: &mut A, t: u64) -> Result<(), StoreError> {
+fn repaid_by<A: SharedCell>(cell: &mut A, t: u64, now: u64) -> Result<(), StoreError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
         let (v, token) = cell.load()?;
         let mut ahead = Ahead::decode(v);
+        ahead.pending = ahead.pending_at(now) + 1;
         ahead.owed = ahead.owed.saturating_sub(1);
         ahead.until_ms = ahead.until_ms.max(t.div_ceil(NS_PER_MS));
         if cell.store(ahead.encode(), token)? {
@@ -174,153 +225,72 @@ mod tests {
     use crate::testing::{MemBlob, MemCell};
 
     #[test]
-    fn without_grants_a_request_goes_on_credit_then_waits_unless_the_fleets_rate_cannot_serve_it() {
+    fn without_grants_a_request_goes_on_credit_then_waits_and_repays_first() {
         let mut blob = MemBlob::default();
         let mut c = MemCell::default();
         let mut ahead_cell = MemCell::default();
         let r = reach(); // 500/s (T = 2 ms), burst 0 (credit 1), hold up to 10 ms
-                         // Nothing owned: the first goes at once on credit; the process owes 1.
+        let first = |c: &mut MemCell, blob: &mut MemBlob, a: &mut MemCell, now| {
+            take(c, blob, a, &r, now, true, FIRST)
+        };
+        // Nothing owned: the first goes at once on credit; the process owes 1.
         assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut ahead_cell,
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            first(&mut c, &mut blob, &mut ahead_cell, at(1000)),
             Take::Credit
         );
         assert_eq!((waiting_in(&c), ahead_cell.v), (0, Some(ahead(1, 0))));
-        // The credit is spent: the next ones wait (counted) while the fleet's
-        // rate could serve them within max_queue_delay: 5 slots in 10 ms.
-        for n in 1..=4 {
-            assert_eq!(
-                take(
-                    &mut c,
-                    &mut blob,
-                    &mut ahead_cell,
-                    &r,
-                    at(1000),
-                    true,
-                    FIRST
-                ),
-                Take::Wait
-            );
-            assert_eq!((waiting_in(&c), ahead_cell.v), (n, Some(ahead(1, 0))));
-        }
-        // A fifth behind four would get the fleet's 5th slot: 10 ms, just in
-        // reach; a sixth would not: rejected now, with what it lacks.
+        // The credit is spent: the next ones have no slot (the stream's
+        // stage puts them in the rule's line, or refuses them now: `turn_ns`).
         assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut ahead_cell,
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
+            first(&mut c, &mut blob, &mut ahead_cell, at(1000)),
             Take::Wait
         );
-        assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut ahead_cell,
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
-            Take::Reject {
-                retry_after_s: 1,
-                queue_full: false
-            }
-        );
-        assert_eq!((waiting_in(&c), ahead_cell.v), (5, Some(ahead(1, 0))));
-        // A retry is never rejected early: the worker rejects it at its deadline.
-        let retry = Attempt::Retry { waited_ns: MS };
-        assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut ahead_cell,
-                &r,
-                at(1000),
-                true,
-                retry
-            ),
-            Take::Wait
-        );
-        // Grants arrive (slots 1002..1010): the first repays the credit, the
-        // rest go to the waiting requests first (retries), oldest first.
-        publish(&mut blob, &mut c, &r, 0, Mode::Grid, 0, &[(1002, 1010)]).unwrap();
+        // Grants arrive (slots 1002..1010): the first repays the credit.
+        publish(
+            &mut blob,
+            &mut c,
+            &r,
+            0,
+            Mode::Grid,
+            (0, 0),
+            &[(1002, 1010)],
+        )
+        .unwrap();
         assert_eq!(
             repay(&mut c, &mut blob, &mut ahead_cell, &r, at(1000)),
             Ok(1)
         );
         assert_eq!(
-            (waiting_in(&c), ahead_cell.v),
-            (5, Some(ahead(0, at(1002) / MS))),
+            ahead_cell.v,
+            Some(ahead(0, at(1002) / MS)),
             "repaid by the earliest slot, ahead until its time"
         );
         assert_eq!(cur(&c), (1003, 1010));
-        // Until slot 1002's time (4 ms), nothing goes ahead: the retries of
-        // the waiting take the next slots, oldest first, leaving the count...
-        let retry = Attempt::Retry { waited_ns: 2 * MS };
+        // Until slot 1002's time (4 ms), nothing goes ahead: a new request is
+        // held for the cursor's next slot.
         assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut ahead_cell,
-                &r,
-                at(1000),
-                true,
-                retry
-            ),
+            first(&mut c, &mut blob, &mut ahead_cell, at(1000)),
             Take::Hold {
                 slot: 1003,
                 delay_ns: 6 * MS
             }
         );
-        assert_eq!(waiting_in(&c), 4);
-        // ...and a new request, while others wait, takes the cursor's next
-        // slot (a slot in the cursor's range goes to whoever comes) and never
-        // goes ahead.
+        // While others wait in the line (counted in the cursor), a new
+        // request queues behind them, even with an owned slot at hand.
+        let mut x = Cursor::decode(c.v);
+        x.waiting = 2;
+        c.v = Some(x.encode());
         assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut ahead_cell,
-                &r,
-                at(1000),
-                true,
-                FIRST
-            ),
-            Take::Hold {
-                slot: 1004,
-                delay_ns: 8 * MS
-            }
+            first(&mut c, &mut blob, &mut ahead_cell, at(1002)),
+            Take::Wait
         );
-        // Once 1002's time has passed, the oldest retry may go ahead again:
-        // on its slot (1005, 6 ms away at 1002's time), before its time.
+        // Once 1002's time has passed and nobody waits, one may go ahead:
+        // on its slot (1004, 4 ms away), before its time.
+        x.waiting = 0;
+        c.v = Some(x.encode());
         assert_eq!(
-            take(
-                &mut c,
-                &mut blob,
-                &mut ahead_cell,
-                &r,
-                at(1002),
-                true,
-                retry
-            ),
-            Take::Early { slot: 1005 }
-        );
-        assert_eq!(
-            (waiting_in(&c), ahead_cell.v),
-            (3, Some(ahead(0, at(1005) / MS)))
+            first(&mut c, &mut blob, &mut ahead_cell, at(1002)),
+            Take::Early { slot: 1004 }
         );
     }
 

@@ -71,7 +71,7 @@ mod answer;
 mod shares;
 
 pub use shares::{ahead_epochs, lag_epochs};
-use shares::{div_ceil_u128, epoch_phase, grant_rate, phase_offset, share};
+use shares::{div_ceil_u128, epoch_phase, grant_rate, phase_offset, share, spare};
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
 /// The process counter they read moves when each worker hands its counts
@@ -86,6 +86,28 @@ pub const ARRIVAL_SAMPLES: usize = 6;
 /// look ([`super::skew::REACH_NS`] at the shortest epochs), and then as far
 /// again (a clock that steps back adds to the same counters twice).
 pub const OWN_ADDS_MEMORY: usize = 64;
+
+/// How many epochs of shares granted the expected share is averaged over at
+/// least (one second); at low rates, as many as hold 20 of the rule's slots
+/// (an epoch holds one slot or none, and a proxy's part of it comes unevenly).
+pub const SHARE_MEMORY: usize = 10;
+
+/// Shares holding this many slots tell a proxy's share rate well enough
+/// ([`shares::grant_rate`]).
+pub const SHARE_SLOTS: u64 = 20;
+
+/// The epochs of shares a rule's expected share is averaged over.
+fn share_memory(g: &Grid) -> usize {
+    let epochs = (20 * g.interval_ns).div_ceil(g.epoch_ns.max(1));
+    usize::try_from(epochs)
+        .unwrap_or(usize::MAX)
+        .max(SHARE_MEMORY)
+}
+
+/// For this long after the first answer, the demand totals are partial (the
+/// proxies started at different moments): no room is expected from them
+/// ([`shares::grant_rate`]).
+pub const SETTLING_NS: u64 = NS_PER_S;
 
 /// The demand counter's unit: 1/64 of a request per epoch.
 pub const DEMAND_UNIT: u64 = 64;
@@ -132,6 +154,8 @@ pub struct RuleUpdate {
     pub mode: Mode,
     /// Slots per second this process may expect (the fair share), 0 if unknown.
     pub grant_rate_per_s: u64,
+    /// How far ahead its shares are claimed (`k` epochs), ns.
+    pub lead_ns: u64,
     /// Newly granted global slot ranges `[start, end)`, in this process's
     /// time (the fleet's slots shifted by its clock's offset, [`Skew`]).
     pub ranges: Vec<(u64, u64)>,
@@ -239,6 +263,11 @@ struct RuleState {
     seen: Vec<(u64, u64)>,
     /// Slots granted per epoch (upcoming ones).
     granted: Vec<(u64, u64)>,
+    /// The shares granted by the last answers: (epoch claimed, `k` epochs
+    /// ahead of the call, slots), the last [`share_memory`]; and when the
+    /// first answer came.
+    shares: Vec<(u64, u64)>,
+    first_answer: Option<u64>,
     /// Where this process's demand sits in each epoch's demand total: (epoch, D0, D1).
     demand_ranges: Vec<(u64, u64, u64)>,
     /// Demand totals looked at, per epoch.
@@ -284,6 +313,11 @@ struct RuleState {
 }
 
 impl RuleState {
+    /// How far ahead shares are claimed: `k` epochs.
+    fn lead_ns(&self) -> u64 {
+        self.ahead.saturating_mul(self.spec.grid.epoch_ns)
+    }
+
     /// The fleet's wall time for this rule at our wall time `now`.
     fn fleet_time(&self, now: u64) -> u64 {
         now.saturating_add_signed(-self.offset_ns())
@@ -389,6 +423,8 @@ impl Caller {
                     member_adds: Vec::new(),
                     seen: Vec::new(),
                     granted: Vec::new(),
+                    shares: Vec::new(),
+                    first_answer: None,
                     demand_ranges: Vec::new(),
                     demand_totals: Vec::new(),
                     member_looks: Vec::new(),
@@ -552,7 +588,20 @@ impl Caller {
                 ),
                 _ => 0,
             };
-            let need = a.saturating_add(fact.waiting).saturating_add(fact.owed);
+            // Below the rate, once the demand totals have settled: this
+            // proxy's part of the spare too ([`spare`]).
+            let settled = r
+                .first_answer
+                .is_some_and(|first| now.saturating_sub(first) >= SETTLING_NS);
+            let extra = if settled && r.mode == Mode::Grid && r.stats.demand > 0 {
+                spare(&g, g.slots_in(next), r.stats.demand, r.stats.members)
+            } else {
+                0
+            };
+            let need = a
+                .saturating_add(fact.waiting)
+                .saturating_add(fact.owed)
+                .saturating_add(extra);
             let leftover = need
                 .saturating_sub(lookup(&r.granted, next))
                 .min(g.slots_in(next));
@@ -604,6 +653,11 @@ impl Caller {
                 }
                 if share > 0 {
                     push(Purpose::Share, ahead, share);
+                }
+                if lookup3(&r.demand_ranges, y).is_some() {
+                    // The share is known now, before the engine answers (a
+                    // share of nothing counts as nothing).
+                    r.shares.push((ahead, share));
                 }
             }
         }

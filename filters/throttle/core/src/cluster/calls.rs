@@ -209,7 +209,7 @@ impl Calls {
                 reach,
                 now,
                 u.mode,
-                u.grant_rate_per_s,
+                (u.grant_rate_per_s, u.lead_ns),
                 &u.ranges,
             );
             match usable {

@@ -46,7 +46,7 @@ pub enum Mode {
 /// of at most [`super::grid::LANES`] ranges each (16 per epoch).
 pub const MAX_RANGES: usize = 256;
 
-const MAGIC: u32 = 0x5447_5231; // "TGR1"
+const MAGIC: u32 = 0x5447_5232; // "TGR2"
 
 /// The decoded grants blob.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +55,9 @@ pub struct Grants {
     /// Slots per second this process may expect from the grid (its fair
     /// share), for the reject-at-once estimate; 0 if unknown.
     pub grant_rate_per_s: u64,
+    /// How far ahead of now its shares are claimed (`k` epochs): a process
+    /// that owns no slot yet gets none from its shares before that.
+    pub lead_ns: u64,
     /// Owned global slot ranges `[start, end)`, sorted, disjoint.
     pub ranges: Vec<(u64, u64)>,
 }
@@ -64,6 +67,7 @@ impl Default for Grants {
         Grants {
             mode: Mode::Grid,
             grant_rate_per_s: 0,
+            lead_ns: 0,
             ranges: Vec::new(),
         }
     }
@@ -71,18 +75,20 @@ impl Default for Grants {
 
 impl Grants {
     /// Bytes: magic u32, mode u32, local interval u64, grant rate u64,
-    /// count u32, then (start u64, end u64) per range; little-endian.
+    /// lead u64, count u32, then (start u64, end u64) per range;
+    /// little-endian.
     pub fn encode(&self) -> Vec<u8> {
         let (mode, interval) = match self.mode {
             Mode::Grid => (0u32, 0u64),
             Mode::Local { interval_ns } => (1, interval_ns),
             Mode::Deny => (2, 0),
         };
-        let mut out = Vec::with_capacity(28 + 16 * self.ranges.len());
+        let mut out = Vec::with_capacity(36 + 16 * self.ranges.len());
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&mode.to_le_bytes());
         out.extend_from_slice(&interval.to_le_bytes());
         out.extend_from_slice(&self.grant_rate_per_s.to_le_bytes());
+        out.extend_from_slice(&self.lead_ns.to_le_bytes());
         out.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
         for (a, b) in &self.ranges {
             out.extend_from_slice(&a.to_le_bytes());
@@ -100,6 +106,7 @@ impl Grants {
         let mode = r.u32()?;
         let interval_ns = r.u64()?;
         let grant_rate_per_s = r.u64()?;
+        let lead_ns = r.u64()?;
         let n = r.u32()? as usize;
         if n > MAX_RANGES {
             return None;
@@ -117,6 +124,7 @@ impl Grants {
         Some(Grants {
             mode,
             grant_rate_per_s,
+            lead_ns,
             ranges,
         })
     }
@@ -164,6 +172,22 @@ impl Grants {
             .iter()
             .map(|&(a, b)| b.saturating_sub(a.max(k)))
             .sum()
+    }
+
+    /// The `n`-th owned slot at or above `k` (1: the first), if owned.
+    pub fn nth_from(&self, k: u64, n: u64) -> Option<u64> {
+        let mut left = n.max(1);
+        for &(a, b) in &self.ranges {
+            let a = a.max(k);
+            if a >= b {
+                continue;
+            }
+            if b - a >= left {
+                return Some(a + left - 1);
+            }
+            left -= b - a;
+        }
+        None
     }
 
     /// The first owned slot at or above `k`, with the end of its range.
@@ -309,9 +333,8 @@ pub enum Take {
     Credit,
     /// Hold `delay_ns` (until grid slot `slot`'s wall time).
     Hold { slot: u64, delay_ns: u64 },
-    /// No owned slot for it yet: it now waits for grants (counted in the
-    /// cursor cell, [`Cursor::waiting`]); retry on tick with `Attempt::Retry` until
-    /// `max_queue_delay`, then reject it and [`add_waiting`] -1.
+    /// No owned slot for it now (or others wait): it may queue in the
+    /// rule's line for grants, if its turn ([`turn_ns`]) comes in time.
     Wait,
     /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
     Reject {
@@ -333,12 +356,11 @@ fn retry_after(beyond_ns: u64) -> u64 {
 
 /// Takes a slot for one request at wall time `now` (see the module docs).
 /// `can_hold`: the worker's queue has room. The cursor cell ([`Cursor`])
-/// carries the rule's count of requests waiting for grants: a new request
-/// that would need a slot beyond the cursor's current range while others
-/// wait queues behind them, so waiting requests are served first. `take`
-/// keeps the count: +1 when it answers `Wait` to a first attempt, -1 when a
-/// retry ends in anything but `Wait`. `ahead`: the rule's [`super::Ahead`] cell,
-/// read only off the fast path (+1 owed when it answers `Credit`).
+/// carries the rule's count of requests waiting in its line: while others
+/// wait, a new request queues behind them (`Wait`: the stream's cluster
+/// stage puts it in the line, or refuses it now), so waiting requests are
+/// served first. `ahead`: the rule's [`super::Ahead`] cell, read only off the
+/// fast path (+1 owed when it answers `Credit`).
 ///
 /// The fast path reads and writes the cursor cell only: its range is owned,
 /// so while it reaches the oldest usable slot (`min_slot`), that slot (or the
@@ -353,16 +375,7 @@ pub fn take<C: SharedCell, A: SharedCell, B: SharedBlob>(
     can_hold: bool,
     attempt: Attempt,
 ) -> Take {
-    let decision = take_inner(cursor, blob, ahead, reach, now, can_hold, attempt);
-    let delta = match (attempt, decision) {
-        (Attempt::First, Take::Wait) => 1,
-        (Attempt::Retry { .. }, Take::Wait) | (Attempt::First, _) => 0,
-        (Attempt::Retry { .. }, _) => -1,
-    };
-    if delta != 0 && add_waiting(cursor, delta).is_err() {
-        return Take::Contention;
-    }
-    decision
+    take_inner(cursor, blob, ahead, reach, now, can_hold, attempt)
 }
 
 fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
@@ -386,7 +399,7 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
             Attempt::First => c.waiting,
             Attempt::Retry { .. } => 0,
         };
-        let (slot, range_end) = if c.next < c.end && c.next >= min_slot {
+        let (slot, range_end) = if queued == 0 && c.next < c.end && c.next >= min_slot {
             (c.next, c.end)
         } else if queued == 0 && c.next < min_slot && min_slot < c.end {
             // The range is owned and still reaches the oldest usable slot:
@@ -436,9 +449,15 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
             }
         }
         if delay_ns > max_delay {
-            return Take::Reject {
-                retry_after_s: retry_after(delay_ns - max_delay),
-                queue_full: false,
+            return match attempt {
+                Attempt::First => Take::Reject {
+                    retry_after_s: retry_after(delay_ns - max_delay),
+                    queue_full: false,
+                },
+                // A request already held is never refused here: its slot
+                // came later than its turn was reckoned; it keeps waiting
+                // (at its deadline, credit if the process may take it).
+                Attempt::Retry { .. } => Take::Wait,
             };
         }
         if delay_ns > 0 && !can_hold {
@@ -463,11 +482,11 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
     Take::Contention
 }
 
-/// No owned slot within reach (or others wait for one): the engine's state
-/// decides. On the grid, a request goes on credit if it may, else waits for
-/// grants unless its turn at the whole fleet's rate (one slot every `T`
-/// behind those already waiting) lies beyond what it may wait: the fleet's
-/// rate, not this process's last share, which after a lull says nothing.
+/// No owned slot for this request (or others wait for one): the engine's
+/// state decides. On the grid, a request goes on credit if it may (nobody
+/// waits), else it has no slot now (`Wait`: the stream's stage puts it in
+/// the rule's line if its turn, [`turn_ns`], comes in time, and refuses it
+/// now otherwise).
 fn no_slot<A: SharedCell>(
     g: &Grants,
     ahead: &mut A,
@@ -476,28 +495,77 @@ fn no_slot<A: SharedCell>(
     attempt: Attempt,
     queued: u64,
 ) -> Take {
-    let max_delay = attempt.max_delay(reach);
-    match (g.mode, attempt) {
-        (Mode::Local { interval_ns }, _) => Take::Local { interval_ns },
-        (Mode::Deny, _) => Take::Deny,
-        (Mode::Grid, _) if queued == 0 => {
+    match g.mode {
+        Mode::Local { interval_ns } => Take::Local { interval_ns },
+        Mode::Deny => Take::Deny,
+        Mode::Grid if queued == 0 => {
             go_ahead(ahead, reach, attempt, queued, now, None).unwrap_or(Take::Wait)
         }
-        (Mode::Grid, Attempt::Retry { .. }) => Take::Wait,
-        (Mode::Grid, Attempt::First) => {
-            let turn = reach
-                .grid
-                .interval_ns
-                .saturating_mul(queued.saturating_add(1));
-            if turn > max_delay {
-                Take::Reject {
-                    retry_after_s: retry_after(turn - max_delay),
-                    queue_full: false,
-                }
-            } else {
-                Take::Wait
-            }
-        }
+        Mode::Grid => Take::Wait,
+    }
+}
+
+/// How long until the `position`-th request in this process's line for
+/// grants (1: the next) would get a slot: the slot itself if the process
+/// owns that many from `from` on; else one more every `1 / grant rate` (the
+/// share this process can expect, [`Grants::grant_rate_per_s`]) after the
+/// last slot it owns and the last its requests took (none if it expects no
+/// share).
+pub fn turn_ns(g: &Grants, reach: &Reach, from: u64, now: u64, position: u64) -> u64 {
+    let grid = reach.grid;
+    if let Some(k) = g.nth_from(from, position) {
+        return grid.slot_time(k).saturating_sub(now);
+    }
+    let owned = g.owned_from(from);
+    // After the slots it owns, and after those its requests hold already
+    // (the cursor is past them): the next grants are for later epochs. A
+    // process that owns nothing ahead gets its first shares `lead` from now
+    // (leftovers may come sooner; the reckoning errs on the side of refusing).
+    let lead = if owned == 0 { g.lead_ns } else { 0 };
+    let last = g
+        .ranges
+        .last()
+        .filter(|r| r.1 > from)
+        .map_or(0, |r| grid.slot_time(r.1 - 1))
+        .max(grid.slot_time(from))
+        .max(now.saturating_add(lead));
+    // The share rate is an average over the last second or so of shares,
+    // and shares follow the fleet's demand as it moves: reckoned 1/[`DERATE`]
+    // slower, a turn beyond the owned slots errs on the side of refusing now.
+    let gap = expected_gap(reach, g);
+    let gap = gap.saturating_add(gap / DERATE);
+    last.saturating_add(gap.saturating_mul(position.saturating_sub(owned)))
+        .saturating_sub(now)
+}
+
+/// A turn beyond the owned slots is reckoned at the expected share rate
+/// less `1/DERATE` of it (sweeps at steady overload found turns up to 8%
+/// late at an exact average; 20% leaves room for demand that moves).
+pub const DERATE: u64 = 5;
+
+/// What a turn reckoned from the expected share may be off by: an epoch
+/// (grants come an epoch at a time, their slots anywhere in it), or the
+/// expected gap between two of the process's slots if longer (a share of a
+/// few slots a second comes unevenly), at most `max_queue_delay`. A request
+/// waits only if its turn comes that much before it would have to leave:
+/// where the gap is as long as `max_queue_delay` (a share below one slot per
+/// `max_queue_delay`), only a turn on a slot the process owns is certain
+/// enough to wait for.
+pub fn margin_ns(reach: &Reach, g: &Grants) -> u64 {
+    margin_for(reach, expected_gap(reach, g))
+}
+
+/// [`margin_ns`] for an expected gap of `gap_ns` between slots.
+pub fn margin_for(reach: &Reach, gap_ns: u64) -> u64 {
+    reach.grid.epoch_ns.max(gap_ns).min(reach.max_delay_ns)
+}
+
+/// The expected gap between two slots of this process: `1 / grant rate`
+/// (a rate of 0: no slot is expected beyond those it owns).
+fn expected_gap(reach: &Reach, g: &Grants) -> u64 {
+    match g.grant_rate_per_s {
+        0 => u64::MAX / 4,
+        rate => (NS_PER_S / rate).max(reach.grid.interval_ns),
     }
 }
 
@@ -521,7 +589,7 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     reach: &Reach,
     now: u64,
     mode: Mode,
-    grant_rate_per_s: u64,
+    (grant_rate_per_s, lead_ns): (u64, u64),
     new_ranges: &[(u64, u64)],
 ) -> Result<u64, StoreError> {
     let min = reach.min_slot(now);
@@ -534,6 +602,7 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
         let next = c.next;
         g.mode = mode;
         g.grant_rate_per_s = grant_rate_per_s;
+        g.lead_ns = lead_ns;
         g.prune_below(next.max(min));
         let adding: Vec<(u64, u64)> = match &unreachable {
             None => new_ranges.to_vec(),
@@ -676,6 +745,24 @@ pub fn fallback_after_grants<C: SharedCell, B: SharedBlob>(
     Err(StoreError(0))
 }
 
+/// Sets the count of requests waiting (a worker that granted slots to the
+/// rule's line sets it to what the line holds: the count is a hint for the
+/// fast path, kept true by every worker that serves the line).
+pub fn set_waiting<C: SharedCell>(cursor: &mut C, waiting: u64) -> Result<(), StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = cursor.load()?;
+        let mut c = Cursor::decode(v);
+        if c.waiting == waiting {
+            return Ok(());
+        }
+        c.waiting = waiting;
+        if cursor.store(c.encode(), token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
+}
+
 /// Requests of a rule waiting for grants, counted in its cursor cell
 /// ([`Cursor::waiting`]): `+1` when a request starts waiting, `-1` when it
 /// leaves (slot taken, rejected at its deadline, or gone). Returns the count
@@ -719,7 +806,7 @@ pub(crate) mod tests {
         let mut blob = MemBlob::default();
         let mut cursor = MemCell::default();
         let r = reach();
-        publish(&mut blob, &mut cursor, &r, 0, Mode::Grid, 0, ranges).unwrap();
+        publish(&mut blob, &mut cursor, &r, 0, Mode::Grid, (0, 0), ranges).unwrap();
         (cursor, blob)
     }
 
@@ -727,7 +814,12 @@ pub(crate) mod tests {
 
     /// The ahead cell: `owed` slots, ahead until `until_ms`.
     pub(crate) fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
-        Ahead { owed, until_ms }.encode()
+        Ahead {
+            owed,
+            pending: u64::from(until_ms > 0),
+            until_ms,
+        }
+        .encode()
     }
 
     /// The cursor's range `[next, end)`.
@@ -757,12 +849,55 @@ pub(crate) mod tests {
                 interval_ns: 6 * MS,
             },
             grant_rate_per_s: 167,
+            lead_ns: 300_000_000,
             ranges: vec![(10, 20), (30, 35)],
         };
         assert_eq!(Grants::decode(&g.encode()), Some(g.clone()));
-        assert_eq!(g.encode().len(), 28 + 32);
+        assert_eq!(g.encode().len(), 36 + 32);
         assert_eq!(Grants::decode(b"nonsense"), None);
         assert_eq!(Grants::decode(&g.encode()[..40]), None);
+    }
+
+    #[test]
+    fn a_turn_is_an_owned_slot_or_one_more_every_expected_gap_after_them() {
+        let r = Reach::new(Grid::new(2 * MS), 0, 1000 * MS);
+        let g = Grants {
+            grant_rate_per_s: 100, // a 10 ms gap
+            lead_ns: 300 * MS,
+            ranges: vec![(1010, 1012), (1020, 1021)],
+            ..Grants::default()
+        };
+        // The 1st, 2nd and 3rd in line get the owned slots 1010, 1011, 1020.
+        assert_eq!(turn_ns(&g, &r, 1000, at(1000), 1), 20 * MS);
+        assert_eq!(turn_ns(&g, &r, 1000, at(1000), 3), 40 * MS);
+        // The 5th: two beyond the last owned slot (40 ms), each the expected
+        // 10 ms gap reckoned 1/DERATE longer (12 ms).
+        assert_eq!(turn_ns(&g, &r, 1000, at(1000), 5), 64 * MS);
+        // Past the owned slots (the cursor at 1021), or owning nothing ahead:
+        // its next shares start `lead` from now.
+        assert_eq!(turn_ns(&g, &r, 1021, at(1000), 1), 312 * MS);
+        let none = Grants {
+            ranges: Vec::new(),
+            ..g.clone()
+        };
+        assert_eq!(turn_ns(&none, &r, 1000, at(1000), 1), 312 * MS);
+        // Expecting no share: no turn in sight.
+        let nothing = Grants {
+            grant_rate_per_s: 0,
+            ..none
+        };
+        assert!(turn_ns(&nothing, &r, 1000, at(1000), 1) > 10 * 1000 * MS);
+        // The margin: an epoch, or the gap if longer, at most the delay.
+        assert_eq!(margin_ns(&r, &g), 100 * MS);
+        let slow = Grants {
+            grant_rate_per_s: 4,
+            ..g.clone()
+        };
+        assert_eq!(margin_ns(&r, &slow), 250 * MS);
+        assert_eq!(
+            margin_ns(&Reach::new(Grid::new(2 * MS), 0, 200 * MS), &slow),
+            200 * MS
+        );
     }
 
     #[test]
@@ -920,7 +1055,7 @@ pub(crate) mod tests {
             Mode::Local {
                 interval_ns: 6 * MS,
             },
-            0,
+            (0, 0),
             &[],
         )
         .unwrap();
@@ -934,7 +1069,7 @@ pub(crate) mod tests {
                 interval_ns: 6 * MS
             }
         );
-        publish(&mut b, &mut c, &r, 0, Mode::Deny, 0, &[]).unwrap();
+        publish(&mut b, &mut c, &r, 0, Mode::Deny, (0, 0), &[]).unwrap();
         assert_eq!(
             take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Deny
@@ -948,7 +1083,16 @@ pub(crate) mod tests {
         take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
         take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
         // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004.
-        let usable = publish(&mut b, &mut c, &r, at(1005), Mode::Grid, 0, &[(1040, 1045)]).unwrap();
+        let usable = publish(
+            &mut b,
+            &mut c,
+            &r,
+            at(1005),
+            Mode::Grid,
+            (0, 0),
+            &[(1040, 1045)],
+        )
+        .unwrap();
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
         assert_eq!(g.ranges, vec![(1004, 1010), (1020, 1030), (1040, 1045)]);
         assert_eq!(usable, 6 + 10 + 5);
@@ -983,7 +1127,7 @@ pub(crate) mod tests {
             &r,
             at(1000),
             Mode::Grid,
-            0,
+            (0, 0),
             &[(1012, 1014), (1040, 1042)],
         )
         .unwrap();
@@ -1052,7 +1196,7 @@ pub(crate) mod tests {
             &r,
             at(1000),
             Mode::Grid,
-            0,
+            (0, 0),
             &[(1012, 1014), (1027, 1027)],
         )
         .unwrap();

@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use serde_json::{json, Value};
 
@@ -303,9 +303,9 @@ impl SimProxy {
         t.saturating_add_signed(self.skew_ns)
     }
 
-    /// Requests waiting for grants now.
+    /// Requests waiting in the rules' lines now.
     pub fn waiting(&self) -> usize {
-        self.worker.grants.len()
+        self.worker.classes.len()
     }
 
     fn store(&self) -> SimStore<'_> {
@@ -398,34 +398,31 @@ impl SimProxy {
             mem: MemStore(&self.cells),
             taken: &self.taken,
         };
-        // The waiters for grants, in the order the worker retries them (by
-        // rule, oldest first).
-        let waiting: Vec<u32> = self.worker.grants.iter().map(|w| w.id).collect();
+        // The line's grants take slots for tickets, in ticket order, and the
+        // worker (one here) releases the granted tickets in that order: the
+        // requests it resumes without a slot of their own took what the
+        // store saw taken, in that order.
         let plan = self.worker.plan_tick(&self.config, store, &mut clock);
-        // The retries that took something took what the store saw taken, in
-        // that order: those no longer waiting and not answered.
-        let replied: HashSet<u32> = plan
+        let takes: Vec<Taken> = self.taken.borrow_mut().drain(..).collect();
+        let waiting: Vec<u32> = plan
             .actions
             .iter()
             .filter_map(|a| match a {
-                TickAction::Reply { id, .. } => Some(*id),
-                TickAction::Resume { .. } => None,
+                TickAction::Resume { id, .. } => Some(*id),
+                TickAction::Reply { .. } => None,
             })
+            .filter(|id| self.held.get(id).is_some_and(|h| h.taken.is_none()))
             .collect();
-        let retried: Vec<u32> = waiting
-            .into_iter()
-            .filter(|id| !self.worker.grants.contains(*id) && !replied.contains(id))
-            .collect();
-        let mut taken = self.taken.borrow_mut();
-        if retried.len() != taken.len() {
+        // (More takes than releases: a slot taken and given back, or passed
+        // on to an abandoned ticket's successor later.)
+        if takes.len() < waiting.len() {
             self.unmatched += 1;
         }
-        for (id, t) in retried.iter().zip(taken.drain(..)) {
+        for (id, t) in waiting.iter().zip(takes) {
             if let Some(h) = self.held.get_mut(id) {
                 h.taken = Some(t);
             }
         }
-        drop(taken);
         self.carry_out(now, plan);
     }
 

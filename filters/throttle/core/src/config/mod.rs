@@ -203,6 +203,23 @@ impl Rule {
 }
 
 impl Rule {
+    /// The lines a rule's waiting requests queue in, in ticket order
+    /// ([`crate::classes`]): its priority classes; for a cluster rule
+    /// without classes, one line of its own (the requests that wait for the
+    /// grid's slots, served first come first across the process's workers);
+    /// none for others (their schedule fixes each release at admission).
+    pub fn line(&self) -> std::borrow::Cow<'_, [Class]> {
+        if !self.classes.is_empty() || self.cluster.is_none() {
+            return std::borrow::Cow::Borrowed(&self.classes);
+        }
+        std::borrow::Cow::Owned(vec![Class {
+            name: String::new(),
+            matcher: None,
+            min_share_ppm: 0,
+            max_delay_ns: self.max_delay_ns,
+        }])
+    }
+
     /// The class of a request of this rule (None if the rule has no classes).
     pub fn class_of<R: crate::matcher::Request>(
         &self,

@@ -84,6 +84,10 @@ pub struct Fleet {
     records: Vec<Record>,
     /// Per load: its generator and how many it sent.
     load_rng: Vec<Rng>,
+    /// Each VM's own draws (its ticks), and each process's (its calls'
+    /// latency): what one rule's requests do never shifts another's draws.
+    vm_rng: Vec<Vec<Rng>>,
+    call_rng: Vec<Rng>,
     load_sent: Vec<u64>,
 }
 
@@ -112,6 +116,19 @@ impl Fleet {
             .map(|p| vec![0; p.vms.max(1) + 1])
             .collect();
         let load_rng = (0..sc.loads.len()).map(|i| rng.fork(i as u64)).collect();
+        let vm_rng = sc
+            .proxies
+            .iter()
+            .enumerate()
+            .map(|(p, spec)| {
+                (0..=spec.vms.max(1))
+                    .map(|vm| rng.fork(((p as u64) << 16) | vm as u64))
+                    .collect()
+            })
+            .collect();
+        let call_rng = (0..sc.proxies.len())
+            .map(|p| rng.fork(0xCA11_0000 | p as u64))
+            .collect();
         let mut f = Fleet {
             sc: sc.clone(),
             config,
@@ -123,6 +140,8 @@ impl Fleet {
             next_tick,
             records: Vec::new(),
             load_rng,
+            vm_rng,
+            call_rng,
             load_sent: vec![0; sc.loads.len()],
         };
         f.schedule();
@@ -147,7 +166,7 @@ impl Fleet {
                 // VMs start ticking at a spread of phases; the main thread's
                 // first (it is configured first).
                 let first = if vm == 0 { 2 } else { 20 };
-                let t = sc.at(spec.start_ms) + self.rng.range(0, first) * NS_PER_MS;
+                let t = sc.at(spec.start_ms) + self.draw(p, vm, 0, first) * NS_PER_MS;
                 if let Some(n) = self.next_tick.get_mut(p).and_then(|v| v.get_mut(vm)) {
                     *n = t;
                 }
@@ -284,7 +303,7 @@ impl Fleet {
                 }
                 if held {
                     // The glue asks for its fast tick at once.
-                    let soon = t + self.tick_gap();
+                    let soon = t + self.tick_gap(p, vm);
                     if self
                         .next_tick
                         .get(p)
@@ -316,10 +335,10 @@ impl Fleet {
                 };
                 proc_.tick(t, vm, &mut out);
                 let next = if proc_.needs_ticks(vm) {
-                    t + self.tick_gap()
+                    t + self.tick_gap(p, vm)
                 } else if proc_.calls(vm).is_some() {
                     // Envoy's timer fires a little late.
-                    t + CALLER_TICK_NS + self.rng.range(0, 4) * NS_PER_MS
+                    t + CALLER_TICK_NS + self.draw(p, vm, 0, 4) * NS_PER_MS
                 } else {
                     t + IDLE_TICK_NS
                 };
@@ -402,11 +421,19 @@ impl Fleet {
     }
 
     /// A VM's fast tick gap, drawn.
-    fn tick_gap(&mut self) -> u64 {
+    fn tick_gap(&mut self, p: usize, vm: usize) -> u64 {
         let (lo, hi) = self.sc.tick_ms;
         // In 0.5 ms steps within [lo, hi].
-        let half = self.rng.range(lo * 2, hi.max(lo) * 2);
+        let half = self.draw(p, vm, lo * 2, hi.max(lo) * 2);
         half.max(1) * NS_PER_MS / 2
+    }
+
+    /// A draw in `[lo, hi]` from VM `vm` of process `p`'s own stream.
+    fn draw(&mut self, p: usize, vm: usize, lo: u64, hi: u64) -> u64 {
+        match self.vm_rng.get_mut(p).and_then(|v| v.get_mut(vm)) {
+            Some(r) => r.range(lo, hi),
+            None => self.rng.range(lo, hi),
+        }
     }
 
     fn in_fault(&self, t: u64, pick: impl Fn(&Fault) -> bool) -> Option<Fault> {
@@ -469,7 +496,8 @@ impl Fleet {
                 Some(Fault::Slow { latency_ms, .. }) => latency_ms * NS_PER_MS,
                 _ => {
                     let (lo, hi) = self.sc.latency_ms;
-                    self.rng.range(lo * 1000, hi.max(lo) * 1000) * NS_PER_MS / 1000
+                    let r = self.call_rng.get_mut(p).unwrap_or(&mut self.rng);
+                    r.range(lo * 1000, hi.max(lo) * 1000) * NS_PER_MS / 1000
                 }
             };
             let late = latency > timeout;

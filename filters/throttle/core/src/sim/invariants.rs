@@ -21,21 +21,36 @@
 //!    was held, except a request of a lower priority class displaced by a
 //!    higher class that arrived while it waited (the classes' design: counted
 //!    `displaced`), and a request waiting for a concurrency slot (the gate
-//!    cannot know when requests in flight end). And every rule's counters
+//!    cannot know when requests in flight end). In cluster scope a turn is
+//!    reckoned from the share the proxy expects, so three spans are exempt
+//!    where that expectation cannot be known: a proxy's first `(k + 2) E`
+//!    (no share of its own computed yet: turns come from the even split
+//!    `R / max(N, expected_replicas)`, and a busier, uneven fleet grants
+//!    less), an engine fault episode (as in 1), and, with clocks apart, until
+//!    2 s after the fleet found them (as in 1: shares claimed on another
+//!    proxy's epochs come to nothing). And every rule's counters
 //!    keep `queued = released + cancelled + gone + timed_out + held` plus the
 //!    late refusals allowed here.
-//! 3. **Within the rate, no wait.** A request that an ideal limiter of the
-//!    fleet's rate would let go at once (one GCRA at `R` with burst
-//!    `N x (b + 1) - 1` over the fleet's requests of the rule, and one at `R`
-//!    with burst `b` over its own proxy's: what process scope at the full
-//!    rate would do) waits at most `J + 5 ms`.
+//! 3. **Within the rate, no wait.** While the fleet asks for at most 80% of
+//!    the rate (over the 2 s before a request and the second after), a
+//!    request that an ideal limiter of the fleet's rate would let go at once
+//!    (one GCRA at `R` with burst `N x (b + 1) - 1` over the fleet's requests
+//!    of the rule), and its proxy's own would too, waits at most `J + 5 ms`.
+//!    The proxy's own limiter is a GCRA with burst `b` at its demand of the
+//!    last 2 s plus an even part of what the fleet left of the rate (`d +
+//!    (R - A) / N`, `N` the proxies with demand then, itself included): in
+//!    cluster scope a proxy holds its shares and its part of the spare, and
+//!    more only by claiming it (an epoch or more); in process scope it would
+//!    be `R`. Not in a proxy's first `(k + 2) E + 1 s` (its shares and the
+//!    spare are not known yet) nor around engine faults.
 //! 4. **Shares.** Over every 5 s after the first 3 s of a cluster rule whose
 //!    fleet is offered more than its rate, each proxy is admitted at least
 //!    85% of `min(its demand, R x its demand / the fleet's demand)`, less
 //!    two requests; no proxy with demand gets nothing.
 //! 5. **Rules are independent** ([`independent`], a second run): without the
 //!    other rules' requests, a rule's releases change by at most 2% (and
-//!    3 requests) in all and 10% (and 3) on any proxy.
+//!    3 requests) in all and 10% (and 3, and the square root of its count:
+//!    the rounding of a share below a slot per epoch) on any proxy.
 //! 6. **Class floors.** Once a rule with classes is saturated, a class with a
 //!    floor whose requests keep waiting gets at least its floor in every
 //!    1 s window, less one request.
@@ -48,6 +63,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::clock::{NS_PER_MS, NS_PER_S};
+use crate::cluster::caller::SETTLING_NS;
 use crate::cluster::grid::Grid;
 use crate::stats::{ClassStat, Stat};
 
@@ -178,6 +194,20 @@ impl<'a> Facts<'a> {
             .collect();
         out.sort_unstable();
         out
+    }
+
+    /// Until when proxy `p` has no share of its own computed: `(k + 2)`
+    /// epochs from its start (`k` the epochs shares are claimed ahead).
+    fn startup_until(&self, p: usize) -> u64 {
+        let sc = &self.t.scenario;
+        let e = crate::cluster::grid::EPOCH_NS;
+        let k = crate::cluster::caller::ahead_epochs(
+            e,
+            sc.timeout_ms * NS_PER_MS,
+            sc.max_clock_skew_ms * NS_PER_MS,
+        );
+        let start = sc.proxies.get(p).map_or(0, |x| x.start_ms);
+        sc.at(start) + (k + 2) * e
     }
 
     /// Proxies with requests of rule `rule`.
@@ -339,6 +369,13 @@ fn early_refusal(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
         else {
             continue;
         };
+        if r.spec.cluster
+            && (f.disturbed(x.arrived, at)
+                || clock_settling(f, x.arrived)
+                || x.arrived < f.startup_until(x.proxy))
+        {
+            continue;
+        }
         if displaced {
             let c = x.class.unwrap_or(0);
             let higher_came = c > 0
@@ -433,6 +470,24 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     for ((_, i), w) in fleet.iter().zip(fleet_waits) {
         ok_fleet.insert(*i, w == 0);
     }
+    // Demand over the 2 s before `at`: the fleet's, and who had some.
+    const LOOK: u64 = 2 * NS_PER_S;
+    let recent = |at: u64| {
+        let from = at.saturating_sub(LOOK).max(f.start);
+        let lo = fleet.partition_point(|&(x, _)| x < from);
+        let hi = fleet.partition_point(|&(x, _)| x < at);
+        let span = (at - from).max(NS_PER_MS) as f64 / 1e9;
+        let mut per: HashMap<usize, f64> = HashMap::new();
+        for &(_, i) in fleet.get(lo..hi).unwrap_or(&[]) {
+            if let Some(x) = f.t.records.get(i) {
+                *per.entry(x.proxy).or_default() += 1.0 / span;
+            }
+        }
+        per
+    };
+    // The proxy's own limiter: its demand of the last 2 s plus an even part
+    // of what the fleet left of the rate (what its shares and its part of
+    // the spare give it), with burst `b`.
     let mut ok_proc: HashMap<usize, bool> = HashMap::new();
     for p in 0..sc.proxies.len() {
         let mine: Vec<(u64, usize)> = fleet
@@ -440,21 +495,33 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
             .copied()
             .filter(|&(_, i)| f.t.records.get(i).is_some_and(|x| x.proxy == p))
             .collect();
-        let ts: Vec<u64> = mine.iter().map(|x| x.0).collect();
-        for ((_, i), w) in mine.iter().zip(gcra_waits(&ts, r.interval_ns, b)) {
-            ok_proc.insert(*i, w == 0);
+        let mut tat = 0f64;
+        for &(a, i) in &mine {
+            let per = recent(a);
+            let all: f64 = per.values().sum();
+            let members = (per.len() + usize::from(!per.contains_key(&p))) as f64;
+            let own = per.get(&p).copied().unwrap_or(0.0);
+            let rate_p = (own + (r.rate - all).max(0.0) / members).max(1e-3);
+            let interval = 1e9 / rate_p;
+            let at = a as f64;
+            let t = tat.max(at);
+            let release = (t - b as f64 * interval).max(at);
+            tat = t + interval;
+            ok_proc.insert(i, release <= at);
         }
     }
-    // The fleet's demand below the rate: at most 90% of it over the second
-    // before the request (what "within the rate" means beyond one instant).
-    let first = times.first().copied().unwrap_or(0);
+    // The fleet clearly below the rate: at most 80% of it over the 2 s
+    // before the request and the second after (within the run): a lull, not
+    // the first instants of a rush, nor a fleet at its rate whose requests
+    // come a little unevenly.
     let below = |at: u64| {
-        // Over the last second, or since the rule's first request (at least
-        // 100 ms): at the start, three requests in 20 ms is no lull.
-        let span = NS_PER_S.min(at.saturating_sub(first)).max(100 * NS_PER_MS);
-        let lo = times.partition_point(|&x| x < at.saturating_sub(span));
-        let hi = times.partition_point(|&x| x <= at);
-        ((hi - lo) as f64) <= 0.9 * r.rate * span as f64 / 1e9
+        let (from, to) = (
+            at.saturating_sub(LOOK).max(f.start),
+            (at + NS_PER_S).min(f.end),
+        );
+        let lo = times.partition_point(|&x| x < from);
+        let hi = times.partition_point(|&x| x < to);
+        ((hi - lo) as f64) <= 0.8 * r.rate * to.saturating_sub(from) as f64 / 1e9
     };
     let allowance = f.jitter_ns + 5 * NS_PER_MS;
     let mut waited = 0;
@@ -466,7 +533,10 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
         {
             continue;
         }
-        if f.disturbed(x.arrived, x.arrived) || !below(x.arrived) {
+        if f.disturbed(x.arrived, x.arrived)
+            || !below(x.arrived)
+            || x.arrived < f.startup_until(x.proxy) + SETTLING_NS
+        {
             continue;
         }
         let wait = match x.end {
@@ -685,7 +755,10 @@ pub fn independent(with: &Trace, alone: &Trace) -> Vec<Violation> {
     }
     for p in 0..with.scenario.proxies.len() {
         let (a, b) = (count(with, Some(p)), count(alone, Some(p)));
-        if (a - b).abs() > (0.10 * b).max(3.0) {
+        // A proxy's count also moves by the rounding of its share epoch by
+        // epoch (below a slot an epoch, as at 7/s over 4 proxies, a random
+        // walk over the epochs: about its square root).
+        if (a - b).abs() > (0.10 * b).max(3.0).max(b.sqrt()) {
             out.push(v(
                 "independent",
                 format!(
@@ -753,12 +826,36 @@ pub fn figures(t: &Trace) -> Vec<String> {
         let per_proxy: Vec<String> = (0..sc.proxies.len())
             .map(|p| format!("{:.1}", rel(&|x| x.proxy == p)))
             .collect();
+        let mine = || t.records.iter().filter(|x| x.rule == i);
+        let count = |f: &dyn Fn(&End) -> bool| mine().filter(|x| f(&x.end)).count();
+        let mut waits: Vec<u64> = mine()
+            .filter_map(|x| match x.end {
+                End::Released { at, held: true, .. } => Some((at - x.arrived) / NS_PER_MS),
+                _ => None,
+            })
+            .collect();
+        waits.sort_unstable();
+        let q = |p: f64| {
+            waits
+                .get(((waits.len() as f64 - 1.0) * p) as usize)
+                .copied()
+                .unwrap_or(0)
+        };
         let mut line = format!(
-            "rule {} ({:.1}/s): {:.2}/s released after 3 s; per proxy [{}]",
+            "rule {} ({:.1}/s): {:.2}/s released after 3 s; per proxy [{}]\n    ends: {} at once, {} after a hold (wait ms p50 {} p99 {} max {}), {} refused at once, {} refused late, {} cancelled, {} pending",
             r.name,
             r.rate_per_s,
             rel(&|_| true),
-            per_proxy.join(" ")
+            per_proxy.join(" "),
+            count(&|e| matches!(e, End::Released { held: false, .. })),
+            count(&|e| matches!(e, End::Released { held: true, .. })),
+            q(0.5),
+            q(0.99),
+            waits.last().copied().unwrap_or(0),
+            count(&|e| matches!(e, End::Refused { held: false, .. })),
+            count(&|e| matches!(e, End::Refused { held: true, .. })),
+            count(&|e| matches!(e, End::Cancelled { .. })),
+            count(&|e| matches!(e, End::Pending)),
         );
         if !r.classes.is_empty() {
             let mut per_s: Vec<Vec<usize>> = vec![Vec::new(); r.classes.len()];

@@ -13,7 +13,7 @@
 //! operator would read shared data.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::clock::Fixed;
 use crate::cluster::{Ahead, Call, Calls, Effects, Failure};
@@ -503,42 +503,16 @@ impl Process {
             wall: now,
         };
         self.taken.borrow_mut().clear();
-        let (plan, retried) = {
+        let plan = {
             let store = sim_store(&self.cells, &self.taken);
             let Some(worker) = self.vms.get_mut(vm).map(|v| &mut v.worker) else {
                 return;
             };
-            // The waiters for grants, in the order the worker retries them.
-            let waiting: Vec<u32> = worker.grants.iter().map(|w| w.id).collect();
-            let plan = worker.plan_tick(&self.config, store, &mut clock);
-            let replied: HashSet<u32> = plan
-                .actions
-                .iter()
-                .filter_map(|a| match a {
-                    TickAction::Reply { id, .. } => Some(*id),
-                    TickAction::Resume { .. } => None,
-                })
-                .collect();
-            let retried: Vec<u32> = waiting
-                .into_iter()
-                .filter(|id| !worker.grants.contains(*id) && !replied.contains(id))
-                .collect();
-            (plan, retried)
+            worker.plan_tick(&self.config, store, &mut clock)
         };
-        // The retries that took something took what the store saw taken, in
-        // that order (class grants take slots too, for no request of their own).
-        let takes: Vec<Taken> = self.taken.borrow_mut().drain(..).collect();
-        if !retried.is_empty() {
-            let slot_takes: Vec<Taken> = takes.clone();
-            if slot_takes.len() < retried.len() {
-                self.unmatched += 1;
-            }
-            for (id, tk) in retried.iter().zip(slot_takes) {
-                if let Some(l) = self.live.get_mut(id) {
-                    l.taken = Some(tk);
-                }
-            }
-        }
+        // The lines' grants take slots for tickets, not for a request of
+        // their own: a request released on a grant is not matched to a slot.
+        self.taken.borrow_mut().clear();
         self.carry_out(t, vm, plan, out);
         if let Some(p) = self.pending.get_mut(vm) {
             for (k, d) in std::mem::take(p) {

@@ -7,6 +7,7 @@
 
 use crate::classes::{self, slots, tickets, Backlog, Slots};
 use crate::clock::{Clock, NS_PER_S};
+use crate::cluster;
 use crate::keys::candidate_slots;
 use crate::matcher::{Facts, Request};
 use crate::schedule::{admit_keyed, Admission, Schedule};
@@ -59,6 +60,19 @@ fn try_enter<S: Store, R: Request>(
     let waiting = t.waiting();
     let outlook = slots.outlook(now, busy)?;
     let interval = schedule.interval_ns;
+    // On the grid, a turn reckoned from the share the proxy expects may be
+    // off by a margin ([`cluster::margin_for`]): the request must fit within
+    // its delay less that, so that it never waits first and fails later.
+    let limit = match cluster::rule_reach(rule) {
+        Some(reach) => {
+            let reach = cluster::Reach {
+                max_delay_ns: max_delay,
+                ..reach
+            };
+            max_delay.saturating_sub(cluster::margin_for(&reach, outlook.interval_ns))
+        }
+        None => max_delay,
+    };
     let fast = outlook.next_at <= now && !waiting.iter().take(c + 1).any(|&w| w > 0);
     if !fast {
         // Would it be rejected? Then nothing is touched (not even the quota).
@@ -69,8 +83,8 @@ fn try_enter<S: Store, R: Request>(
             now,
         };
         let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
-        if !cx.can_hold || turn.is_none_or(|ns| ns > max_delay) {
-            return Ok(reject(turn, max_delay, cx.can_hold, now, &t, c, interval));
+        if !cx.can_hold || turn.is_none_or(|ns| ns > limit) {
+            return Ok(reject(turn, limit, cx.can_hold, now, &t, c, interval));
         }
     }
     if let Some(quota) = rule.quota {
@@ -133,7 +147,7 @@ fn try_enter<S: Store, R: Request>(
             now,
         };
         let turn = classes::turn_ns(&b, c, t.waiting().get(c).copied().unwrap_or(0) + 1, true);
-        let fits = turn.is_some_and(|ns| ns <= max_delay);
+        let fits = turn.is_some_and(|ns| ns <= limit);
         refused = (!fits).then_some(turn);
         fits
     })?;
@@ -152,15 +166,7 @@ fn try_enter<S: Store, R: Request>(
                 Some(Seen::new(tat, false)),
             ))
         }
-        None => Ok(reject(
-            refused.flatten(),
-            max_delay,
-            true,
-            now,
-            &t,
-            c,
-            interval,
-        )),
+        None => Ok(reject(refused.flatten(), limit, true, now, &t, c, interval)),
     }
 }
 

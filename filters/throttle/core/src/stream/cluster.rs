@@ -1,15 +1,18 @@
 //! Stage: a cluster rule's slot of the grid this proxy owns, or the
-//! fallback while the engine fails (see [`crate::cluster`]). The same
-//! mapping serves a request's first attempt and the worker's retries of the
-//! requests waiting for grants ([`retry_grants`]). (No rate-limit headers:
-//! the grid has no per-process schedule to report.)
+//! fallback while the engine fails (see [`crate::cluster`]). A request with
+//! no owned slot near waits in the rule's line ([`crate::classes`]: one line,
+//! first come first served across the process's workers, granted the owned
+//! slots as they come due) if its turn comes within `max_queue_delay` less
+//! a margin ([`cluster::turn_ns`], [`cluster::margin_ns`]); else it is refused
+//! now, never after it waited. (No rate-limit headers: the grid has no
+//! per-process schedule to report.)
 
+use crate::classes::tickets;
 use crate::clock::Clock;
-use crate::cluster::{self, Attempt, Take};
-use crate::config::Rule;
+use crate::cluster::{self, Attempt, Cursor, Grants, Reach, Take};
 use crate::schedule::admit;
 use crate::stats::{Counts, Stat};
-use crate::store::{BlobId, CellId, Store};
+use crate::store::{BlobId, CellId, Store, StoreError};
 
 use super::{rate, Ctx, Outcome, Wait};
 
@@ -21,60 +24,19 @@ pub(super) fn take<S: Store>(
     clock: &mut impl Clock,
     counts: &mut Counts,
 ) -> Outcome {
-    let wall = clock.wall();
-    attempt(
-        cx.env.store,
-        cx.index,
-        cx.rule,
-        || clock.mono(),
-        wall,
-        cx.can_hold,
-        Attempt::First,
-        counts,
-    )
-}
-
-/// A retry, on tick, of a request that has waited `waited_ns` for grants
-/// (its queue place is known to exist). `Wait`: it must still wait (and
-/// so must every later request of the rule).
-pub fn retry_grants<S: Store>(
-    store: S,
-    index: usize,
-    rule: &Rule,
-    now: u64,
-    wall: u64,
-    waited_ns: u64,
-    counts: &mut Counts,
-) -> Outcome {
-    let attempt = Attempt::Retry { waited_ns };
-    self::attempt(store, index, rule, || now, wall, true, attempt, counts)
-}
-
-/// Takes a slot (or the fallback's turn) at wall time `wall`; `now` (the
-/// monotonic time) is read only for an outcome that needs it.
-/// A slot taken counts `slots_taken`.
-#[allow(clippy::too_many_arguments)]
-fn attempt<S: Store>(
-    store: S,
-    index: usize,
-    rule: &Rule,
-    now: impl FnOnce() -> u64,
-    wall: u64,
-    can_hold: bool,
-    attempt: Attempt,
-    counts: &mut Counts,
-) -> Outcome {
-    let Some(reach) = cluster::rule_reach(rule) else {
+    let Some(reach) = cluster::rule_reach(cx.rule) else {
         return Outcome::Go;
     };
+    let (store, index) = (cx.env.store, cx.index);
+    let wall = clock.wall();
     let taken = cluster::take(
         &mut store.cell(CellId::Cursor(index)),
         &mut store.blob(BlobId::Grants(index)),
         &mut store.cell(CellId::Ahead(index)),
         &reach,
         wall,
-        can_hold,
-        attempt,
+        cx.can_hold,
+        Attempt::First,
     );
     match taken {
         Take::Now { .. } => {
@@ -91,32 +53,101 @@ fn attempt<S: Store>(
         Take::Hold { delay_ns, .. } => {
             counts.inc(Stat::SlotsTaken);
             Outcome::Hold {
-                until: now().saturating_add(delay_ns),
+                until: clock.mono().saturating_add(delay_ns),
             }
         }
-        Take::Wait => Outcome::Wait(Wait::Grants {
-            deadline: now().saturating_add(attempt.max_delay(&reach)),
-        }),
+        Take::Wait => {
+            let now = clock.mono();
+            match join_line(cx, &reach, now, wall) {
+                Ok(outcome) => outcome,
+                Err(_) => Outcome::Contention,
+            }
+        }
         Take::Reject { retry_after_s, .. } => Outcome::Reject { retry_after_s },
         Take::Local { interval_ns } => {
-            let now = now();
-            let local = cluster::local_schedule(&reach, interval_ns, attempt);
+            let now = clock.mono();
+            let local = cluster::local_schedule(&reach, interval_ns, Attempt::First);
             let admission = admit(
                 &mut store.cell(CellId::Fallback(index)),
                 &local,
                 now,
-                can_hold,
+                cx.can_hold,
             );
             // The fallback's schedule is not the rule's: no headers from it.
             match rate::outcome(admission).0 {
                 Outcome::Hold { until } => Outcome::Wait(Wait::Fallback {
                     until,
-                    deadline: now.saturating_add(attempt.max_delay(&reach)),
+                    deadline: now.saturating_add(reach.max_delay_ns),
                 }),
                 other => other,
             }
         }
         Take::Deny => Outcome::Reject { retry_after_s: 1 },
         Take::Contention => Outcome::Contention,
+    }
+}
+
+/// No owned slot for the request now (or others wait): it takes a ticket
+/// of the rule's line if its turn, behind those waiting, comes within
+/// `max_queue_delay` less the margin; else it is refused now. Under
+/// dry-run, no ticket: it would have waited (held until its turn, counted).
+fn join_line<S: Store>(
+    cx: &Ctx<'_, S>,
+    reach: &Reach,
+    now: u64,
+    wall: u64,
+) -> Result<Outcome, StoreError> {
+    let (store, index) = (cx.env.store, cx.index);
+    if !cx.can_hold {
+        return Ok(Outcome::Reject { retry_after_s: 1 });
+    }
+    let (bytes, _) = store.load_blob(BlobId::Grants(index))?;
+    let grants = bytes
+        .as_deref()
+        .and_then(Grants::decode)
+        .unwrap_or_default();
+    let cursor = Cursor::decode(store.load(CellId::Cursor(index))?.0);
+    let from = cursor.next.max(reach.min_slot(wall));
+    let limit = reach
+        .max_delay_ns
+        .saturating_sub(cluster::margin_ns(reach, &grants));
+    let turn_of = |t: &tickets::Tickets| {
+        let waiting: u64 = t.waiting().iter().sum();
+        cluster::turn_ns(&grants, reach, from, wall, waiting.saturating_add(1))
+    };
+    let mut turn = 0;
+    if cx.rule.dry_run {
+        let (t, _) = tickets::load(&mut store.blob(BlobId::Classes(index)))?;
+        turn = turn_of(&t);
+        return Ok(if turn <= limit {
+            Outcome::Hold {
+                until: now.saturating_add(turn),
+            }
+        } else {
+            refused(turn, limit)
+        });
+    }
+    let (_, ticket) = tickets::take_ticket(&mut store.blob(BlobId::Classes(index)), 0, now, |t| {
+        turn = turn_of(t);
+        turn <= limit
+    })?;
+    let Some(ticket) = ticket else {
+        return Ok(refused(turn, limit));
+    };
+    // The fast path sees that someone waits.
+    let _ = cluster::add_waiting(&mut store.cell(CellId::Cursor(index)), 1);
+    Ok(Outcome::Wait(Wait::Class {
+        class: 0,
+        ticket,
+        deadline: now.saturating_add(reach.max_delay_ns),
+    }))
+}
+
+fn refused(turn: u64, limit: u64) -> Outcome {
+    Outcome::Reject {
+        retry_after_s: turn
+            .saturating_sub(limit)
+            .div_ceil(crate::clock::NS_PER_S)
+            .max(1),
     }
 }

@@ -12,12 +12,11 @@
 
 use crate::classes::ClassWaiter;
 use crate::clock::NS_PER_MS;
-use crate::cluster;
 use crate::config::{Config, Rule};
 use crate::matcher::{Facts, Request};
 use crate::reply::{rejection, Reply};
 use crate::stats::{ClassStat, Counts, Stat};
-use crate::store::{CellId, Store};
+use crate::store::Store;
 use crate::worker::Worker;
 
 use super::{Ctx, Decision, Outcome, Stream, Verdict, Wait};
@@ -78,7 +77,6 @@ impl Stream {
         match outcome {
             Outcome::Go => return Next::Stage,
             Outcome::Hold { until } => w.queue.hold(id, index, now, until),
-            Outcome::Wait(Wait::Grants { deadline }) => w.grants.wait(id, index, now, deadline),
             Outcome::Wait(Wait::Fallback { until, .. }) => {
                 w.queue.hold_fallback(id, index, now, until)
             }
@@ -130,11 +128,6 @@ impl Stream {
             Outcome::Go => return Next::Stage,
             Outcome::Hold { until } | Outcome::Wait(Wait::Fallback { until, .. }) => {
                 (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
-            }
-            Outcome::Wait(Wait::Grants { deadline }) => {
-                // A dry run never waits: its place in the waiting count goes.
-                let _ = cluster::add_waiting(&mut cx.env.store.cell(CellId::Cursor(cx.index)), -1);
-                (Stat::WouldQueue, wait_note(deadline, cx.now), Next::Stage)
             }
             Outcome::Wait(Wait::Class { class, ticket, .. }) => {
                 // Dry-run rules do not queue by class (nothing waits); should

@@ -39,7 +39,6 @@ mod response;
 #[cfg(test)]
 mod tests;
 
-pub use cluster::retry_grants;
 pub use outcome::{Outcome, Wait};
 pub use response::{EndDecision, ResponseDecision};
 
@@ -157,7 +156,7 @@ pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
         if rule.concurrency.is_some() {
             add(Initial::Cell(CellId::Gate(index)));
         }
-        if !rule.classes.is_empty() {
+        if !rule.line().is_empty() {
             add(Initial::Blob(
                 BlobId::Classes(index),
                 crate::classes::Tickets::default().encode(),
@@ -177,9 +176,27 @@ pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
             ] {
                 add(Initial::Cell(id));
             }
+            // Until the engine answers, the proxy expects its part of the
+            // rate over `expected_replicas` (a request's turn in the line).
+            let expected = rule.schedule.map_or(0, |s| {
+                let replicas = u128::from(rule.cluster.map_or(1, |c| c.expected_replicas.max(1)));
+                let per_s = u128::from(crate::clock::NS_PER_S)
+                    .div_ceil(u128::from(s.interval_ns.max(1)) * replicas);
+                u64::try_from(per_s).unwrap_or(u64::MAX)
+            });
+            let lead_ns = config.engine.as_ref().map_or(0, |e| {
+                let epoch = crate::cluster::grid::EPOCH_NS;
+                crate::cluster::caller::ahead_epochs(epoch, e.timeout_ns, e.max_clock_skew_ns)
+                    .saturating_mul(epoch)
+            });
             add(Initial::Blob(
                 BlobId::Grants(index),
-                Grants::default().encode(),
+                Grants {
+                    grant_rate_per_s: expected,
+                    lead_ns,
+                    ..Grants::default()
+                }
+                .encode(),
             ));
         }
     }

@@ -21,16 +21,16 @@ pub enum Outcome {
 /// What a request without a turn waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
-    /// Cluster scope: grants from the engine (counted in the rule's cursor cell).
-    Grants { deadline: u64 },
     /// A concurrency slot: this gate ticket's turn.
     Gate { ticket: u64, deadline: u64 },
     /// Cluster scope while the engine fails: the fallback schedule's turn at
-    /// `until`; should the grid be back by then, grants instead (until
-    /// `deadline`), so that a turn given during a blip never goes out on top
-    /// of the whole grid after it.
+    /// `until`; should the grid be back by then, the rule's line instead
+    /// (until `deadline`), so that a turn given during a blip never goes out
+    /// on top of the whole grid after it.
     Fallback { until: u64, deadline: u64 },
-    /// A slot of the rule's rate, granted by class: this class ticket's grant.
+    /// A slot of the rule's rate, granted in ticket order: this ticket of
+    /// class `class` of the rule's line (its priority classes, or a cluster
+    /// rule's own line, class 0).
     Class {
         class: usize,
         ticket: u64,

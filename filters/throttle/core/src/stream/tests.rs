@@ -828,7 +828,7 @@ fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
         &reach,
         p.clock.wall,
         mode,
-        0,
+        (0, 0),
         ranges,
     )
     .unwrap();
@@ -849,7 +849,12 @@ fn waiting(p: &Proc) -> u64 {
 
 /// The ahead cell: `owed` slots, ahead until `until_ms`.
 fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
-    cluster::Ahead { owed, until_ms }.encode()
+    cluster::Ahead {
+        owed,
+        pending: u64::from(until_ms > 0),
+        until_ms,
+    }
+    .encode()
 }
 
 /// The process owes the one request of credit it may take (burst 0).
@@ -858,6 +863,12 @@ fn spend_credit(p: &Proc) {
         .borrow_mut()
         .cells
         .insert(CellId::Ahead(0), (ahead(1, 0), 1));
+}
+
+/// The slot of the grid just behind wall time `now` (the first usable at `now`).
+fn slot_behind(p: &Proc) -> (cluster::Grid, u64) {
+    let grid = cluster::rule_reach(&p.config.rules[0]).unwrap().grid;
+    (grid, grid.slot_at_or_after(p.clock.wall) - 1)
 }
 
 #[test]
@@ -869,7 +880,9 @@ fn a_cluster_request_without_grants_goes_at_once_on_credit_once() {
         Some(ahead(1, 0)),
         "the process owes one slot"
     );
-    // The credit is spent: the next one waits for grants.
+    // The credit is spent: the next one waits in the rule's line (its turn,
+    // at the 50/s the process expects over 2 replicas after the first
+    // shares, 300 ms ahead, is well within max_queue_delay).
     assert_eq!(p.get(11), Verdict::Hold);
     assert_eq!(waiting(&p), 1);
     assert_eq!(
@@ -882,31 +895,25 @@ fn a_cluster_request_without_grants_goes_at_once_on_credit_once() {
             ("slots_taken", 1)
         ])
     );
-    // Grants arrive: the first (just behind now) repays the credit, the
-    // second (within one interval) is 11's.
+    // Grants arrive: the waiting request goes first, on the first (just
+    // behind now); the credit is not repaid while it waits.
     p.at(5);
-    let grid = cluster::rule_reach(&p.config.rules[0]).unwrap().grid;
-    let k = grid.slot_at_or_after(p.clock.wall) - 1;
+    let (grid, k) = slot_behind(&p);
     publish(&p, Mode::Grid, &[(k, k + 2)]);
-    assert_eq!(
-        (
-            waiting(&p),
-            cluster::Ahead::decode(p.cells.borrow().get(CellId::Ahead(0))).owed
-        ),
-        (1, 0),
-        "repaid"
-    );
+    let owed = |p: &Proc| cluster::Ahead::decode(p.cells.borrow().get(CellId::Ahead(0))).owed;
+    assert_eq!(owed(&p), 1, "not repaid ahead of a waiting request");
     p.tick();
+    assert_eq!(p.resumed, vec![(11, 5 * MS)], "released on the slot due");
     assert_eq!(waiting(&p), 0);
-    assert_eq!(
-        p.held_until(),
-        Some(5 * MS + grid.slot_time(k + 1) - p.clock.wall),
-        "held until the second slot's time"
-    );
+    // Nobody waits now: the next slot (within one interval) repays the
+    // credit, as a burst's allowance comes back while the rate goes unused.
+    publish(&p, Mode::Grid, &[]);
+    assert_eq!(owed(&p), 0, "repaid");
+    let _ = grid;
 }
 
 #[test]
-fn a_cluster_request_waits_for_grants_and_takes_the_first_one_at_its_time() {
+fn a_cluster_request_waits_in_the_line_and_takes_the_first_slot_due() {
     let mut p = cluster(false);
     spend_credit(&p);
     assert_eq!(p.get(10), Verdict::Hold);
@@ -914,24 +921,19 @@ fn a_cluster_request_waits_for_grants_and_takes_the_first_one_at_its_time() {
     p.at(5);
     p.tick();
     assert!(p.resumed.is_empty(), "no grant yet: still waiting");
-    // The engine grants the slot just behind now and the next one (100/s: a
-    // slot per 10 ms); the first repays the credit taken before.
-    let grid = cluster::rule_reach(&p.config.rules[0]).unwrap().grid;
-    let k = grid.slot_at_or_after(p.clock.wall) - 1;
-    publish(&p, Mode::Grid, &[(k, k + 2)]);
+    // The engine grants the slot just ahead of now and the next one (100/s:
+    // a slot per 10 ms); the waiting request takes the first when it is due
+    // (the credit taken before waits for a slot nobody needs).
+    let (grid, k) = slot_behind(&p);
+    publish(&p, Mode::Grid, &[(k + 1, k + 3)]);
     let wait = grid.slot_time(k + 1) - p.clock.wall;
-    assert!(wait > 0 && wait <= 10 * MS, "within one interval: held for");
+    assert!(wait > 0 && wait <= 10 * MS, "within one interval");
     p.tick();
-    assert_eq!(waiting(&p), 0, "it left the waiting count");
     assert!(p.resumed.is_empty());
-    assert_eq!(
-        p.held_until(),
-        Some(5 * MS + wait),
-        "held until its slot's time exactly"
-    );
     p.at_ns(5 * MS + wait);
     p.tick();
     assert_eq!(p.resumed, vec![(10, 5 * MS + wait)]);
+    assert_eq!(waiting(&p), 0, "it left the waiting count");
     assert_eq!(
         p.stats(),
         s(&[("queued", 1), ("released", 1), ("slots_taken", 1)])
@@ -939,7 +941,7 @@ fn a_cluster_request_waits_for_grants_and_takes_the_first_one_at_its_time() {
 }
 
 #[test]
-fn a_retry_in_fallback_may_hold_only_what_is_left_of_max_queue_delay() {
+fn a_waiter_the_fallback_cannot_serve_in_time_is_refused_at_its_deadline() {
     let mut p = cluster(false);
     spend_credit(&p);
     assert_eq!(p.get(10), Verdict::Hold);
@@ -956,26 +958,33 @@ fn a_retry_in_fallback_may_hold_only_what_is_left_of_max_queue_delay() {
         .borrow_mut()
         .cells
         .insert(CellId::Fallback(0), ([0, T0 + 600 * MS + 450 * MS], 1));
-    // After 600 ms of waiting, 400 ms are left: a turn 450 ms away is too far.
+    // At 600 ms the fallback's next turn (1,050 ms) lies past the waiter's
+    // deadline (1,000 ms): nothing yet; at its deadline, with the credit
+    // spent, it is answered (an engine fault, the one case where a request
+    // that waited is refused).
     p.at(600);
     p.tick();
+    assert!(p.replies.is_empty() && p.resumed.is_empty());
+    p.at(1000);
+    p.tick();
     assert_eq!(p.replies.get(&10).map(|r| r.status), Some(429));
-    assert_eq!(waiting(&p), 0);
-    // A first attempt may still hold the full second.
+    // A first attempt may hold its full second on the fallback schedule:
+    // the turn at 1,050 ms nobody took.
     assert_eq!(p.get(11), Verdict::Hold);
-    assert_eq!(p.held_until(), Some(600 * MS + 450 * MS));
+    assert_eq!(p.held_until(), Some(1050 * MS));
 }
 
 #[test]
-fn a_cluster_dry_run_never_waits_and_gives_its_waiting_place_back() {
+fn a_cluster_dry_run_never_waits_nor_takes_a_place_in_the_line() {
     let mut p = cluster(true);
     p.config.dry_run_headers = true;
     spend_credit(&p);
     assert_eq!(p.get(10), Verdict::Continue);
     assert_eq!(waiting(&p), 0);
-    assert_eq!(
-        p.respond(10, true),
-        vec![("x-throttle-dry-run", "queued; wait_ms=1000".to_string())]
+    let note = p.respond(10, true);
+    assert!(
+        matches!(&note[..], [(name, v)] if *name == "x-throttle-dry-run" && v.starts_with("queued; wait_ms=3")),
+        "its turn: the first shares, 300 ms ahead, then one slot: {note:?}"
     );
     assert_eq!(p.stats(), s(&[("would_queue", 1)]));
 }

@@ -181,6 +181,11 @@ impl Caller {
             let Some(r) = self.rules.get_mut(i) else {
                 continue;
             };
+            r.first_answer.get_or_insert(now);
+            let keep = share_memory(&r.spec.grid);
+            if r.shares.len() > keep {
+                r.shares.drain(..r.shares.len() - keep);
+            }
             if let Some(delta) = r.skew.estimate() {
                 r.skew.offset_epochs = r.skew.offset_epochs.saturating_add(delta);
                 let ms = r.offset_ns().unsigned_abs() / crate::clock::NS_PER_MS;
@@ -224,7 +229,8 @@ impl Caller {
                 Some(RuleUpdate {
                     rule: i,
                     mode: Mode::Grid,
-                    grant_rate_per_s: grant_rate(r),
+                    grant_rate_per_s: grant_rate(r, now),
+                    lead_ns: r.lead_ns(),
                     ranges: list,
                     reset: std::mem::take(&mut r.reset),
                     shift: std::mem::take(&mut r.shift),
@@ -252,6 +258,7 @@ impl Caller {
                         rule: i,
                         mode: r.mode,
                         grant_rate_per_s: 0,
+                        lead_ns: r.lead_ns(),
                         ranges: Vec::new(),
                         reset: std::mem::take(&mut r.reset),
                         shift: 0,
@@ -313,6 +320,7 @@ impl Caller {
                 rule: i,
                 mode: r.mode,
                 grant_rate_per_s: 0,
+                lead_ns: r.lead_ns(),
                 ranges: Vec::new(),
                 reset: false,
                 shift: 0,

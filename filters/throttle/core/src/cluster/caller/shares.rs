@@ -70,35 +70,79 @@ pub(super) fn share(g: &Grid, l: u64, (d0, d1): (u64, u64), total: u64, phi: u64
     at(d1).saturating_sub(at(d0))
 }
 
+/// This proxy's part of what the fleet leaves over of epoch `f`'s `l`
+/// slots while it asks for less than the rate: `l x (1 - A T / (64 E)) / N`
+/// (floor), with `A` the fleet's demand last seen and `N` the proxies with
+/// demand. Claimed with the leftovers, so that a proxy below the rate owns
+/// slots beyond its demand (a lone proxy owns them all) and a request that
+/// arrives between its demand's slots finds one at hand, as it would in
+/// process scope; what one proxy leaves unclaimed stays for the others.
+pub(super) fn spare(g: &Grid, l: u64, total: u64, members: u64) -> u64 {
+    let capacity = u128::from(DEMAND_UNIT) * u128::from(g.epoch_ns);
+    let used = u128::from(total) * u128::from(g.interval_ns);
+    let den = capacity * u128::from(members.max(1));
+    let v = u128::from(l) * capacity.saturating_sub(used) / den;
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
 /// `ceil(a * b / c)` without overflow (c > 0), saturating at u64::MAX.
 pub(super) fn div_ceil_u128(a: u64, b: u64, c: u64) -> u64 {
     let v = (u128::from(a) * u128::from(b)).div_ceil(u128::from(c.max(1)));
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
-/// The slots per second this process can expect: its share (its demand
-/// `a` of the fleet's `A`, [`share`]) and, while the fleet asks for less
-/// than the rate, its part of what is left over (the rest split over the
-/// `N` proxies with demand); `R / N` before the demand is known.
-pub(super) fn grant_rate(r: &RuleState) -> u64 {
+/// The slots per second this process can expect: its shares as the engine
+/// computed them for the last epochs it claimed (`k` ahead: for the demand
+/// as it is now; a share of nothing counts, as for a proxy whose clock is
+/// apart before it is found), but no more than `R / max(N,
+/// expected_replicas)` until they span [`share_memory`] epochs or hold
+/// [`SHARE_SLOTS`] slots (a first share of one slot in one epoch is not ten
+/// a second: too few to tell, the estimate errs low, so that a request
+/// refused is refused at once rather than after it waited); and, while the fleet asks for less
+/// than the rate, its part of what is left over (the rest split over the `N`
+/// proxies with demand; not in the first [`SETTLING_NS`] of answers, when
+/// partial demand totals would show room that is not there). Before any
+/// answer, `R / max(N, expected_replicas)`.
+pub(super) fn grant_rate(r: &RuleState, now: u64) -> u64 {
     let g = r.spec.grid;
     let (e, t, ns) = (
         u128::from(g.epoch_ns),
         u128::from(g.interval_ns.max(1)),
         u128::from(NS_PER_S),
     );
-    let n = u128::from(r.stats.members.max(1));
-    let capacity = u128::from(DEMAND_UNIT) * e;
-    let per_s = match u128::from(r.stats.demand) {
-        0 => ns.div_ceil(t * n),
-        total => {
-            let den = (total * t).max(capacity);
-            let share = u128::from(r.demand) * ns;
-            let spare = capacity.saturating_sub(total * t) * ns;
-            // share/den + spare/(64 T E N), over one denominator.
-            let d2 = u128::from(DEMAND_UNIT) * t * e * n;
-            (share * d2 + spare * den).div_ceil(den * d2)
-        }
+    let n = r.stats.members.max(u64::from(r.spec.expected_replicas));
+    let prior = ns.div_ceil(t * u128::from(n.max(1)));
+    let Some(first) = r.first_answer else {
+        return u64::try_from(prior).unwrap_or(u64::MAX);
     };
+    let memory = u128::try_from(share_memory(&g)).unwrap_or(u128::MAX);
+    let epochs_of = r.shares.iter().map(|&(f, _)| f);
+    let share = match (epochs_of.clone().min(), epochs_of.max()) {
+        (Some(from), Some(to)) => {
+            let slots: u128 = r.shares.iter().map(|&(_, n)| u128::from(n)).sum();
+            let epochs = u128::from(to.saturating_sub(from).saturating_add(1));
+            let seen = slots * ns / (e * epochs);
+            if epochs < memory && slots < u128::from(SHARE_SLOTS) {
+                // Too few to tell: no more than the even split.
+                seen.min(prior)
+            } else {
+                seen
+            }
+        }
+        _ => prior,
+    };
+    let settled = now.saturating_sub(first) >= SETTLING_NS;
+    let capacity = u128::from(DEMAND_UNIT) * e;
+    let total = u128::from(r.stats.demand);
+    let spare = if settled {
+        // Left over per second, over the proxies with demand:
+        // (64 E - A T) / (64 T E) * NS / N.
+        capacity.saturating_sub(total * t) * ns
+            / (capacity * t)
+            / u128::from(r.stats.members.max(1))
+    } else {
+        0
+    };
+    let per_s = share + spare;
     u64::try_from(per_s).unwrap_or(u64::MAX)
 }
