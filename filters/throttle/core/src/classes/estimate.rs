@@ -46,6 +46,67 @@ impl Backlog<'_> {
 /// ([`floor_slots_at_most`]'s slack), so that an admitted request is not
 /// displaced because the floor slots bunched.
 pub fn turn_ns(b: &Backlog<'_>, c: usize, position: u64, admission: bool) -> Option<u64> {
+    if admission {
+        if let Some(ns) = walk(b, c, position) {
+            return Some(ns);
+        }
+    }
+    reckon(b, c, position, admission)
+}
+
+/// Slots an admission's walk looks at one by one, at most.
+const WALK_MAX: u64 = 4096;
+
+/// For an admission: the turn over the slots whose indices are known
+/// ([`Outlook::known`]), slot by slot, on the safe side for the request:
+/// every lower class with a floor is taken to wait (it may, by the time its
+/// floor slot comes), and the classes above keep arriving at their recent
+/// rate. None if the known slots end before its turn.
+fn walk(b: &Backlog<'_>, c: usize, position: u64) -> Option<u64> {
+    let (first, count, spacing) = b.outlook.known?;
+    let mut waiting = b.tickets.waiting();
+    for (d, k) in b.classes.iter().enumerate().skip(c + 1) {
+        if k.min_share_ppm > 0 {
+            if let Some(w) = waiting.get_mut(d) {
+                *w = (*w).max(1);
+            }
+        }
+    }
+    if let Some(w) = waiting.get_mut(c) {
+        *w = (*w).max(1);
+    }
+    let h: f64 = (0..c).map(|x| b.tickets.arrival_rate(x, b.now)).sum();
+    let mut above = b.above(c, &waiting) as f64;
+    let mut got = 0u64;
+    let mut last_at = b.outlook.next_at;
+    for i in 0..count.min(WALK_MAX) {
+        let at = b.outlook.next_at.saturating_add(i.saturating_mul(spacing));
+        above += h * at.saturating_sub(last_at) as f64 / NS_PER_S as f64;
+        last_at = at;
+        let slot = first.saturating_add(i);
+        let mut w = waiting;
+        // The classes above count as waiting while their backlog lasts.
+        for x in 0..c {
+            if let Some(v) = w.get_mut(x) {
+                *v = u64::from(above >= 1.0) * (*v).max(1);
+            }
+        }
+        match super::choose(slot, b.classes, &w) {
+            Some(x) if x == c => {
+                got += 1;
+                if got >= position {
+                    return Some(at.saturating_sub(b.now));
+                }
+            }
+            Some(x) if x < c => above = (above - 1.0).max(0.0),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The turn reckoned from the rates (see [`turn_ns`]).
+fn reckon(b: &Backlog<'_>, c: usize, position: u64, admission: bool) -> Option<u64> {
     let arrivals = admission;
     let waiting = b.tickets.waiting();
     let r = b.outlook.per_s;

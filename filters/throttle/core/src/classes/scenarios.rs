@@ -353,7 +353,7 @@ fn cluster(ranges: &[(u64, u64)], mode: crate::cluster::Mode) -> Process {
         &reach,
         1000 * NS_PER_S,
         mode,
-        (50, 0),
+        (50, 0, 0),
         ranges,
     )
     .unwrap();

@@ -43,6 +43,18 @@ pub struct Outlook {
     pub per_s: f64,
     /// Nanoseconds between two slots (0: no slots).
     pub interval_ns: u64,
+    /// Monotonic time up to which the slots are known, not reckoned (a
+    /// schedule's: always; the grid's: its last owned slot).
+    pub certain_until: u64,
+    /// The next slots by index, if known: `(first, count, spacing_ns)`,
+    /// `count` slots of consecutive indices from `first`, the first at
+    /// `next_at` and each `spacing_ns` after the last (a schedule's, without
+    /// end; the grid's current owned range). Which class a slot goes to
+    /// depends on its index ([`super::floor_of`]).
+    pub known: Option<(u64, u64, u64)>,
+    /// How far beyond `certain_until` a turn may be reckoned
+    /// ([`cluster::reckon_limit`]).
+    pub reckon_ns: u64,
 }
 
 impl Outlook {
@@ -56,7 +68,23 @@ impl Outlook {
                 crate::clock::NS_PER_S as f64 / interval_ns as f64
             },
             interval_ns,
+            certain_until: u64::MAX,
+            known: None,
+            reckon_ns: u64::MAX,
         }
+    }
+
+    /// Whether a turn `turn_ns` from `now` fits within `max_delay_ns`: at
+    /// once if its slot is known by then; if reckoned, with `margin_ns` to
+    /// spare and at most `reckon_ns` beyond the known slots.
+    pub fn fits(&self, now: u64, turn_ns: u64, max_delay_ns: u64, margin_ns: u64) -> bool {
+        let at = now.saturating_add(turn_ns);
+        if turn_ns > max_delay_ns {
+            return false;
+        }
+        at <= self.certain_until
+            || (turn_ns.saturating_add(margin_ns) <= max_delay_ns
+                && at - self.certain_until.max(now) <= self.reckon_ns)
     }
 }
 
@@ -126,10 +154,14 @@ impl<C: SharedCell> Slots for RateSlots<C> {
     fn outlook(&mut self, now: u64, busy: bool) -> Result<Outlook, StoreError> {
         let (stored, _) = self.cell.load()?;
         let tat = self.tat(stored.map(|[_, t]| t), now, busy);
-        Ok(Outlook::every(
-            tat.saturating_sub(self.schedule.tau_ns).max(now),
-            self.schedule.interval_ns.max(1),
-        ))
+        let interval = self.schedule.interval_ns.max(1);
+        let next_at = tat.saturating_sub(self.schedule.tau_ns).max(now);
+        // The slot taken next is `tat / T` ([`RateSlots::take_due`]); the
+        // slots within the burst are due at once.
+        Ok(Outlook {
+            known: Some((tat / interval, u64::MAX, interval)),
+            ..Outlook::every(next_at, interval)
+        })
     }
 }
 
@@ -295,8 +327,10 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
         } else {
             0
         };
+        let mut known = None;
         let next_at = match self.offer(Cursor::decode(value), min)? {
-            Offer::Slot(slot, _) => {
+            Offer::Slot(slot, end) => {
+                known = Some((slot, end.saturating_sub(slot), self.reach.grid.interval_ns));
                 now.saturating_add(self.reach.grid.slot_time(slot).saturating_sub(wall))
             }
             Offer::Local(interval) => return self.local(interval).outlook(now, busy),
@@ -304,7 +338,17 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> Slots for GridSlots<C, B, F> {
             // No owned slot yet: the next claim's (within two epochs).
             Offer::None => now.saturating_add(self.reach.grid.epoch_ns),
         };
-        Ok(Outlook::every(next_at, interval_ns))
+        let last_owned = g
+            .ranges
+            .last()
+            .filter(|r| r.1 > min)
+            .map(|r| self.reach.grid.slot_time(r.1 - 1));
+        Ok(Outlook {
+            certain_until: last_owned.map_or(now, |t| now.saturating_add(t.saturating_sub(wall))),
+            known,
+            reckon_ns: cluster::reckon_limit(&g),
+            ..Outlook::every(next_at, interval_ns)
+        })
     }
 }
 

@@ -27,6 +27,10 @@ pub struct Ahead {
     pub owed: u64,
     pub pending: u64,
     pub until_ms: u64,
+    /// The expected gap between the process's slots, µs (1 / its grant
+    /// rate; 0: unknown), as the calling VM last published it: a slot due
+    /// within it may be taken now ([`go_ahead`]).
+    pub gap_us: u64,
 }
 
 impl Ahead {
@@ -34,9 +38,10 @@ impl Ahead {
 
     /// The state of a cell's value (a cell never stored: nothing ahead).
     pub fn decode(value: Option<[u64; 2]>) -> Ahead {
-        let [owed, packed] = value.unwrap_or([0, 0]);
+        let [first, packed] = value.unwrap_or([0, 0]);
         Ahead {
-            owed,
+            owed: first & u64::from(u32::MAX),
+            gap_us: first >> 32,
             pending: packed >> Self::MS_BITS,
             until_ms: packed & ((1 << Self::MS_BITS) - 1),
         }
@@ -46,7 +51,9 @@ impl Ahead {
     pub fn encode(self) -> [u64; 2] {
         let ms = self.until_ms.min((1 << Self::MS_BITS) - 1);
         let pending = self.pending.min(u64::from(u16::MAX));
-        [self.owed, pending << Self::MS_BITS | ms]
+        let owed = self.owed.min(u64::from(u32::MAX));
+        let gap = self.gap_us.min(u64::from(u32::MAX));
+        [gap << 32 | owed, pending << Self::MS_BITS | ms]
     }
 
     /// Nothing taken ahead is still ahead at wall time `now`.
@@ -63,6 +70,10 @@ impl Ahead {
         }
     }
 }
+
+/// Slots due within two of the process's gaps that may be taken before
+/// their time at once (so it is ahead by at most `burst + 1 + NEAR_AHEAD`).
+pub const NEAR_AHEAD: u64 = 2;
 
 /// Lets a request go ahead of its grants, if the process may: `early` (the
 /// slot it will take is due at `slot_time`) needs nothing owed and nothing
@@ -86,9 +97,29 @@ pub(super) fn go_ahead<A: SharedCell>(
             return Some(Take::Contention);
         };
         let mut ahead = Ahead::decode(v);
+        if let Some(t) = early {
+            // Due within two of its own gaps (its slots come unevenly: the
+            // lanes of a claim): its slot is as good as now, as a GCRA's next
+            // release would be; two such at most pending.
+            let near = t.saturating_sub(now) <= ahead.gap_us.saturating_mul(2000);
+            if near && ahead.pending_at(now) < NEAR_AHEAD {
+                ahead.pending = ahead.pending_at(now) + 1;
+                ahead.until_ms = ahead.until_ms.max(t.div_ceil(NS_PER_MS));
+                match cell.store(ahead.encode(), token) {
+                    Ok(true) => return Some(Take::Credit),
+                    Ok(false) => continue,
+                    Err(_) => return Some(Take::Contention),
+                }
+            }
+        }
         let may = match early {
-            // Before its slot's time: one at a time, nothing owed.
-            Some(_) => ahead.clear_at(now) && ahead.owed == 0,
+            // Before its slot's time, beyond one interval: one at a time,
+            // nothing owed (within one interval it is held for its slot).
+            Some(t) => {
+                t.saturating_sub(now) > reach.grid.interval_ns
+                    && ahead.clear_at(now)
+                    && ahead.owed == 0
+            }
             None => ahead.owed + ahead.pending_at(now) < reach.credit,
         };
         if !may {
@@ -108,6 +139,27 @@ pub(super) fn go_ahead<A: SharedCell>(
         }
     }
     Some(Take::Contention)
+}
+
+/// Records the expected gap between the process's slots (`gap_ns`; 0:
+/// none expected) for [`go_ahead`]; written by the calling VM as it
+/// publishes, only when it changed by a tenth or more.
+pub fn set_gap<A: SharedCell>(cell: &mut A, gap_ns: u64) -> Result<(), StoreError> {
+    let gap_us = gap_ns / 1000;
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = cell.load()?;
+        let mut ahead = Ahead::decode(v);
+        if ahead.gap_us.abs_diff(gap_us) <= ahead.gap_us / 10
+            && (gap_us == 0) == (ahead.gap_us == 0)
+        {
+            return Ok(());
+        }
+        ahead.gap_us = gap_us;
+        if cell.store(ahead.encode(), token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
 }
 
 /// A request that waited for grants until its `max_queue_delay` ran out goes
@@ -252,7 +304,7 @@ mod tests {
             &r,
             0,
             Mode::Grid,
-            (0, 0),
+            (0, 0, 0),
             &[(1002, 1010)],
         )
         .unwrap();

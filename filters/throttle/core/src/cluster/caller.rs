@@ -156,6 +156,8 @@ pub struct RuleUpdate {
     pub grant_rate_per_s: u64,
     /// How far ahead its shares are claimed (`k` epochs), ns.
     pub lead_ns: u64,
+    /// The part of `grant_rate_per_s` that is spare ([`Grants::spare_per_s`]).
+    pub spare_per_s: u64,
     /// Newly granted global slot ranges `[start, end)`, in this process's
     /// time (the fleet's slots shifted by its clock's offset, [`Skew`]).
     pub ranges: Vec<(u64, u64)>,
@@ -728,6 +730,10 @@ fn rules_of(plan: &[Planned]) -> Vec<usize> {
     out
 }
 
+/// Requests in the last spacing that tell a rush from chance (Poisson: 8
+/// expected, fewer than 2 seen, or more than 16, is rare).
+const RUSH_EVIDENCE: u64 = 8;
+
 /// Updates the estimate of arrivals per epoch from the process counter,
 /// over the span of the samples kept (one epoch, or slot, at first, then up
 /// to `ARRIVAL_SAMPLES - 1` of them).
@@ -744,6 +750,25 @@ fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     if let Some(&(prev, at)) = r.arrived_samples.first() {
         let n = arrived_total.saturating_sub(prev);
         r.demand = div_ceil_u128(n.saturating_mul(DEMAND_UNIT), e_ns, now.saturating_sub(at));
+        // A rush that starts or stops shows in the last spacing at once:
+        // with enough requests to tell (8 in it, or 8 expected), a rate
+        // there above twice the average or below a quarter of it is the
+        // demand now (a proxy that stopped no longer claims its shares for
+        // half a second, nor does one that started wait that long for its).
+        if let Some(&(last, last_at)) = r.arrived_samples.last() {
+            let span = now.saturating_sub(last_at);
+            let recent_n = arrived_total.saturating_sub(last);
+            let recent = div_ceil_u128(recent_n.saturating_mul(DEMAND_UNIT), e_ns, span);
+            let expected = u128::from(r.demand) * u128::from(span)
+                / (u128::from(DEMAND_UNIT) * u128::from(e_ns.max(1)));
+            let telling = recent_n >= RUSH_EVIDENCE || expected >= u128::from(RUSH_EVIDENCE);
+            if r.arrived_samples.len() > 1
+                && telling
+                && (recent > r.demand.saturating_mul(2) || recent < r.demand / 4)
+            {
+                r.demand = recent;
+            }
+        }
     }
     r.arrived_samples.push((arrived_total, now));
     if r.arrived_samples.len() > ARRIVAL_SAMPLES {

@@ -5,7 +5,7 @@
 //! the caller's statistics as counts. The glue sends the request and hands
 //! back the answer; the simulation does the same in memory.
 
-use crate::clock::{Clock, NS_PER_MS};
+use crate::clock::{Clock, NS_PER_MS, NS_PER_S};
 use crate::config::Config;
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store};
@@ -16,7 +16,7 @@ use super::{
     fallback_after_grants, lease, publish, repay, reset_grants, rule_reach, rule_spec,
     shift_grants, Mode, Reach,
 };
-use super::{Ahead, Cursor};
+use super::{set_gap, Ahead, Cursor};
 
 /// The process-wide value of a rule's counter (`rule`: the configuration's
 /// index), as the host keeps it: the flushed counts of every VM.
@@ -209,9 +209,18 @@ impl Calls {
                 reach,
                 now,
                 u.mode,
-                (u.grant_rate_per_s, u.lead_ns),
+                (u.grant_rate_per_s, u.lead_ns, u.spare_per_s),
                 &u.ranges,
             );
+            let gap_ns = match u.grant_rate_per_s {
+                0 => 0,
+                rate => (NS_PER_S / rate).max(reach.grid.interval_ns),
+            };
+            if set_gap(&mut store.cell(CellId::Ahead(index)), gap_ns).is_err() {
+                out.problems.push(format!(
+                    "rule {index}: could not record its slot gap in shared data"
+                ));
+            }
             match usable {
                 Ok(usable) => {
                     let granted = self.caller.stats(u.rule).map_or(0, |s| s.granted);

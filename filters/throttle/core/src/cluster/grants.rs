@@ -43,10 +43,10 @@ pub enum Mode {
 
 /// Most ranges a blob holds; beyond it the oldest are dropped (forfeited).
 /// A proxy holds at most a few epochs of grants, at most two claims per epoch
-/// of at most [`super::grid::LANES`] ranges each (16 per epoch).
-pub const MAX_RANGES: usize = 256;
+/// of at most [`super::grid::LANES`] ranges each (64 per epoch).
+pub const MAX_RANGES: usize = 512;
 
-const MAGIC: u32 = 0x5447_5232; // "TGR2"
+const MAGIC: u32 = 0x5447_5233; // "TGR3"
 
 /// The decoded grants blob.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +58,9 @@ pub struct Grants {
     /// How far ahead of now its shares are claimed (`k` epochs): a process
     /// that owns no slot yet gets none from its shares before that.
     pub lead_ns: u64,
+    /// The part of `grant_rate_per_s` that is its part of what the fleet
+    /// leaves of the rate (0: the fleet asks for the rate or more).
+    pub spare_per_s: u64,
     /// Owned global slot ranges `[start, end)`, sorted, disjoint.
     pub ranges: Vec<(u64, u64)>,
 }
@@ -68,6 +71,7 @@ impl Default for Grants {
             mode: Mode::Grid,
             grant_rate_per_s: 0,
             lead_ns: 0,
+            spare_per_s: 0,
             ranges: Vec::new(),
         }
     }
@@ -75,7 +79,7 @@ impl Default for Grants {
 
 impl Grants {
     /// Bytes: magic u32, mode u32, local interval u64, grant rate u64,
-    /// lead u64, count u32, then (start u64, end u64) per range;
+    /// lead u64, spare u64, count u32, then (start u64, end u64) per range;
     /// little-endian.
     pub fn encode(&self) -> Vec<u8> {
         let (mode, interval) = match self.mode {
@@ -83,12 +87,13 @@ impl Grants {
             Mode::Local { interval_ns } => (1, interval_ns),
             Mode::Deny => (2, 0),
         };
-        let mut out = Vec::with_capacity(36 + 16 * self.ranges.len());
+        let mut out = Vec::with_capacity(44 + 16 * self.ranges.len());
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&mode.to_le_bytes());
         out.extend_from_slice(&interval.to_le_bytes());
         out.extend_from_slice(&self.grant_rate_per_s.to_le_bytes());
         out.extend_from_slice(&self.lead_ns.to_le_bytes());
+        out.extend_from_slice(&self.spare_per_s.to_le_bytes());
         out.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
         for (a, b) in &self.ranges {
             out.extend_from_slice(&a.to_le_bytes());
@@ -107,6 +112,7 @@ impl Grants {
         let interval_ns = r.u64()?;
         let grant_rate_per_s = r.u64()?;
         let lead_ns = r.u64()?;
+        let spare_per_s = r.u64()?;
         let n = r.u32()? as usize;
         if n > MAX_RANGES {
             return None;
@@ -125,6 +131,7 @@ impl Grants {
             mode,
             grant_rate_per_s,
             lead_ns,
+            spare_per_s,
             ranges,
         })
     }
@@ -424,11 +431,12 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
         let t = reach.grid.slot_time(slot);
         let mut delay_ns = t.saturating_sub(now);
         let mut early = false;
-        if delay_ns > reach.grid.interval_ns && delay_ns <= reach.grid.epoch_ns {
-            // The next owned slot is further than one interval away but
-            // within the epoch: the process is within its share (a saturated
-            // one holds its requests for slots further ahead). One request at
-            // a time may take its slot now, before its time.
+        if delay_ns > 0 && delay_ns <= reach.grid.epoch_ns {
+            // The next owned slot is ahead but within the epoch: the process
+            // is within its share (a saturated one holds its requests for
+            // slots further ahead). Within two of its gaps it goes now; and
+            // beyond one interval, one request at a time may take its slot
+            // now, before its time ([`super::ahead`]).
             match go_ahead(ahead, reach, attempt, queued, now, Some(t)) {
                 Some(Take::Contention) => return Take::Contention,
                 Some(_) => {
@@ -512,9 +520,15 @@ fn no_slot<A: SharedCell>(
 /// last slot it owns and the last its requests took (none if it expects no
 /// share).
 pub fn turn_ns(g: &Grants, reach: &Reach, from: u64, now: u64, position: u64) -> u64 {
+    turn(g, reach, from, now, position).0
+}
+
+/// [`turn_ns`], and how much of it is reckoned rather than owned: the time
+/// from the last owned slot (or from now, owning none) to the turn.
+pub fn turn(g: &Grants, reach: &Reach, from: u64, now: u64, position: u64) -> (u64, u64) {
     let grid = reach.grid;
     if let Some(k) = g.nth_from(from, position) {
-        return grid.slot_time(k).saturating_sub(now);
+        return (grid.slot_time(k).saturating_sub(now), 0);
     }
     let owned = g.owned_from(from);
     // After the slots it owns, and after those its requests hold already
@@ -534,14 +548,35 @@ pub fn turn_ns(g: &Grants, reach: &Reach, from: u64, now: u64, position: u64) ->
     // slower, a turn beyond the owned slots errs on the side of refusing now.
     let gap = expected_gap(reach, g);
     let gap = gap.saturating_add(gap / DERATE);
-    last.saturating_add(gap.saturating_mul(position.saturating_sub(owned)))
-        .saturating_sub(now)
+    let at = last.saturating_add(gap.saturating_mul(position.saturating_sub(owned)));
+    let reckoned_from = if owned == 0 { now } else { last.min(at) };
+    (at.saturating_sub(now), at.saturating_sub(reckoned_from))
+}
+
+/// How far beyond its owned slots a process reckons a turn while the fleet
+/// asks for its rate or more: its shares follow the fleet's demand, which
+/// another proxy's rush changes within a few epochs, so a turn reckoned
+/// further out is refused now rather than risked (a request refused after
+/// it waited is worse than one refused at once). Requests held are then
+/// within about this much of the slots in hand, whatever `max_queue_delay`
+/// allows. While the fleet leaves some of the rate (a burst after a lull),
+/// the spare is there to claim and turns are reckoned as far as
+/// `max_queue_delay` ([`reckon_limit`]).
+pub const RECKON_NS: u64 = 600 * crate::clock::NS_PER_MS;
+
+/// How far beyond the owned slots a turn may be reckoned ([`RECKON_NS`]).
+pub fn reckon_limit(g: &Grants) -> u64 {
+    if g.spare_per_s > 0 {
+        u64::MAX
+    } else {
+        RECKON_NS
+    }
 }
 
 /// A turn beyond the owned slots is reckoned at the expected share rate
 /// less `1/DERATE` of it (sweeps at steady overload found turns up to 8%
 /// late at an exact average; 20% leaves room for demand that moves).
-pub const DERATE: u64 = 5;
+pub const DERATE: u64 = 3;
 
 /// What a turn reckoned from the expected share may be off by: an epoch
 /// (grants come an epoch at a time, their slots anywhere in it), or the
@@ -589,7 +624,7 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     reach: &Reach,
     now: u64,
     mode: Mode,
-    (grant_rate_per_s, lead_ns): (u64, u64),
+    (grant_rate_per_s, lead_ns, spare_per_s): (u64, u64, u64),
     new_ranges: &[(u64, u64)],
 ) -> Result<u64, StoreError> {
     let min = reach.min_slot(now);
@@ -603,6 +638,7 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
         g.mode = mode;
         g.grant_rate_per_s = grant_rate_per_s;
         g.lead_ns = lead_ns;
+        g.spare_per_s = spare_per_s;
         g.prune_below(next.max(min));
         let adding: Vec<(u64, u64)> = match &unreachable {
             None => new_ranges.to_vec(),
@@ -806,7 +842,7 @@ pub(crate) mod tests {
         let mut blob = MemBlob::default();
         let mut cursor = MemCell::default();
         let r = reach();
-        publish(&mut blob, &mut cursor, &r, 0, Mode::Grid, (0, 0), ranges).unwrap();
+        publish(&mut blob, &mut cursor, &r, 0, Mode::Grid, (0, 0, 0), ranges).unwrap();
         (cursor, blob)
     }
 
@@ -818,6 +854,7 @@ pub(crate) mod tests {
             owed,
             pending: u64::from(until_ms > 0),
             until_ms,
+            gap_us: 0,
         }
         .encode()
     }
@@ -837,7 +874,15 @@ pub(crate) mod tests {
     /// requests take only the slots they own (the tests of credit below).
     pub(crate) fn owing() -> MemCell {
         MemCell {
-            v: Some([u64::MAX, u64::MAX]),
+            v: Some(
+                Ahead {
+                    owed: u64::MAX,
+                    pending: u64::MAX,
+                    until_ms: u64::MAX,
+                    gap_us: 0,
+                }
+                .encode(),
+            ),
             version: 0,
         }
     }
@@ -850,10 +895,11 @@ pub(crate) mod tests {
             },
             grant_rate_per_s: 167,
             lead_ns: 300_000_000,
+            spare_per_s: 20,
             ranges: vec![(10, 20), (30, 35)],
         };
         assert_eq!(Grants::decode(&g.encode()), Some(g.clone()));
-        assert_eq!(g.encode().len(), 36 + 32);
+        assert_eq!(g.encode().len(), 44 + 32);
         assert_eq!(Grants::decode(b"nonsense"), None);
         assert_eq!(Grants::decode(&g.encode()[..40]), None);
     }
@@ -871,16 +917,27 @@ pub(crate) mod tests {
         assert_eq!(turn_ns(&g, &r, 1000, at(1000), 1), 20 * MS);
         assert_eq!(turn_ns(&g, &r, 1000, at(1000), 3), 40 * MS);
         // The 5th: two beyond the last owned slot (40 ms), each the expected
-        // 10 ms gap reckoned 1/DERATE longer (12 ms).
-        assert_eq!(turn_ns(&g, &r, 1000, at(1000), 5), 64 * MS);
+        // 10 ms gap reckoned 1/DERATE longer.
+        let gap = 10 * MS + 10 * MS / DERATE;
+        assert_eq!(turn_ns(&g, &r, 1000, at(1000), 5), 40 * MS + 2 * gap);
+        assert_eq!(
+            turn(&g, &r, 1000, at(1000), 5),
+            (40 * MS + 2 * gap, 2 * gap),
+            "the reckoned part"
+        );
+        assert_eq!(
+            turn(&g, &r, 1000, at(1000), 3),
+            (40 * MS, 0),
+            "owned: nothing reckoned"
+        );
         // Past the owned slots (the cursor at 1021), or owning nothing ahead:
         // its next shares start `lead` from now.
-        assert_eq!(turn_ns(&g, &r, 1021, at(1000), 1), 312 * MS);
+        assert_eq!(turn_ns(&g, &r, 1021, at(1000), 1), 300 * MS + gap);
         let none = Grants {
             ranges: Vec::new(),
             ..g.clone()
         };
-        assert_eq!(turn_ns(&none, &r, 1000, at(1000), 1), 312 * MS);
+        assert_eq!(turn_ns(&none, &r, 1000, at(1000), 1), 300 * MS + gap);
         // Expecting no share: no turn in sight.
         let nothing = Grants {
             grant_rate_per_s: 0,
@@ -1055,7 +1112,7 @@ pub(crate) mod tests {
             Mode::Local {
                 interval_ns: 6 * MS,
             },
-            (0, 0),
+            (0, 0, 0),
             &[],
         )
         .unwrap();
@@ -1069,7 +1126,7 @@ pub(crate) mod tests {
                 interval_ns: 6 * MS
             }
         );
-        publish(&mut b, &mut c, &r, 0, Mode::Deny, (0, 0), &[]).unwrap();
+        publish(&mut b, &mut c, &r, 0, Mode::Deny, (0, 0, 0), &[]).unwrap();
         assert_eq!(
             take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST),
             Take::Deny
@@ -1089,7 +1146,7 @@ pub(crate) mod tests {
             &r,
             at(1005),
             Mode::Grid,
-            (0, 0),
+            (0, 0, 0),
             &[(1040, 1045)],
         )
         .unwrap();
@@ -1127,7 +1184,7 @@ pub(crate) mod tests {
             &r,
             at(1000),
             Mode::Grid,
-            (0, 0),
+            (0, 0, 0),
             &[(1012, 1014), (1040, 1042)],
         )
         .unwrap();
@@ -1196,7 +1253,7 @@ pub(crate) mod tests {
             &r,
             at(1000),
             Mode::Grid,
-            (0, 0),
+            (0, 0, 0),
             &[(1012, 1014), (1027, 1027)],
         )
         .unwrap();

@@ -69,7 +69,7 @@ pub mod sim;
 pub mod skew;
 pub mod wire;
 
-pub use ahead::{at_deadline, repay, Ahead};
+pub use ahead::{at_deadline, repay, set_gap, Ahead};
 pub use caller::{
     Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
     MIN_CALL_INTERVAL_NS,
@@ -77,8 +77,9 @@ pub use caller::{
 pub use calls::{Calls, Effects};
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{
-    add_waiting, fallback_after_grants, margin_for, margin_ns, on_grid, publish, reset_grants,
-    set_waiting, shift_grants, take, turn_ns, Attempt, Cursor, Grants, Mode, Reach, Take, DERATE,
+    add_waiting, fallback_after_grants, margin_for, margin_ns, on_grid, publish, reckon_limit,
+    reset_grants, set_waiting, shift_grants, take, turn, turn_ns, Attempt, Cursor, Grants, Mode,
+    Reach, Take, DERATE, RECKON_NS,
 };
 pub use grid::Grid;
 

@@ -396,6 +396,7 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
                 interval_ns: 2 * MS
             },
             grant_rate_per_s: 0,
+            spare_per_s: 0,
             lead_ns: 300 * MS,
             ranges: vec![],
             reset: false,

@@ -122,12 +122,12 @@ impl Fleet {
             .enumerate()
             .map(|(p, spec)| {
                 (0..=spec.vms.max(1))
-                    .map(|vm| rng.fork(((p as u64) << 16) | vm as u64))
+                    .map(|vm| rng.fork(((p as u64) << 16) | vm as u64).fork(sc.noise))
                     .collect()
             })
             .collect();
         let call_rng = (0..sc.proxies.len())
-            .map(|p| rng.fork(0xCA11_0000 | p as u64))
+            .map(|p| rng.fork(0xCA11_0000 | p as u64).fork(sc.noise))
             .collect();
         let mut f = Fleet {
             sc: sc.clone(),

@@ -179,6 +179,9 @@ pub struct Scenario {
     /// True (and, unskewed, wall) time of the start, s since the Unix epoch.
     pub start_s: u64,
     pub max_held_per_worker: u32,
+    /// Mixed into the VMs' and calls' draws only (ticks, latency): the same
+    /// requests, timed a little differently (0: as drawn).
+    pub noise: u64,
 }
 
 impl Scenario {
@@ -186,6 +189,7 @@ impl Scenario {
     pub fn new(seed: u64, name: &str) -> Scenario {
         Scenario {
             seed,
+            noise: 0,
             name: name.into(),
             rules: Vec::new(),
             proxies: Vec::new(),

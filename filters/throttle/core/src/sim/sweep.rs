@@ -53,8 +53,13 @@ pub fn run_checked(sc: &Scenario) -> Outcome {
     };
     let mut violations = invariants::check(&trace);
     if sc.rules.len() > 1 && sc.faults.is_empty() && sc.loads.iter().any(|l| l.rule != 0) {
-        if let Ok(alone) = fleet::run(&invariants::rule_zero_alone(sc)) {
-            violations.extend(invariants::independent(&trace, &alone));
+        let alone = invariants::rule_zero_alone(sc);
+        let again = Scenario {
+            noise: sc.noise ^ 0x5EED,
+            ..alone.clone()
+        };
+        if let (Ok(a), Ok(b)) = (fleet::run(&alone), fleet::run(&again)) {
+            violations.extend(invariants::independent(&trace, &a, &b));
         }
     }
     Outcome {

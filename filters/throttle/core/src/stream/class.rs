@@ -63,16 +63,18 @@ fn try_enter<S: Store, R: Request>(
     // On the grid, a turn reckoned from the share the proxy expects may be
     // off by a margin ([`cluster::margin_for`]): the request must fit within
     // its delay less that, so that it never waits first and fails later.
-    let limit = match cluster::rule_reach(rule) {
+    let margin = match cluster::rule_reach(rule) {
         Some(reach) => {
             let reach = cluster::Reach {
                 max_delay_ns: max_delay,
                 ..reach
             };
-            max_delay.saturating_sub(cluster::margin_for(&reach, outlook.interval_ns))
+            cluster::margin_for(&reach, outlook.interval_ns)
         }
-        None => max_delay,
+        None => 0,
     };
+    let limit = max_delay.saturating_sub(margin);
+    let fits = |turn: Option<u64>| turn.is_some_and(|ns| outlook.fits(now, ns, max_delay, margin));
     let fast = outlook.next_at <= now && !waiting.iter().take(c + 1).any(|&w| w > 0);
     if !fast {
         // Would it be rejected? Then nothing is touched (not even the quota).
@@ -83,7 +85,7 @@ fn try_enter<S: Store, R: Request>(
             now,
         };
         let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
-        if !cx.can_hold || turn.is_none_or(|ns| ns > limit) {
+        if !cx.can_hold || !fits(turn) {
             return Ok(reject(turn, limit, cx.can_hold, now, &t, c, interval));
         }
     }
@@ -147,9 +149,9 @@ fn try_enter<S: Store, R: Request>(
             now,
         };
         let turn = classes::turn_ns(&b, c, t.waiting().get(c).copied().unwrap_or(0) + 1, true);
-        let fits = turn.is_some_and(|ns| ns <= limit);
-        refused = (!fits).then_some(turn);
-        fits
+        let ok = fits(turn);
+        refused = (!ok).then_some(turn);
+        ok
     })?;
     match ticket {
         Some(ticket) => {

@@ -111,9 +111,16 @@ fn join_line<S: Store>(
     let limit = reach
         .max_delay_ns
         .saturating_sub(cluster::margin_ns(reach, &grants));
+    // In time, and not reckoned too far beyond the slots in hand.
     let turn_of = |t: &tickets::Tickets| {
         let waiting: u64 = t.waiting().iter().sum();
-        cluster::turn_ns(&grants, reach, from, wall, waiting.saturating_add(1))
+        let (turn, reckoned) = cluster::turn(&grants, reach, from, wall, waiting.saturating_add(1));
+        let most = cluster::reckon_limit(&grants);
+        if reckoned > most {
+            turn.max(limit.saturating_add(reckoned - most))
+        } else {
+            turn
+        }
     };
     let mut turn = 0;
     if cx.rule.dry_run {

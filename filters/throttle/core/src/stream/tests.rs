@@ -828,7 +828,7 @@ fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
         &reach,
         p.clock.wall,
         mode,
-        (0, 0),
+        (0, 0, 0),
         ranges,
     )
     .unwrap();
@@ -853,6 +853,7 @@ fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
         owed,
         pending: u64::from(until_ms > 0),
         until_ms,
+        gap_us: 0,
     }
     .encode()
 }

@@ -226,10 +226,12 @@ impl Caller {
                     r.stats.fallback_ns += now.saturating_sub(since);
                 }
                 r.mode = Mode::Grid;
+                let rates = grant_rate(r, now);
                 Some(RuleUpdate {
                     rule: i,
                     mode: Mode::Grid,
-                    grant_rate_per_s: grant_rate(r, now),
+                    grant_rate_per_s: rates.0,
+                    spare_per_s: rates.1,
                     lead_ns: r.lead_ns(),
                     ranges: list,
                     reset: std::mem::take(&mut r.reset),
@@ -258,6 +260,7 @@ impl Caller {
                         rule: i,
                         mode: r.mode,
                         grant_rate_per_s: 0,
+                        spare_per_s: 0,
                         lead_ns: r.lead_ns(),
                         ranges: Vec::new(),
                         reset: std::mem::take(&mut r.reset),
@@ -320,6 +323,7 @@ impl Caller {
                 rule: i,
                 mode: r.mode,
                 grant_rate_per_s: 0,
+                spare_per_s: 0,
                 lead_ns: r.lead_ns(),
                 ranges: Vec::new(),
                 reset: false,

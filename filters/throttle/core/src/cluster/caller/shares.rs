@@ -102,8 +102,8 @@ pub(super) fn div_ceil_u128(a: u64, b: u64, c: u64) -> u64 {
 /// than the rate, its part of what is left over (the rest split over the `N`
 /// proxies with demand; not in the first [`SETTLING_NS`] of answers, when
 /// partial demand totals would show room that is not there). Before any
-/// answer, `R / max(N, expected_replicas)`.
-pub(super) fn grant_rate(r: &RuleState, now: u64) -> u64 {
+/// answer, `R / max(N, expected_replicas)`. With the spare part on its own.
+pub(super) fn grant_rate(r: &RuleState, now: u64) -> (u64, u64) {
     let g = r.spec.grid;
     let (e, t, ns) = (
         u128::from(g.epoch_ns),
@@ -113,7 +113,7 @@ pub(super) fn grant_rate(r: &RuleState, now: u64) -> u64 {
     let n = r.stats.members.max(u64::from(r.spec.expected_replicas));
     let prior = ns.div_ceil(t * u128::from(n.max(1)));
     let Some(first) = r.first_answer else {
-        return u64::try_from(prior).unwrap_or(u64::MAX);
+        return (u64::try_from(prior).unwrap_or(u64::MAX), 0);
     };
     let memory = u128::try_from(share_memory(&g)).unwrap_or(u128::MAX);
     let epochs_of = r.shares.iter().map(|&(f, _)| f);
@@ -144,5 +144,8 @@ pub(super) fn grant_rate(r: &RuleState, now: u64) -> u64 {
         0
     };
     let per_s = share + spare;
-    u64::try_from(per_s).unwrap_or(u64::MAX)
+    (
+        u64::try_from(per_s).unwrap_or(u64::MAX),
+        u64::try_from(spare).unwrap_or(u64::MAX),
+    )
 }
