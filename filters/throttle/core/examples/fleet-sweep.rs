@@ -7,10 +7,17 @@
 //! fleet-sweep --seed SEED [--verbose]                    replay one seed
 //! fleet-sweep --scenario NAME                            a named scenario (--scenario list)
 //! fleet-sweep --seed SEED|--scenario NAME --trace RULE   every request of a rule and its end
+//! fleet-sweep --seeds N --known FILE                     a ratchet (CI): see below
 //! ```
 //! Exit status 1 if any invariant failed.
+//!
+//! With `--known FILE` (lines `SEED KIND[,KIND...]`, `#` comments), the
+//! counterexamples the sweep has found and not yet fixed: the run fails if a
+//! seed breaks an invariant the file does not list for it (a new one), or if
+//! a listed one holds now (fixed: take it off the list). Seeds and runs are
+//! deterministic, so the list is exact.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use throttle_core::sim::process::End;
@@ -174,7 +181,23 @@ fn main() {
     let max_seeds: u64 = arg(&args, "--seeds")
         .and_then(|s| s.parse().ok())
         .unwrap_or(u64::MAX);
+    let known: Option<BTreeMap<u64, BTreeSet<String>>> = arg(&args, "--known").map(|path| {
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            eprintln!("fleet-sweep: {path}: {e}");
+            std::process::exit(2);
+        });
+        text.lines()
+            .map(|l| l.split('#').next().unwrap_or("").trim())
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| {
+                let (seed, kinds) = l.split_once(char::is_whitespace)?;
+                let kinds = kinds.split(',').map(|k| k.trim().to_string()).collect();
+                Some((seed.parse().ok()?, kinds))
+            })
+            .collect()
+    });
     let started = Instant::now();
+    let mut news: Vec<String> = Vec::new();
     let (mut runs, mut refused, mut failed, mut requests) = (0u64, 0u64, 0u64, 0usize);
     let mut kinds = BTreeSet::new();
     let mut seed = from;
@@ -190,6 +213,24 @@ fn main() {
         if !report(&o, verbose) {
             failed += 1;
         }
+        if let Some(known) = &known {
+            let got: BTreeSet<String> = o
+                .violations
+                .iter()
+                .map(|v| v.invariant.to_string())
+                .collect();
+            let listed = known.get(&seed).cloned().unwrap_or_default();
+            for k in got.difference(&listed) {
+                news.push(format!(
+                    "seed {seed}: {k} (new: fix it, or list it in the known file with the reason)"
+                ));
+            }
+            for k in listed.difference(&got) {
+                news.push(format!(
+                    "seed {seed}: {k} holds now (take it off the known list)"
+                ));
+            }
+        }
         seed += 1;
     }
     println!(
@@ -198,5 +239,19 @@ fn main() {
         kinds.len(),
         started.elapsed().as_secs_f64()
     );
+    if known.is_some() {
+        for n in &news {
+            println!("fleet-sweep: {n}");
+        }
+        println!(
+            "fleet-sweep: against the known list: {}",
+            if news.is_empty() {
+                "as listed"
+            } else {
+                "CHANGED"
+            }
+        );
+        std::process::exit(if news.is_empty() { 0 } else { 1 });
+    }
     std::process::exit(if failed == 0 { 0 } else { 1 });
 }

@@ -62,8 +62,8 @@ use std::sync::Arc;
 use crate::clock::NS_PER_S;
 use crate::config::{EngineConfig, OnEngineFailure};
 
+use super::cursor::Mode;
 use super::engine::{Claim, Counted, Counter, Engine, Failure, Request};
-use super::grants::Mode;
 use super::grid::{Grid, WINDOW_NS};
 use super::skew::Skew;
 
@@ -93,7 +93,7 @@ pub const OWN_ADDS_MEMORY: usize = 64;
 pub const SHARE_MEMORY: usize = 10;
 
 /// Shares holding this many slots tell a proxy's share rate well enough
-/// ([`shares::grant_rate`]).
+/// (`shares::grant_rate`).
 pub const SHARE_SLOTS: u64 = 20;
 
 /// The epochs of shares a rule's expected share is averaged over.
@@ -106,7 +106,7 @@ fn share_memory(g: &Grid) -> usize {
 
 /// For this long after the first answer, the demand totals are partial (the
 /// proxies started at different moments): no room is expected from them
-/// ([`shares::grant_rate`]).
+/// (`shares::grant_rate`).
 pub const SETTLING_NS: u64 = NS_PER_S;
 
 /// The demand counter's unit: 1/64 of a request per epoch.
@@ -156,7 +156,7 @@ pub struct RuleUpdate {
     pub grant_rate_per_s: u64,
     /// How far ahead its shares are claimed (`k` epochs), ns.
     pub lead_ns: u64,
-    /// The part of `grant_rate_per_s` that is spare ([`Grants::spare_per_s`]).
+    /// The part of `grant_rate_per_s` that is spare ([`super::Grants::spare_per_s`]).
     pub spare_per_s: u64,
     /// Newly granted global slot ranges `[start, end)`, in this process's
     /// time (the fleet's slots shifted by its clock's offset, [`Skew`]).

@@ -9,7 +9,7 @@
 //! * [`mod@engine`]: the engine as a trait (build the request for the caller's
 //!   claims, read the answer); [`wire`]: envoyproxy/ratelimit's `POST /json`,
 //!   its one implementation.
-//! * [`lease`]: which VM of a process calls; [`calls`]: that VM's side as a
+//! * [`crate::lease`]: which VM of a process calls; [`calls`]: that VM's side as a
 //!   whole (lease, plan, request, publish, statistics), all but the I/O.
 //! * [`grants`]: owned slots in shared data — the grants blob
 //!   ([`crate::SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
@@ -33,11 +33,13 @@
 //!    `Failure::Transport` / `Failure::Timeout`; every update is published.
 //! 4. Per request, on any worker: the stream's cluster stage, [`take`] with
 //!    the rule's [`Reach`] and `Attempt::First`. `Now`: continue; `Hold`:
-//!    hold `delay_ns`; both count as taken (metric). `Wait`: the worker keeps
-//!    it and retries on every tick with `Attempt::Retry { waited_ns }`
-//!    ([`crate::stream::retry_grants`]), oldest first, stopping at the first
-//!    that must still wait; once it has waited `max_queue_delay`, it is
-//!    rejected and [`add_waiting`] -1 (also when its client goes away).
+//!    hold `delay_ns`; both count as taken (metric). `Wait`: no owned slot
+//!    near; the request joins the rule's line (the process's queue, one
+//!    ticket each, granted the owned slots as they come due) if its turn
+//!    ([`turn`]) comes within `max_queue_delay` less a margin, else it is
+//!    refused now; one still waiting at its deadline goes on credit if the
+//!    process may ([`at_deadline`]), else it is refused (counted; the
+//!    invariants in engine/README.md say when that can happen).
 //!    `Local`: [`crate::admit`] on the rule's fallback TAT with
 //!    [`local_schedule`] (a retry: what is left of `max_queue_delay`).
 //!    `Deny`, `Reject`, `Contention`: reject. Every request of the rule
@@ -51,7 +53,7 @@
 //!
 //! | key | value | written by |
 //! |---|---|---|
-//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
+//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 44 bytes + 16 per range, at most [`cursor::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
 //! | `throttle/v2/rule/<rule>/cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
 //! | `throttle/v2/rule/<rule>/waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
 //! | `throttle/v2/rule/<rule>/fallback` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
@@ -60,10 +62,10 @@
 pub mod ahead;
 pub mod caller;
 pub mod calls;
+pub mod cursor;
 pub mod engine;
 pub mod grants;
 pub mod grid;
-pub mod lease;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod skew;
@@ -75,11 +77,14 @@ pub use caller::{
     MIN_CALL_INTERVAL_NS,
 };
 pub use calls::{Calls, Effects};
+pub use cursor::{
+    add_waiting, advance, cached_grants, load_grants, next_owned, read_grants, set_waiting,
+    Attempt, Cursor, Grants, Mode, Reach, Take, Walk,
+};
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{
-    add_waiting, fallback_after_grants, margin_for, margin_ns, on_grid, publish, reckon_limit,
-    reset_grants, set_waiting, shift_grants, take, turn, turn_ns, Attempt, Cursor, Grants, Mode,
-    Reach, Take, DERATE, RECKON_NS,
+    fallback_after_grants, margin_for, margin_ns, on_grid, publish, reckon_limit, reset_grants,
+    shift_grants, take, turn, turn_ns, DERATE, RECKON_NS,
 };
 pub use grid::Grid;
 

@@ -39,7 +39,7 @@
 //!    of the rule), and its proxy's own would too, waits at most `J + 5 ms`
 //!    plus, in cluster scope, its proxy's slot gap (the grid's slots are
 //!    fixed instants: one arriving between two waits for the next), at
-//!    most `E / LANES` (12.5 ms).
+//!    most `E / LANES` (3 ms with 32 lanes).
 //!    The proxy's own limiter is a GCRA with burst `b` at its demand of the
 //!    last 2 s plus an even part of what the fleet left of the rate (`d +
 //!    (R - A) / N`, `N` the proxies with demand then, itself included): in
@@ -487,27 +487,39 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     for ((_, i), w) in fleet.iter().zip(fleet_waits) {
         ok_fleet.insert(*i, w == 0);
     }
-    // Demand over the 2 s before `at`: the fleet's, and who had some.
+    // Demand over the 2 s before `at`: the fleet's, and who had some
+    // (counted at 10 ms steps: a proxy's own by binary search).
     const LOOK: u64 = 2 * NS_PER_S;
-    let recent = |at: u64| {
-        let from = at.saturating_sub(LOOK).max(f.start);
-        let lo = fleet.partition_point(|&(x, _)| x < from);
-        let hi = fleet.partition_point(|&(x, _)| x < at);
-        let span = (at - from).max(NS_PER_MS) as f64 / 1e9;
-        let mut per: HashMap<usize, f64> = HashMap::new();
-        for &(_, i) in fleet.get(lo..hi).unwrap_or(&[]) {
-            if let Some(x) = f.t.records.get(i) {
-                *per.entry(x.proxy).or_default() += 1.0 / span;
-            }
-        }
-        per
+    const STEP: u64 = 10 * NS_PER_MS;
+    let by_proxy: Vec<Vec<u64>> = (0..sc.proxies.len())
+        .map(|p| {
+            fleet
+                .iter()
+                .filter(|&&(_, i)| f.t.records.get(i).is_some_and(|x| x.proxy == p))
+                .map(|&(t, _)| t)
+                .collect()
+        })
+        .collect();
+    let window = |at: u64| (at.saturating_sub(LOOK).max(f.start), at);
+    let count = |v: &[u64], (from, to): (u64, u64)| {
+        v.partition_point(|&x| x < to) - v.partition_point(|&x| x < from)
+    };
+    let mut fleet_at: HashMap<u64, (f64, usize)> = HashMap::new();
+    let mut fleet_now = |at: u64| {
+        let step = at / STEP;
+        *fleet_at.entry(step).or_insert_with(|| {
+            let w = window(step * STEP);
+            let all = count(&times, w);
+            let members = by_proxy.iter().filter(|v| count(v, w) > 0).count();
+            (all as f64, members)
+        })
     };
     // The proxy's own limiter: its demand of the last 2 s plus an even part
     // of what the fleet left of the rate (what its shares and its part of
     // the spare give it), with burst `b`.
     let mut ok_proc: HashMap<usize, bool> = HashMap::new();
     let mut own_gap: HashMap<usize, u64> = HashMap::new();
-    for p in 0..sc.proxies.len() {
+    for (p, mine_t) in by_proxy.iter().enumerate() {
         let mine: Vec<(u64, usize)> = fleet
             .iter()
             .copied()
@@ -515,10 +527,12 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
             .collect();
         let mut tat = 0f64;
         for &(a, i) in &mine {
-            let per = recent(a);
-            let all: f64 = per.values().sum();
-            let members = (per.len() + usize::from(!per.contains_key(&p))) as f64;
-            let own = per.get(&p).copied().unwrap_or(0.0);
+            let w = window((a / STEP) * STEP);
+            let span = (w.1 - w.0).max(NS_PER_MS) as f64 / 1e9;
+            let (all, members) = fleet_now(a);
+            let own_n = count(mine_t, w);
+            let members = (members + usize::from(own_n == 0)) as f64;
+            let (all, own) = (all / span, own_n as f64 / span);
             let rate_p = (own + (r.rate - all).max(0.0) / members).max(1e-3);
             let interval = 1e9 / rate_p;
             let at = a as f64;

@@ -8,7 +8,7 @@
 //! the glue only: it delivers callbacks, carries out tick plans, keeps the
 //! counters as Envoy would (the process-wide sum of every VM's counts), and
 //! records what became of each request ([`Record`]) for the invariants
-//! ([`super::trace`]). What each request took (a grid slot, a turn of the
+//! ([`super::Trace`]). What each request took (a grid slot, a turn of the
 //! fallback, credit) is read off the store's compare-and-swaps, as an
 //! operator would read shared data.
 

@@ -1,0 +1,21 @@
+# The fleet simulation's seeded sweep (filters/throttle/core/src/sim/, issue 29):
+# scenarios drawn from seeds, run on the shipped Worker, stages and engine client
+# over a store that behaves like Envoy's, every invariant checked on each run
+# (engine/README.md, "Invariants"). Pure: cargo only.
+.PHONY: fleet-sweep fleet-sweep-ci
+
+# fleet-sweep: how long, from which seed, extra arguments (e.g. ARGS='--seed 7 --verbose',
+# ARGS='--scenario all', ARGS='--seed 7 --trace 0').
+SWEEP_SECONDS ?= 600
+SWEEP_FROM ?= 1
+ARGS ?=
+SWEEP := cargo run --locked --release -q -p throttle-core --features testing --example fleet-sweep --
+
+fleet-sweep: ## Sweep for SWEEP_SECONDS (600) from seed SWEEP_FROM; ARGS='--seed N --verbose' replays one
+	$(SWEEP) $(if $(ARGS),$(ARGS),--seconds $(SWEEP_SECONDS) --from $(SWEEP_FROM))
+
+fleet-sweep-ci: ## The named scenarios, then seeds 1..60 against the known counterexamples (~1 min, CI)
+	$(SWEEP) --scenario all
+	$(SWEEP) --seeds 60 --seconds 100000 --from 1 --known filters/throttle/core/sweep-known.txt
+
+CI_EXTRA += fleet-sweep-ci
