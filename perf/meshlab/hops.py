@@ -13,7 +13,9 @@ the requests Fortio recorded (every one made the whole fan-out):
   MIN_REQUEST_BYTES to its app during the run;
 - waypoint: additionally, calls to the target went through the waypoint's HCM and its cluster for
   the target's Service (>= n requests) and on to the target's node over HBONE (a tunnel, and the
-  bytes); with replicas (`waypoints`), the same summed over them, and each replica carried some.
+  bytes); with replicas (`waypoints`), the same summed over them (a run of few connections may
+  put them all on one replica: each of the node proxy's 2 workers takes the replicas in turn on
+  its own).
 Pooled connections and tunnels are made during the warm-up, so their counts are checked as totals.
 """
 
@@ -99,9 +101,6 @@ def check(mode: str, target: str, before: dict, after: dict, n: int) -> list[str
                      f"{hop} (waypoint -> {dst}'s node, HBONE)", total=True)
                 need(wps, "cluster.connect_originate;.upstream_cx_tx_bytes_total", n * MIN_REQUEST_BYTES,
                      f"{hop} (waypoint -> {dst}'s node, bytes)")
-                if mode == "waypoints":
-                    for wp in wps:  # the callers' node proxies take the replicas in turn
-                        need(wp, f"http.{INBOUND_STAT}.downstream_rq_total", 1, f"{hop} (replica {wp} used)")
             need(f"node-{dst}", "http.inbound_hbone.downstream_rq_total", 1, f"{hop} (callee's node proxy, HBONE)",
                  total=True)
             need(f"node-{dst}", "cluster.inbound_app.upstream_cx_tx_bytes_total", n * MIN_REQUEST_BYTES,

@@ -112,13 +112,17 @@ def test_a_service_that_served_too_few_is_named():
     assert problem == f"hop reviews -> ratings: ratings served {N - 10} requests, expected >= {N}"
 
 
-def test_a_waypoint_replica_that_carried_nothing_is_named():
-    """With two waypoint replicas the sum must carry every request, and each replica some: one
-    replica carrying all of them and the other none passes the sums, and the idle one is named."""
+
+def test_waypoint_replicas_are_checked_together():
+    """With two waypoint replicas the requests are counted over both: one replica carrying all of
+    them passes (few connections may land on one), and too few over both is named."""
     one, _ = _snapshots("waypoint")
     before, after = _snapshots("waypoints")
     growth = {k: v - one["proxies"]["waypoint"][k] for k, v in _snapshots("waypoint")[1]["proxies"]["waypoint"].items()}
     after["proxies"]["waypoint-0"] = {k: v + growth[k] for k, v in before["proxies"]["waypoint-0"].items()}
     after["proxies"]["waypoint-1"] = dict(before["proxies"]["waypoint-1"])
+    assert hops.check("waypoints", "productpage", before, after, N) == []
+    stat = f"http.{hops.INBOUND_STAT}.downstream_rq_total"
+    after["proxies"]["waypoint-0"][stat] -= 1
     (problem,) = hops.check("waypoints", "productpage", before, after, N)
-    assert "replica waypoint-1 used" in problem, problem
+    assert "waypoint-0 + waypoint-1" in problem and "(waypoint HCM)" in problem, problem
