@@ -66,7 +66,7 @@ def test_three_proxies_with_uneven_load_share_one_rate(lab):
     m = lab.run(split(3 * RATE, [60, 30, 10]), duration_s=10, warmup_s=2, max_queue_delay_s=MQD_S, rate=RATE)
     assert abs(m.error) <= 0.01, "total within 1% of the setting over the run (the issue's figure): " + figures(m)
     worst_1s = max(abs(c / RATE - 1) for c in m.per_second)
-    assert worst_1s <= 0.02, "every 1 s window within 2% (the issue's figure): " + figures(m)
+    assert worst_1s <= 0.02 + 1e-9, "every 1 s window within 2% (the issue's figure): " + figures(m)
     allowance = math.ceil(RATE * JITTER_S)
     assert m.worst_100ms <= m.bound_100ms + allowance, (
         f"worst 100 ms window within the stated bound {m.bound_100ms} + {allowance} for release jitter "
@@ -77,8 +77,12 @@ def test_three_proxies_with_uneven_load_share_one_rate(lab):
         assert calls is not None and 5 <= calls <= 10.5, (
             f"p{i}: at most 10 engine calls per second per proxy (one per 100 ms epoch; 10.5 for the "
             f"counters' read times), and about that many under steady demand: " + figures(m))
+    # The filter counts a call into its stats at its next tick (~4 ms later), Envoy when it is
+    # sent: a read of both counters may fall between the two, once at each end of the run.
     for i, (mine, envoys) in enumerate(zip(m.calls_per_s, m.envoy_calls_per_s, strict=True)):
-        assert mine == envoys, f"p{i}: the filter's engine_calls equal Envoy's own count of engine requests"
+        assert mine is not None and abs(mine - envoys) * m.load_s <= 1 + 1e-6, (
+            f"p{i}: the filter's engine_calls equal Envoy's own count of engine requests, within the one "
+            f"call its tick may not have counted yet: {mine * m.load_s:.0f} and {envoys * m.load_s:.0f}")
 
 
 def test_within_the_rate_no_request_fails(lab):

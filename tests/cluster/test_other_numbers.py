@@ -676,6 +676,10 @@ def test_the_top_class_alone_is_never_displaced(classes_lab: ClusterLab) -> None
           "the top class alone: never displaced, refused at arrival only, the counters add up")
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known defect, not fixed (issue 29): on real Envoy with the report's Fortio loads batch still gets 0-4 a "
+    "second for 2-3 s (and over 40 in others); the simulation's class-floors scenario, with even arrivals, "
+    "holds. Strict: when it holds, this marker must go."))
 def test_a_class_floor_holds_every_second(classes_lab: ClusterLab) -> None:
     """Finding 6. Three proxies, a 100/s rule (max_queue_delay 1 s) with
     classes critical (header x-priority: critical) and batch (min_share 0.2,

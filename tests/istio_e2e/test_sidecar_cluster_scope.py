@@ -65,13 +65,13 @@ def test_one_rate_across_two_replicas(cluster, figures):
     # A proxy's first second of traffic on a new grid waits for its first grants (filters/throttle/
     # README.md "Cluster scope"): 3 s of load first, not measured.
     istio.load(cluster.client, URL, qps=200, connections=16, duration="3s")
-    calls_before = [p_stats(p).get("engine_calls", 0) for p in pods]
+    calls_before = [istio.rule_stats(p, RULE).get("engine_calls", 0) for p in pods]
     result = istio.load(cluster.client, URL, qps=200, connections=16, duration="12s")
     stamps = sorted(t for p in pods for t in p.arrival_times())
     rate = istio.rate_at_app(stamps, result["start"], result["end"], trim=2.0)
     each = [istio.rate_at_app(p.arrival_times(), result["start"], result["end"], trim=2.0) for p in pods]
-    calls = [p_stats(p).get("engine_calls", 0) - c for p, c in zip(pods, calls_before, strict=True)]
-    stats = [p_stats(p) for p in pods]
+    calls = [istio.rule_stats(p, RULE).get("engine_calls", 0) - c for p, c in zip(pods, calls_before, strict=True)]
+    stats = [istio.rule_stats(p, RULE) for p in pods]
     failures = [st.get("engine_failures", 0) for st in stats]
     # Demand beyond what a proxy claimed waits for grants and is rejected at max_queue_delay at the
     # latest (filters/throttle/README.md): with the engine's answers late on this loaded machine
@@ -84,18 +84,6 @@ def test_one_rate_across_two_replicas(cluster, figures):
     figures["cluster_scope"] = {"configured": lines[0], "rate_at_apps": round(rate, 2),
                                 "rate_each": [round(r, 2) for r in each], "engine_calls": calls,
                                 "engine_failures": failures, "codes": result["codes"]}
-
-
-def p_stats(pod: istio.Pod) -> dict[str, int]:
-    """The rule's counters from the pod's Envoy admin (wasmcustom.throttle.rule.<rule>.<stat>)."""
-    status, body = pod.admin(f"/stats?filter=^wasmcustom\\.throttle\\.rule\\.{RULE}\\.")
-    assert status == 200
-    out = {}
-    for line in body.splitlines():
-        name, _, value = line.partition(": ")
-        if value.strip().isdigit():
-            out[name.rsplit(".", 1)[1]] = int(value)
-    return out
 
 
 class Prometheus:

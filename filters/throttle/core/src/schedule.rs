@@ -151,6 +151,18 @@ fn decide(
     }
 }
 
+/// A time of the schedule re-timed at `now` for a change of interval from
+/// `old` to a shorter `new`: what lies ahead comes forward by `new / old`
+/// (order kept). Never later than it was; unchanged for a longer interval.
+pub fn retime(at: u64, now: u64, old: u64, new: u64) -> u64 {
+    if at <= now || old == 0 || new >= old {
+        return at;
+    }
+    let ahead = u128::from(at - now) * u128::from(new) / u128::from(old);
+    now.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX))
+        .min(at)
+}
+
 /// Admits one request at `now` against a rule's shared schedule.
 pub fn admit<C: SharedCell>(
     cell: &mut C,

@@ -247,7 +247,7 @@ impl Stat {
 /// One statistic of a rule's priority class, named
 /// `throttle.rule.<rule>.class.<class>.<stat>` (Prometheus:
 /// `throttle_class_<stat>{throttle_rule, throttle_class}`). Bounded: at most
-/// [`crate::classes::MAX`] classes per rule.
+/// [`MAX_CLASSES`] classes per rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ClassStat {
     Admitted,
@@ -312,8 +312,12 @@ impl ClassStat {
     }
 }
 
+/// Most priority classes of a rule (`config::spec::MAX_CLASSES` is this:
+/// defined here, on the ground floor, since the counts are sized by it).
+pub const MAX_CLASSES: usize = 8;
+
 /// Most classes counted per rule.
-const CLASSES: usize = crate::classes::MAX;
+const CLASSES: usize = MAX_CLASSES;
 
 /// Changes to a rule's statistics (and its classes'), returned with every
 /// decision so the glue can apply them (and tests can assert them exactly):

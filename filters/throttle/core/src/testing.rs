@@ -190,3 +190,8 @@ impl Store for MemStore<'_> {
         Ok(true)
     }
 }
+
+/// How far a simulated host's monotonic clock runs behind the true time:
+/// Envoy's steady clock counts from boot, not from 1970, so code that mixes
+/// it with the wall clock fails in a simulation as it would in Envoy.
+pub const MONO_BEHIND_NS: u64 = 1_700_000_000 * crate::clock::NS_PER_S;

@@ -10,7 +10,7 @@
 //! enforce mode, writes the interval to pace at into the first word of the
 //! rule's schedule cell (`[interval, tat]`), where every admission reads it
 //! at no extra cost. A faster rate also moves the schedule's end forward
-//! ([`retime`]), as each worker does with what it holds, so a higher rate
+//! ([`crate::schedule::retime`]), as each worker does with what it holds, so a higher rate
 //! shows at once; a slower one applies to new admissions (a held request
 //! keeps the time it was promised).
 //!
@@ -90,20 +90,8 @@ pub fn take_tally<B: SharedBlob>(blob: &mut B) -> Option<Tally> {
     None
 }
 
-/// A time of the schedule re-timed at `now` for a change of interval from
-/// `old` to a shorter `new`: what lies ahead comes forward by `new / old`
-/// (order kept). Never later than it was; unchanged for a longer interval.
-pub fn retime(at: u64, now: u64, old: u64, new: u64) -> u64 {
-    if at <= now || old == 0 || new >= old {
-        return at;
-    }
-    let ahead = u128::from(at - now) * u128::from(new) / u128::from(old);
-    now.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX))
-        .min(at)
-}
-
 /// Writes `interval` into the first word of a rule's schedule cell (a
-/// faster one also moves the schedule's end forward, see [`retime`]).
+/// faster one also moves the schedule's end forward, see [`crate::schedule::retime`]).
 /// Returns the interval in force before; None if the cell could not be
 /// updated (the next round tries again).
 pub fn write_interval<C: SharedCell>(
@@ -119,7 +107,10 @@ pub fn write_interval<C: SharedCell>(
         if old == interval {
             return Some(old);
         }
-        match cell.store([interval, retime(tat, now, old, interval)], token) {
+        match cell.store(
+            [interval, crate::schedule::retime(tat, now, old, interval)],
+            token,
+        ) {
             Ok(true) => return Some(old),
             Ok(false) => continue,
             Err(_) => return None,
@@ -372,6 +363,7 @@ pub fn per_second(interval_ns: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::retime;
     use crate::stream::create_initial;
     use crate::testing::{MemBlob, MemCell, MemCells, MemStore};
     use std::cell::RefCell;
@@ -403,7 +395,10 @@ mod tests {
 
     #[test]
     fn a_faster_rate_moves_the_schedule_forward_a_slower_one_does_not() {
-        assert_eq!(retime(1_000 * MS, 600 * MS, 10 * MS, 5 * MS), 800 * MS);
+        assert_eq!(
+            crate::schedule::retime(1_000 * MS, 600 * MS, 10 * MS, 5 * MS),
+            800 * MS
+        );
         assert_eq!(retime(1_000 * MS, 600 * MS, 5 * MS, 10 * MS), 1_000 * MS);
         assert_eq!(
             retime(500 * MS, 600 * MS, 10 * MS, 5 * MS),

@@ -34,6 +34,18 @@ pub struct ClassWaiters {
     checked: HashMap<usize, u64>,
 }
 
+impl crate::queue::Room for ClassWaiters {
+    fn len(&self) -> usize {
+        ClassWaiters::len(self)
+    }
+    fn contains(&self, context_id: u32) -> bool {
+        ClassWaiters::contains(self, context_id)
+    }
+    fn needs_ticks(&self) -> bool {
+        ClassWaiters::needs_ticks(self)
+    }
+}
+
 impl ClassWaiters {
     pub fn new() -> Self {
         Self::default()

@@ -162,6 +162,22 @@ pub fn set_gap<A: SharedCell>(cell: &mut A, gap_ns: u64) -> Result<(), StoreErro
     Err(StoreError(0))
 }
 
+/// A new request with no owned slot in reach (and nobody ahead of it in its
+/// rule's line or classes) goes now on credit, if the process may (less
+/// than `burst + 1` owed or being repaid): as `take` does for a rule
+/// without classes. True if it went.
+pub fn on_credit<A: SharedCell>(
+    ahead: &mut A,
+    reach: &Reach,
+    now: u64,
+) -> Result<bool, StoreError> {
+    match go_ahead(ahead, reach, Attempt::First, 0, now, None) {
+        Some(Take::Credit) => Ok(true),
+        Some(Take::Contention) => Err(StoreError(0)),
+        _ => Ok(false),
+    }
+}
+
 /// A request that waited for grants until its `max_queue_delay` ran out goes
 /// on credit if the process may (nothing ahead, less than `burst + 1` owed):
 /// its turn was reckoned on the share the process expected, and the grants

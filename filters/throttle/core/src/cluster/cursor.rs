@@ -13,7 +13,7 @@
 //!
 //! Who walks it: a request's take (`grants::take`), the calling VM's
 //! repayment of credit (`ahead::repay`) and the line's grid source
-//! (`classes::slots`), each through [`next_owned`]: nothing here imports
+//! (`rate::GridSource`), each through [`next_owned`]: nothing here imports
 //! from them.
 
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};

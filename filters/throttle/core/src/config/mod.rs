@@ -8,6 +8,7 @@
 //!  "max_held_per_worker": 10000, "reject_status": 429}
 //! ```
 
+pub mod adaptive;
 pub mod spec;
 mod strict_json;
 mod validate;
@@ -118,7 +119,7 @@ pub struct Rule {
     /// `scope: "cluster"`: one rate across all proxies (None: per process).
     pub cluster: Option<ClusterScope>,
     /// `adaptive`: the rate is learned within these bounds.
-    pub adaptive: Option<crate::adaptive::Settings>,
+    pub adaptive: Option<adaptive::Settings>,
     /// Priority classes, highest first (empty: none).
     pub classes: Vec<Class>,
 }
@@ -179,8 +180,8 @@ impl Rule {
         }
         if let Some(a) = &self.adaptive {
             let mode = match a.mode {
-                crate::adaptive::Mode::Enforce => "enforce",
-                crate::adaptive::Mode::Observe => "observe",
+                adaptive::Mode::Enforce => "enforce",
+                adaptive::Mode::Observe => "observe",
             };
             parts.push(format!(
                 "adaptive {mode}, learned within {} to {}",
@@ -196,6 +197,13 @@ impl Rule {
 }
 
 impl Rule {
+    /// Whether the rule paces at a learned interval (adaptive, enforce
+    /// mode): its rate cell's first word holds it ([`crate::rate::Gcra`]).
+    pub fn learns(&self) -> bool {
+        self.adaptive
+            .is_some_and(|a| a.mode == adaptive::Mode::Enforce)
+    }
+
     /// The lines a rule's waiting requests queue in, in ticket order
     /// ([`crate::classes`]): its priority classes; for a cluster rule
     /// without classes, one line of its own (the requests that wait for the

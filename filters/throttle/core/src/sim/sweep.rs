@@ -358,7 +358,7 @@ fn clocks(sc: &mut Scenario, rng: &mut Rng) {
 }
 
 /// The named scenarios: red team 3's findings 2-6 at their own numbers.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 9] = [
     "late-refusals",
     "late-refusals-1.1",
     "two-rules",
@@ -366,6 +366,8 @@ pub const NAMES: [&str; 7] = [
     "clock-tie",
     "sporadic",
     "class-floors",
+    "skewed-joiner",
+    "skewed-joiner-ahead",
 ];
 
 /// A named scenario (None: no such name).
@@ -456,6 +458,20 @@ pub fn named(name: &str) -> Option<Scenario> {
             sc.loads.push(uniform(0, 2, 30.0, Some(0)));
             sc.loads.push(uniform(0, 2, 30.0, Some(1)));
             sc.duration_ms = 14_000;
+        }
+        // A proxy joining a running fleet with its clock 1.2 s behind (or
+        // 0.7 s ahead): it moves its grid once and gets its share.
+        "skewed-joiner" | "skewed-joiner-ahead" => {
+            sc.rules.push(RuleSpec::cluster("skew", 100.0, 3));
+            sc.proxies = vec![ProxySpec::new(2); 3];
+            sc.proxies[2].start_ms = 2000;
+            sc.proxies[2].skew_ms = if name == "skewed-joiner" { -1200 } else { 700 };
+            for p in 0..3 {
+                let mut l = uniform(0, p, 50.0, None);
+                l.from_ms = if p == 2 { 2000 } else { 0 };
+                sc.loads.push(l);
+            }
+            sc.duration_ms = 13_000;
         }
         _ => return None,
     }

@@ -5,14 +5,15 @@
 //! beyond its class's `max_queue_delay` (rejected at once). With `key_quota`,
 //! the key's quota is taken first, as without classes.
 
-use crate::classes::{self, slots, tickets, Backlog, Slots};
+use crate::classes::{self, tickets, Backlog};
 use crate::clock::{Clock, NS_PER_S};
 use crate::cluster;
 use crate::keys::candidates;
 use crate::matcher::{Facts, Request};
+use crate::rate::{self, RateSource};
 use crate::schedule::{admit_keyed, Admission, Schedule};
 use crate::stats::{Counts, Stat};
-use crate::store::{BlobId, Store, StoreError};
+use crate::store::{BlobId, CellId, Store, StoreError};
 
 use super::rate::Seen;
 use super::{Ctx, Outcome, Wait};
@@ -52,7 +53,7 @@ fn try_enter<S: Store, R: Request>(
     } else {
         0
     };
-    let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
+    let Some(mut slots) = rate::source(store, index, rule, now, wall) else {
         return Ok((Outcome::Go, None));
     };
     let (t, _) = tickets::load(&mut blob)?;
@@ -134,11 +135,45 @@ fn try_enter<S: Store, R: Request>(
         }
         // The slot went meanwhile, or it is a lower class's floor slot: queue.
     }
+    // On the grid with no owned slot in reach and nobody waiting in any
+    // class: credit, as for a rule without classes (`cluster::take`; the
+    // credit a waiter may need at its deadline is not spent while one
+    // waits).
+    if !busy && outlook.known.is_none() && outlook.interval_ns > 0 {
+        if let Some(reach) = cluster::rule_reach(rule) {
+            let ahead = &mut store.cell(CellId::Ahead(index));
+            if cluster::on_credit(ahead, &reach, wall)? {
+                counts.inc(Stat::SlotsTaken);
+                counts.inc(Stat::SlotsAhead);
+                if c + 1 < rule.classes.len() {
+                    tickets::count_arrival(&mut blob, c, now)?;
+                }
+                return Ok((Outcome::Go, Some(Seen::new(now, false))));
+            }
+        }
+    }
     if !cx.can_hold {
         return Ok((
             Outcome::Reject { retry_after_s: 1 },
             Some(Seen::new(now, true)),
         ));
+    }
+    if rule.dry_run {
+        // Dry-run holds nothing: the class's turn it would have waited for,
+        // or its rejection, and no ticket (so the requests it would have
+        // queued are not in the line that later estimates see).
+        let b = Backlog {
+            classes: &rule.classes,
+            tickets: &t,
+            outlook,
+            now,
+        };
+        let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
+        if !fits(turn) {
+            return Ok(reject(turn, limit, true, now, &t, c, interval));
+        }
+        let until = now.saturating_add(turn.unwrap_or(0));
+        return Ok((Outcome::Hold { until }, Some(Seen::new(until, false))));
     }
     let mut refused: Option<Option<u64>> = None;
     let (t, ticket) = tickets::take_ticket(&mut blob, c, now, |t| {

@@ -129,20 +129,9 @@ impl Stream {
             Outcome::Hold { until } | Outcome::Wait(Wait::Fallback { until, .. }) => {
                 (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
             }
-            Outcome::Wait(Wait::Class { class, ticket, .. }) => {
-                // Dry-run rules do not queue by class (nothing waits); should
-                // a ticket be taken, it is abandoned at once.
-                w.abandon_ticket(
-                    cx.env.store,
-                    ClassWaiter {
-                        context_id: self.id,
-                        rule: cx.index,
-                        class,
-                        ticket,
-                        since: cx.now,
-                        deadline: cx.now,
-                    },
-                );
+            // No stage of a dry-run rule takes a ticket (its line's and its
+            // classes' admissions answer the turn they would wait for).
+            Outcome::Wait(Wait::Class { .. }) => {
                 (Stat::WouldQueue, wait_note(cx.now, cx.now), Next::Stage)
             }
             Outcome::Wait(Wait::Gate { .. }) => {

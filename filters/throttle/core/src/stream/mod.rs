@@ -347,7 +347,7 @@ impl Stream {
         // now) no stage needs the monotonic clock, which is read after its
         // stage only if the request is held or answered (one clock read per
         // request; the glue's clock reads each clock at most once).
-        let grid_first = rule.cluster.is_some() && (self.class.is_none() || rule.dry_run);
+        let grid_first = rule.cluster.is_some() && self.class.is_none();
         let mut cx = Ctx {
             env,
             index,
@@ -356,7 +356,7 @@ impl Stream {
             can_hold: enforce::can_hold(env.config, rule, worker),
         };
         let outcome = match self.class {
-            Some(c) if !rule.dry_run => {
+            Some(c) => {
                 let (outcome, seen) = class::enter(&cx, c, req, clock, &mut d.counts);
                 self.rate = seen;
                 outcome

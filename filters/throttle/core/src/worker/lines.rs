@@ -1,19 +1,21 @@
-//! The worker's part of the class queues, on each tick (see the module
-//! docs of [`crate::classes`]): grant the due slots, pass on the grants of
-//! its abandoned tickets, release its requests whose ticket was granted, and
-//! answer those whose turn can no longer come in time (`displaced`).
+//! The worker's part of its rules' lines (a rule's priority classes, or a
+//! cluster rule's own line; see [`crate::classes`]) on each tick: grant the
+//! due slots, pass on the grants of its abandoned tickets, release its
+//! requests whose ticket was granted, and answer those whose turn can no
+//! longer come in time (`displaced`). Here, not in `classes/`: the lines'
+//! shared value and waiting room live below the worker, its tick above.
 
+use crate::classes::tickets::{self, Abandoned, Settled, Tickets};
+use crate::classes::{cannot_make_it, turn_ns, Backlog, ClassWaiter};
 use crate::clock::{Clock, NS_PER_S};
 use crate::cluster;
 use crate::config::{Config, Rule};
+use crate::rate::{self, RateSource};
 use crate::reply::rejection;
 use crate::stats::{ClassStat, Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
-use crate::worker::{TickAction, TickPlan, Worker};
 
-use super::slots::{self, Slots};
-use super::tickets::{self, Abandoned, Settled, Tickets};
-use super::{cannot_make_it, turn_ns, Backlog, ClassWaiter};
+use super::{TickAction, TickPlan, Worker};
 
 /// Most rounds of granting and passing on in one tick.
 const ROUNDS: usize = 64;
@@ -66,7 +68,7 @@ impl Worker {
         (now, wall): (u64, u64),
         plan: &mut TickPlan,
     ) -> Result<(), StoreError> {
-        let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
+        let Some(mut slots) = rate::source(store, index, rule, now, wall) else {
             return Ok(());
         };
         let line = rule.line();
