@@ -133,10 +133,11 @@ def measure(lab: Lab, app: BookinfoApp, certs: dict, topo: topologies.Topology, 
         throttle = {k: v - (0 if k == "held" else thr0.get(k, 0)) for k, v in throttle_stats(dep).items()}
     finally:
         dep.stop()
-    hop_problems = hops.check(topo.key, case.target, before, after, s.requests)
+    # Every answer 200 went through every hop; a 429 (the throttle's) went through none past it.
+    hop_problems = hops.check(topo.key, case.target, before, after, s.requests - s.codes.get(429, 0))
     return {
         "case": case.name, "target": case.target, "scale": case.scale, "run": run, "topology": topo.key,
-        "throttle": topo.throttle, "rate": topo.rate(case.qps), "burst": topo.burst(case.conns),
+        "throttle": topo.throttle, "cluster_scope": topo.cluster_scope, "rate": topo.rate(case.qps), "burst": topo.burst(case.conns),
         "label": topo.label(case.qps, case.conns, case.target), "tool": "fortio",
         "conns": case.conns, "offered_qps": case.qps, "keepalive": case.keepalive, "duration_s": duration_s,
         "achieved_qps": s.qps, "errors": s.errors, "codes": s.codes, "requests": s.requests, "avg": s.avg_ms,
@@ -300,16 +301,27 @@ def check(rows: list[dict]) -> list[str]:
     for r in rows:
         what = f"{r['case']} | {r['label']} (run {r['run']})"
         problems += [f"{what}: {p}" for p in r.get("hop_problems", [])]
-        if r["errors"]:
+        requests = r.get("requests", sum(r["codes"].values()))
+        refused = r["codes"].get(429, 0) if r.get("cluster_scope") and r["throttle"] == "below" else 0
+        if r["errors"] - refused:
             problems.append(f"{what}: errors {r['codes']}")
+        # Cluster scope refuses at arrival a request whose turn it cannot reckon within
+        # max_queue_delay less its margin (engine/README.md, "the line"): at a few slots a second per
+        # replica (10/s over 2 here, max_queue_delay 1 s) that is, now and then, the second of two
+        # waiting requests while the replica owns no slot ahead, where one process's exact schedule
+        # would have held it (a known cost, issue 29's note). Up to a quarter of the answers.
+        if refused > 0.25 * max(requests, 1):
+            problems.append(f"{what}: {refused} of {requests} answered 429 at the cluster rule")
         if not r["throttle"]:
             if r["achieved_qps"] < 0.9 * r["offered_qps"]:
                 problems.append(f"{what}: {r['achieved_qps']:.1f} of {r['offered_qps']} qps")
         elif r["throttle"] == "below":
             # Tolerance 20%: short CI runs at low rates see Fortio's start and the schedule's first
             # request; the report gives the precise figure.
-            if abs(r["achieved_qps"] - r["rate"]) > 0.2 * r["rate"]:
-                problems.append(f"{what}: {r['achieved_qps']:.1f} qps with the throttle at {r['rate']}/s")
+            # The paced rate is that of the answers 200 (a 429 comes back at once).
+            paced = r["achieved_qps"] * r["codes"].get(200, 0) / max(requests, 1)
+            if abs(paced - r["rate"]) > 0.2 * r["rate"]:
+                problems.append(f"{what}: {paced:.1f} qps answered 200 with the throttle at {r['rate']}/s")
             if not (r.get("throttle_stats") or {}).get("queued"):
                 problems.append(f"{what}: the throttle held no request (queued = 0) below the offered load")
     return problems

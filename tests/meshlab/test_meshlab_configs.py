@@ -215,3 +215,32 @@ def test_check_flags_errors_unpaced_throttles_and_missing_hops():
     assert run.check([{**paced, "achieved_qps": 99.0}])
     assert run.check([{**paced, "throttle_stats": {"queued": 0}}]) == [
         "c | x (run 1): the throttle held no request (queued = 0) below the offered load"]
+
+
+# A throttle below the load paces the answers 200 at its rate; a cluster-scope rule may refuse at
+# arrival up to a quarter of the requests (the line's reckoning, engine/README.md), process scope none.
+def _paced_row(*, cluster: bool, ok: int, refused: int, rate: float = 10.0, duration_s: float = 4.0) -> dict:
+    requests = ok + refused
+    return {"case": "ci", "label": "waypoints" if cluster else "waypoint", "run": 1, "throttle": "below",
+            "cluster_scope": cluster, "rate": rate, "offered_qps": 20, "requests": requests,
+            "achieved_qps": requests / duration_s, "errors": refused, "codes": {200: ok, 429: refused},
+            "hop_problems": [], "throttle_stats": {"queued": ok}}
+
+
+def test_cluster_scope_may_refuse_at_arrival_within_a_quarter() -> None:
+    assert run.check([_paced_row(cluster=True, ok=40, refused=7)]) == []
+
+
+def test_cluster_scope_refusing_more_than_a_quarter_fails() -> None:
+    problems = run.check([_paced_row(cluster=True, ok=40, refused=20)])
+    assert any("answered 429 at the cluster rule" in p for p in problems), problems
+
+
+def test_process_scope_may_not_refuse() -> None:
+    problems = run.check([_paced_row(cluster=False, ok=40, refused=1)])
+    assert any("errors" in p for p in problems), problems
+
+
+def test_the_paced_rate_is_that_of_the_answers_200() -> None:
+    problems = run.check([_paced_row(cluster=True, ok=60, refused=2)])  # 15/s answered 200 for a 10/s rule
+    assert any("answered 200 with the throttle at 10.0/s" in p for p in problems), problems
