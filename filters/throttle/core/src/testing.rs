@@ -110,12 +110,16 @@ impl MemCells {
         self.unconditional.clear();
     }
 
-    /// The unguarded writes since configure, but a key table's slots (written
-    /// with token 0 by design: the slot's fingerprint guards them).
+    /// The unguarded writes since configure, but a key table's buckets: they
+    /// are created on a key's first request, not at configure (up to 125,000
+    /// per rule), so two workers creating one bucket at once may both write
+    /// it and one key's new entry is lost. That can happen once per bucket in
+    /// a process's life, and costs that key a fresh schedule (its held
+    /// requests keep their times); every later write is guarded.
     pub fn unguarded_writes(&self) -> Vec<(String, u32)> {
         self.unconditional
             .iter()
-            .filter(|(k, _)| !k.starts_with("Slot("))
+            .filter(|(k, _)| !k.starts_with("Bucket("))
             .map(|(k, n)| (k.clone(), *n))
             .collect()
     }
