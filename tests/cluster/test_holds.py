@@ -522,20 +522,28 @@ def test_a_burst_after_idle_waits_for_its_turn_not_429(wasm):
     """Finding 6. Three proxies, a 100/s rule, max_queue_delay 2 s, burst 0;
     each proxy warmed at 20/s for 3 s, idle 3 s, then 50 simultaneous requests
     on each (150 in all: 1.5 s at the fleet's rate, within max_queue_delay).
-    None is answered 429 (on main 30 of 150 were, on the stale 20/s share);
-    every one is answered 200 within max_queue_delay + scheduling; and the
-    upstream's busiest 1 s window stays within the grid's bound + one credit
-    per proxy (rate + burst + 2 + N x (burst + 1), design note C) + rate x
-    70 ms of jitter. Costs ~15 s."""
+    At most 5 of the 150 are answered 429, each at once (Envoy's own
+    duration under 100 ms: refused at arrival, never after a hold), and on
+    the report's main 30 of 150 were, on the stale 20/s share; the rest
+    answered 200 within max_queue_delay + scheduling; and the upstream's
+    busiest 1 s window stays within the grid's bound + one credit per proxy
+    (rate + burst + 2 + N x (burst + 1), design note C) + rate x 70 ms of
+    jitter. Not none: since issue 29 a proxy's line refuses at arrival a
+    turn it reckons beyond max_queue_delay less its margin at 3/4 of its
+    expected share (it errs on the side of refusing now over refusing
+    later); the last few of 50 queued at once land there (0-3 of 150 seen,
+    where 930867a held all 150 in 18 runs of 18). A known cost, in the
+    issue 29 note; the sweep found late refusals when the reckoning was
+    not derated. Costs ~15 s."""
     rate, mqd = 100, 2.0
     rule = cluster_rule("burst", f"{rate}/s", prefix="/", mqd="2s")
-    with ClusterLab(plugin([rule]), wasm=wasm) as lab:
+    with ClusterLab(plugin([rule]), wasm=wasm, refusal_log=True) as lab:
         warm = [uniform_load(p.url + "/x", qps=20, duration_s=3, max_queue_delay_s=mqd).start() for p in lab.proxies]
         with running(warm):
             warm_clients = [r.result() for r in warm]
         time.sleep(3.0)
         lab.upstream.clear()
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         burst = [fortio.Load(p.url + "/x", connections=50, qps=0, requests=50, request_timeout_s=10).start()
                  for p in lab.proxies]
         with running(burst), StallMonitor() as stalls:
@@ -551,9 +559,16 @@ def test_a_burst_after_idle_waits_for_its_turn_not_429(wasm):
                   f"warm-up answers {[c.codes for c in warm_clients]}; stats {stats_of(lab, 'burst', names)}; "
                   f"worst stall {1000 * stall:.0f} ms; {load()}")
         print("\n  " + report)
-        assert sum(c.codes.get(429, 0) for c in clients) == 0, (
-            "a burst the fleet's rate serves within max_queue_delay is held, never 429: " + report)
-        assert all(c.ok == 50 for c in clients), "every request of the burst answered 200: " + report
+        time.sleep(0.3)  # Envoy writes its access logs every 100 ms here
+        refusals = [a for i in range(lab.n) for a in lab.refusals(i) if a.arrived >= wall0 - 0.5]
+        refused = sum(c.codes.get(429, 0) for c in clients)
+        late = [a.ms for a in refusals if a.ms >= 100]
+        report += f"; refusals' durations (Envoy's) {sorted(a.ms for a in refusals)} ms"
+        assert refused <= 5 and not late, (
+            "a burst the fleet's rate serves within max_queue_delay is held; at most 5 of 150 refused, and at "
+            "arrival (under 100 ms), never after a hold: " + report)
+        assert all(c.ok + c.codes.get(429, 0) == 50 for c in clients), (
+            "every other request of the burst answered 200: " + report)
         assert all(c.max_ms <= 1000 * (mqd + SCHEDULING_S) for c in clients), (
             "every request answered within max_queue_delay + 1 s of scheduling on the shared cores: " + report)
         assert worst <= bound, (
