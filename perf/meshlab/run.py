@@ -309,7 +309,7 @@ def check(rows: list[dict]) -> list[str]:
         # max_queue_delay less its margin (engine/README.md, "the line"): at a few slots a second per
         # replica (10/s over 2 here, max_queue_delay 1 s) that is, now and then, the second of two
         # waiting requests while the replica owns no slot ahead, where one process's exact schedule
-        # would have held it (a known cost, issue 29's note; short runs saw 2-15 of 30-45). Up to
+        # would have held it (a known cost, issue 29's note; short runs saw 3-15 of 30-45). Up to
         # half of the answers.
         if refused > 0.5 * max(requests, 1):
             problems.append(f"{what}: {refused} of {requests} answered 429 at the cluster rule")

@@ -212,29 +212,14 @@ pub fn turn(g: &Grants, reach: &Reach, from: u64, now: u64, position: u64) -> (u
 /// `max_queue_delay` ([`reckon_limit`]).
 pub const RECKON_NS: u64 = 600 * crate::clock::NS_PER_MS;
 
-/// How far beyond the owned slots a turn may be reckoned ([`RECKON_NS`]),
-/// and at least as far as two of this process's slots after its lead: at a
-/// few slots a second per process (5/s: a slot every 200 ms), 600 ms would
-/// refuse the second of two requests waiting while the process owns no slot
-/// ahead, where one process's exact schedule holds both. Never beyond
-/// [`RECKON_MOST_NS`].
+/// How far beyond the owned slots a turn may be reckoned ([`RECKON_NS`]).
 pub fn reckon_limit(g: &Grants) -> u64 {
     if g.spare_per_s > 0 {
-        return u64::MAX;
+        u64::MAX
+    } else {
+        RECKON_NS
     }
-    let two_slots = match g.grant_rate_per_s {
-        0 => 0,
-        r => {
-            let gap = crate::clock::NS_PER_S / r;
-            g.lead_ns
-                .saturating_add(2u64.saturating_mul(gap.saturating_add(gap / DERATE)))
-        }
-    };
-    RECKON_NS.max(two_slots.min(RECKON_MOST_NS))
 }
-
-/// The furthest [`reckon_limit`] goes for two slots of a slow share.
-pub const RECKON_MOST_NS: u64 = crate::clock::NS_PER_S;
 
 /// A turn beyond the owned slots is reckoned at the expected share rate
 /// less `1/DERATE` of it (sweeps at steady overload found turns up to 8%
@@ -897,24 +882,5 @@ pub(crate) mod tests {
         assert_eq!(add_waiting(&mut cell, 1), Ok(2));
         assert_eq!(add_waiting(&mut cell, -1), Ok(1));
         assert_eq!(add_waiting(&mut cell, -5), Ok(0));
-    }
-
-    #[test]
-    fn a_slow_share_reckons_two_of_its_slots_after_the_lead() {
-        let g = |rate: u64| Grants {
-            grant_rate_per_s: rate,
-            lead_ns: 300 * crate::clock::NS_PER_MS,
-            ..Grants::default()
-        };
-        // 5/s: 300 ms + 2 x 267 ms; 100/s: the 600 ms floor; 0.1/s: at most 1 s.
-        assert_eq!(reckon_limit(&g(5)), 300_000_000 + 2 * 266_666_666);
-        assert_eq!(reckon_limit(&g(100)), RECKON_NS);
-        assert_eq!(reckon_limit(&g(0)), RECKON_NS);
-        assert_eq!(reckon_limit(&g(1)), RECKON_MOST_NS);
-        let spare = Grants {
-            spare_per_s: 1,
-            ..g(5)
-        };
-        assert_eq!(reckon_limit(&spare), u64::MAX);
     }
 }
