@@ -199,3 +199,12 @@ impl Store for MemStore<'_> {
 /// Envoy's steady clock counts from boot, not from 1970, so code that mixes
 /// it with the wall clock fails in a simulation as it would in Envoy.
 pub const MONO_BEHIND_NS: u64 = 1_700_000_000 * crate::clock::NS_PER_S;
+
+/// A simulated host's clocks at true time `t`, its wall clock `skew_ns` off
+/// the true time and its monotonic clock [`MONO_BEHIND_NS`] behind it.
+pub fn host_clocks(t: u64, skew_ns: i64) -> crate::clock::Fixed {
+    crate::clock::Fixed {
+        mono: t.saturating_sub(MONO_BEHIND_NS),
+        wall: t.saturating_add_signed(skew_ns),
+    }
+}

@@ -28,7 +28,7 @@ use crate::matcher::{Facts, Request};
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
 use crate::stream::{create_initial, Env, Stream, Verdict};
-use crate::testing::{MemCells, MemStore, MONO_BEHIND_NS};
+use crate::testing::{host_clocks, MemCells, MemStore, MONO_BEHIND_NS};
 use crate::worker::{TickAction, TickPlan, Worker};
 
 use super::ahead::Ahead;
@@ -303,18 +303,14 @@ impl SimProxy {
         t.saturating_add_signed(self.skew_ns)
     }
 
-    /// This host's monotonic clock at true time `t` (its origin far from the
-    /// wall clock's, as Envoy's: see [`MONO_BEHIND_NS`]).
+    /// This host's monotonic clock at true time `t`.
     pub fn mono(&self, t: u64) -> u64 {
-        t.saturating_sub(MONO_BEHIND_NS)
+        self.clocks(t).mono
     }
 
-    /// Both clocks at true time `t`.
+    /// Both clocks at true time `t` ([`host_clocks`]).
     fn clocks(&self, t: u64) -> Fixed {
-        Fixed {
-            mono: self.mono(t),
-            wall: self.clock(t),
-        }
+        host_clocks(t, self.skew_ns)
     }
 
     /// Requests waiting in the rules' lines now.

@@ -23,7 +23,7 @@ use crate::matcher::{Facts, Request};
 use crate::stats::{ClassStat, Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
 use crate::stream::{create_initial, Env, Stream, Verdict};
-use crate::testing::MONO_BEHIND_NS;
+use crate::testing::host_clocks;
 use crate::testing::{MemCells, MemStore};
 use crate::worker::{TickAction, TickPlan, Worker};
 
@@ -272,19 +272,14 @@ impl Process {
         t.saturating_add_signed(self.skew_ns)
     }
 
-    /// This host's monotonic clock at true time `t`: as Envoy's, its origin
-    /// is nowhere near the wall clock's (and no skew moves it), so that code
-    /// mixing the two clocks fails here as it would in Envoy.
+    /// This host's monotonic clock at true time `t`.
     pub fn mono(&self, t: u64) -> u64 {
-        t.saturating_sub(MONO_BEHIND_NS)
+        self.clocks(t).mono
     }
 
-    /// Both clocks at true time `t`.
+    /// Both clocks at true time `t` ([`host_clocks`]).
     fn clocks(&self, t: u64) -> Fixed {
-        Fixed {
-            mono: self.mono(t),
-            wall: self.clock(t),
-        }
+        host_clocks(t, self.skew_ns)
     }
 
     fn true_time(&self, local: u64) -> u64 {
