@@ -97,6 +97,17 @@ pub struct MemCells {
     /// by cell or blob: where two writers can both win. [`MemCells::configured`]
     /// clears it after the cells created at configure.
     pub unconditional: BTreeMap<String, u32>,
+    /// Another worker's writes, landing just before the next write of this
+    /// value (so that write loses its race and reads again): to test the
+    /// interleavings of two workers step by step ([`MemCells::interleave`]).
+    pub before_write: Option<(BlobId, Snapshot)>,
+}
+
+/// Every cell and value of a [`MemCells`] at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub cells: BTreeMap<CellId, ([u64; 2], u32)>,
+    pub blobs: BTreeMap<BlobId, (Vec<u8>, u32)>,
 }
 
 impl MemCells {
@@ -122,6 +133,41 @@ impl MemCells {
             .filter(|(k, _)| !k.starts_with("Bucket("))
             .map(|(k, n)| (k.clone(), *n))
             .collect()
+    }
+
+    /// Every cell and value now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            cells: self.cells.clone(),
+            blobs: self.blobs.clone(),
+        }
+    }
+
+    /// Puts the cells and values back as `s` had them.
+    pub fn restore(&mut self, s: &Snapshot) {
+        self.cells = s.cells.clone();
+        self.blobs = s.blobs.clone();
+    }
+
+    /// `later` (what another worker made of the store) lands just before
+    /// the next write of `blob`: every value it changed gets a new version.
+    pub fn interleave(&mut self, blob: BlobId, later: Snapshot) {
+        self.before_write = Some((blob, later));
+    }
+
+    fn land(&mut self, s: Snapshot) {
+        for (id, (v, version)) in s.cells {
+            if self.cells.get(&id).is_none_or(|(_, now)| *now != version) {
+                self.next_version += 1;
+                self.cells.insert(id, (v, self.next_version));
+            }
+        }
+        for (id, (v, version)) in s.blobs {
+            if self.blobs.get(&id).is_none_or(|(_, now)| *now != version) {
+                self.next_version += 1;
+                self.blobs.insert(id, (v, self.next_version));
+            }
+        }
     }
 
     fn note(&mut self, what: String, current: Option<u32>, token: u32) {
@@ -182,6 +228,11 @@ impl Store for MemStore<'_> {
         let mut c = self.0.borrow_mut();
         if c.broken {
             return Err(StoreError(10));
+        }
+        if c.before_write.as_ref().is_some_and(|(b, _)| *b == id) {
+            if let Some((_, later)) = c.before_write.take() {
+                c.land(later);
+            }
         }
         let current = c.blobs.get(&id).map(|(_, v)| *v);
         if !host_writes(current, token) {

@@ -519,3 +519,60 @@ fn with_a_learned_rate_the_classes_release_at_it() {
     let first_word = p.cells.borrow().cells.get(&rate).map(|c| c.0[0]);
     assert_eq!(first_word, Some(25 * MS), "the learned interval stays");
 }
+
+/// Red team 3's `displaced` critical request (1 of 1,200 in the real-Envoy
+/// test of the floor), step by step: a request's turn was reckoned from
+/// the schedule read before another worker's grant and the tickets read
+/// after it, one slot too early. Here the grant lands between the two
+/// reads; the request must be refused at arrival, never held past its
+/// `max_queue_delay` and then refused.
+#[test]
+fn a_grant_between_the_schedule_and_the_tickets_never_admits_too_many() {
+    let json = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "250ms",
+      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                  {"name": "batch"}]}]}"#;
+    let mut p = Process::new(json, 2).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    assert_eq!(p.request(0, 1, req("critical"), t0), Verdict::Continue);
+    // Turns at +100 and +200 ms.
+    for id in 2..=3 {
+        assert_eq!(
+            p.request(0, id, req("critical"), t0 + 50 * MS),
+            Verdict::Hold
+        );
+    }
+    // At +100 ms, request 4 arrives on worker 1 (its turn: +300 ms, 200 ms
+    // away) and worker 1's tick grants request 2 its slot; worker 0 reads the
+    // schedule before both land and the tickets after them.
+    let before = p.cells.borrow().snapshot();
+    assert_eq!(
+        p.request(1, 4, req("critical"), t0 + 100 * MS),
+        Verdict::Hold
+    );
+    p.tick(1, t0 + 100 * MS);
+    let after = p.cells.borrow().snapshot();
+    {
+        let mut cells = p.cells.borrow_mut();
+        cells.restore(&before);
+        cells.interleave(crate::store::BlobId::Classes(0), after);
+    }
+    // Requests 3 and 4 wait for +200 and +300 ms: a fifth's turn is +400
+    // ms, 300 ms away, beyond its 250 ms.
+    let v = p.request(0, 5, req("critical"), t0 + 100 * MS);
+    assert!(
+        p.cells.borrow().before_write.is_none(),
+        "the grant never landed"
+    );
+    assert!(
+        matches!(v, Verdict::Reply(_)),
+        "{v:?}: held, to be refused at +350 ms"
+    );
+    for ms in (100..=600).step_by(4) {
+        p.tick(0, t0 + ms * MS);
+        p.tick(1, t0 + ms * MS);
+    }
+    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!(c(0, ClassStat::Displaced), 0);
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 100 * MS));
+    assert_eq!(p.seen[&4].fate, Fate::Released(t0 + 300 * MS));
+}

@@ -176,6 +176,7 @@ fn try_enter<S: Store, R: Request>(
         return Ok((Outcome::Hold { until }, Some(Seen::new(until, false))));
     }
     let mut refused: Option<Option<u64>> = None;
+    let read = t;
     let (t, ticket) = tickets::take_ticket(&mut blob, c, now, |t| {
         let b = Backlog {
             classes: &rule.classes,
@@ -183,7 +184,9 @@ fn try_enter<S: Store, R: Request>(
             outlook,
             now,
         };
-        let turn = classes::turn_ns(&b, c, t.waiting().get(c).copied().unwrap_or(0) + 1, true);
+        // The tickets are read again here, after the slots (`outlook`).
+        let ahead = t.waiting().get(c).copied().unwrap_or(0) + t.granted_since(&read);
+        let turn = classes::turn_ns(&b, c, ahead + 1, true);
         let ok = fits(turn);
         refused = (!ok).then_some(turn);
         ok
