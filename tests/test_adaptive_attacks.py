@@ -116,9 +116,16 @@ def test_a_real_drop_under_an_attacker_is_cut_at_once(wasm):
     moves = learner_lines(log, t0)
     cuts = [(float(line.split()[0]), line) for line in moves
             if any(f"({r}" in line for r in ("queue", "shed", "failed"))]
-    before = [c for c in cuts if c[0] < drop_at]
+    # The attacker's signals are answers (its 503s): a cut for answers before the drop is its
+    # doing, whenever it comes. A cut for a queue within the load's first second is not: as the
+    # load starts, its quickest answers come first, so the latency seems to rise while requests
+    # in flight fill up (seen once on Envoy 1.36: 200 -> 172/s at 0.29 s, "queue"); noted in
+    # issue 31, printed here, not counted against the attacker.
+    start = [c for c in cuts if c[0] < 1.0 and "(queue" in c[1]]
+    before = [c for c in cuts if c[0] < drop_at and c not in start]
     after = [c for c in cuts if c[0] >= drop_at]
-    print(f"\n  cuts before the drop {before[:3]}; first after it {after[:1]}; load {os.getloadavg()[0]:.1f}")
+    print(f"\n  cuts before the drop {before[:3]}; first after it {after[:1]}; at the load's start {start}; "
+          f"load {os.getloadavg()[0]:.1f}")
     assert not before, f"the attacker alone cut the rate: {before[:3]}"
     assert after, "the drop was never cut"
     assert after[0][0] - drop_at <= 1.0, f"first cut {after[0][0] - drop_at:.2f} s after the drop"
