@@ -22,6 +22,11 @@ const CONTRACT: &str = r#"{"rules": [{"name": "api", "rate": "100/s", "max_queue
     {"name": "batch", "match": {"headers": {"x-priority": "batch"}},
      "min_share": 0.1, "max_queue_delay": "10s"}]}]}"#;
 
+/// 10/s (one slot every 100 ms), 250 ms of delay at most, critical > batch.
+const SHORT: &str = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "250ms",
+  "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+              {"name": "batch"}]}]}"#;
+
 fn req(class: &str) -> FakeRequest {
     let r = FakeRequest::get("/");
     if class == "normal" {
@@ -229,10 +234,7 @@ fn a_held_request_pushed_past_its_delay_is_displaced_and_counted() {
 
 #[test]
 fn a_request_whose_estimated_turn_is_too_far_is_rejected_at_once() {
-    let json = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "250ms",
-      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
-                  {"name": "batch"}]}]}"#;
-    let mut p = Process::new(json, 1).unwrap();
+    let mut p = Process::new(SHORT, 1).unwrap();
     let t0 = 1000 * NS_PER_S;
     p.request(0, 1, req("batch"), t0);
     assert_eq!(p.request(0, 2, req("batch"), t0), Verdict::Hold); // +100 ms
@@ -520,18 +522,15 @@ fn with_a_learned_rate_the_classes_release_at_it() {
     assert_eq!(first_word, Some(25 * MS), "the learned interval stays");
 }
 
-/// Red team 3's `displaced` critical request (1 of 1,200 in the real-Envoy
-/// test of the floor), step by step: a request's turn was reckoned from
+/// The `displaced` critical request of CI on 2026-11-28 (1 of 1,199 in
+/// the real-Envoy test of the floor), step by step: a request's turn was reckoned from
 /// the schedule read before another worker's grant and the tickets read
 /// after it, one slot too early. Here the grant lands between the two
 /// reads; the request must be refused at arrival, never held past its
 /// `max_queue_delay` and then refused.
 #[test]
 fn a_grant_between_the_schedule_and_the_tickets_never_admits_too_many() {
-    let json = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "250ms",
-      "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
-                  {"name": "batch"}]}]}"#;
-    let mut p = Process::new(json, 2).unwrap();
+    let mut p = Process::new(SHORT, 2).unwrap();
     let t0 = 1000 * NS_PER_S;
     assert_eq!(p.request(0, 1, req("critical"), t0), Verdict::Continue);
     // Turns at +100 and +200 ms.
