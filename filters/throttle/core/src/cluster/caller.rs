@@ -591,22 +591,12 @@ impl Caller {
                 _ => 0,
             };
             // Below the rate, once the demand totals have settled: this
-            // proxy's part of the spare too ([`spare`]). A total of 0 (no
-            // proxy added demand to that epoch: the fleet was idle) leaves
-            // the whole rate spare, less this proxy's own demand now (until
-            // 2026-11-28 it meant no spare at all, and after a lull the
-            // requests within the rate waited for slots claimed one at a
-            // time: fleet sweep seed 54).
+            // proxy's part of the spare too ([`spare`]).
             let settled = r
                 .first_answer
                 .is_some_and(|first| now.saturating_sub(first) >= SETTLING_NS);
-            let extra = if settled && r.mode == Mode::Grid {
-                spare(
-                    &g,
-                    g.slots_in(next),
-                    r.stats.demand.max(demand),
-                    r.stats.members,
-                )
+            let extra = if settled && r.mode == Mode::Grid && r.stats.demand > 0 {
+                spare(&g, g.slots_in(next), r.stats.demand, r.stats.members)
             } else {
                 0
             };

@@ -758,38 +758,3 @@ fn an_epoch_without_a_call_does_not_cost_a_lone_proxy_its_spare() {
         "calls that claimed little: {short:?} of {claimed:?}"
     );
 }
-
-#[test]
-fn after_a_lull_a_lone_proxy_claims_its_spare_though_nobody_added_demand() {
-    // A lone proxy at 500/s, settled, then idle: no calls. A request goes on
-    // credit; the calls it starts read demand totals of epochs nobody added
-    // to (0: the whole rate is spare). Until 2026-11-28 a total of 0 meant
-    // no spare at all, and the leftover claims took only what was owed or
-    // waiting: the requests that followed within the rate waited for slots
-    // claimed one at a time (fleet sweep seed 54: 90 ms at 19/s of 300/s).
-    let mut eng = FakeEngine::default();
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
-    let mut claimed = Vec::new();
-    for k in 0..40u64 {
-        let facts = [RuleFacts {
-            // The workers' counts of the new arrivals not handed over yet.
-            arrived_total: k.min(20),
-            waiting: 0,
-            owed: u64::from(k >= 30),
-        }];
-        let (called, updates) = exchange(&mut eng, &mut c, T0 + k * 100 * MS + 30 * MS, &facts);
-        let granted: u64 = ranges(&updates).iter().map(|r| r.1 - r.0).sum();
-        if called && k >= 30 {
-            claimed.push((k, granted));
-        }
-    }
-    assert!(!claimed.is_empty(), "it called after the lull");
-    let short: Vec<_> = claimed.iter().filter(|&&(_, n)| n < 40).collect();
-    assert!(
-        short.is_empty(),
-        "calls that claimed little: {short:?} of {claimed:?}"
-    );
-}
