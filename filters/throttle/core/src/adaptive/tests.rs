@@ -752,3 +752,48 @@ fn retry_after_counts_only_with_sheds_of_the_load_and_a_cut_does_not_stay_withou
     }
     assert!(c.rate() >= after_cut, "{} < {after_cut}", c.rate());
 }
+
+/// The start of a load: requests in flight fill up to the rate times the
+/// latency, and the quickest answers come first (the mean latency of the
+/// answers rises while they fill): both grow, with no queue at all.
+#[test]
+fn the_start_of_a_load_is_not_taken_for_a_queue() {
+    let mut c = Controller::new(
+        interval_of_rate(300 * MICRO),
+        1,
+        u64::MAX,
+        Tuning::default(),
+    );
+    let round = |sent: u64, done: u64, latency_ms: u64| Tally {
+        arrivals: sent,
+        sent,
+        good: done,
+        latency_us: done * latency_ms * 1_000,
+        latency_sq_ms2: done * (latency_ms * latency_ms + 100),
+        ..Tally::EMPTY
+    };
+    let mut now = 0;
+    // A load before: 200/s answered in 100 ms (the reference), then idle.
+    for _ in 0..50 {
+        now += 100 * NS_PER_MS;
+        c.update(now, &round(20, 20, 100), 0);
+    }
+    for _ in 0..30 {
+        now += 100 * NS_PER_MS;
+        c.update(now, &Tally::EMPTY, 0);
+    }
+    // 250/s from now on, answered in 100 ms on average (lognormal): in the
+    // first round only the quickest are back, then more and slower ones.
+    let start = [(25, 10, 75), (25, 20, 90), (25, 23, 97), (25, 25, 100)];
+    let rate = c.rate();
+    for i in 0..20 {
+        now += 100 * NS_PER_MS;
+        let (s, d, l) = start.get(i).copied().unwrap_or((25, 25, 100));
+        let u = c.update(now, &round(s, d, l), 0);
+        assert!(
+            !u.reasons.has(Reason::Queue),
+            "round {i}: taken for a queue"
+        );
+    }
+    assert!(c.rate() >= rate, "{} < {rate}", c.rate());
+}
