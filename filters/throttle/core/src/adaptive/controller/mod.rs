@@ -87,6 +87,14 @@ pub struct Tuning {
     /// few seconds).
     pub gain_pct: u64,
     pub max_gain_pct: u64,
+    /// Gain (%) of the first probe from a rate near the capacity measured
+    /// (85% of it or more): +10% for 400 ms is +4% of a second's rate, so
+    /// neither the probe nor the queue it leaves when the capacity has not
+    /// moved takes the rate out of the ±10% band (+20% and its drain did).
+    /// Kept at half its gain above the rate, as `delivered_pct` is to
+    /// `gain_pct`; one delivered far above the capacity goes on at
+    /// `gain_pct` and more.
+    pub gentle_gain_pct: u64,
     /// Gain (%) over what the upstream answered well when it last shed, for
     /// a probe that would go above it (each probe there costs answers
     /// clients see): gentle, and judged over `slow_window_ns`.
@@ -133,6 +141,7 @@ impl Default for Tuning {
             queue_budget_ns: 500 * MS,
             gain_pct: 120,
             max_gain_pct: 200,
+            gentle_gain_pct: 110,
             near_shed_gain_pct: 105,
             probe_len_ns: 400 * MS,
             probe_wait_ns: NS_PER_S,
@@ -237,8 +246,9 @@ enum Phase {
         near_shed: bool,
     },
     /// Below the capacity since `since` until the queue is gone; the drain
-    /// rate went out at `from`.
-    Drain { since: u64, from: u64 },
+    /// rate went out at `from`; `busy`: how many times the capacity was
+    /// measured on the upstream working off its backlog meanwhile.
+    Drain { since: u64, from: u64, busy: u64 },
 }
 
 /// Rounds kept at most (the learner is meant to be called every ~100 ms;
@@ -271,6 +281,10 @@ pub struct Controller {
     cut_wait_ns: u64,
     /// Probes delivered in a row.
     streak: u64,
+    /// The gain (%) of the probe running or last run; whether the next
+    /// probe is a full one (a gentle one was kept).
+    probe_gain_pct: u64,
+    escalate: bool,
     /// What the upstream answered well when it last shed: probes above it
     /// go gently.
     shed_ceiling: Option<u64>,
@@ -320,6 +334,8 @@ impl Controller {
             next_probe: 0,
             cut_wait_ns: tune.probe_wait_ns,
             streak: 0,
+            probe_gain_pct: tune.gain_pct,
+            escalate: false,
             shed_ceiling: None,
             tolerated_permille: tune.overload_permille,
             last_cut_permille: None,
@@ -388,7 +404,7 @@ impl Controller {
                 judge,
                 near_shed,
             } => self.probing(now, before, (start, until, judge), near_shed, reasons),
-            Phase::Drain { since, from } => self.drain(now, (since, from), reasons),
+            Phase::Drain { since, from, busy } => self.drain(now, (since, from), busy, reasons),
         }
     }
 

@@ -39,6 +39,7 @@ impl Controller {
             Phase::Drain {
                 since: now,
                 from: now.saturating_add(ahead_ns),
+                busy: 0,
             }
         } else {
             Phase::Cruise
@@ -84,10 +85,22 @@ impl Controller {
     /// rate the upstream shed at, gently and for longer.
     fn start_probe(&mut self, now: u64, ahead_ns: u64, reasons: &mut Reasons) {
         let t = self.tune;
-        let gain = t
-            .gain_pct
-            .saturating_add(self.streak.saturating_mul(t.gain_pct.saturating_sub(100)))
-            .min(t.max_gain_pct.max(t.gain_pct));
+        // Gentle near the capacity measured, when the demand would more than
+        // fill a full probe (below that, a full one sends no more than the
+        // demand, and the rate reaches it sooner).
+        let near = self.capacity > 0 && self.rate >= pct(self.capacity, 85);
+        let w = self.sums(now.saturating_sub(300 * MS), now);
+        let full = per_s(w.tally.arrivals, w.dur) >= pct(self.rate, t.gain_pct.saturating_add(10));
+        let gentle = self.streak == 0 && near && full && !self.escalate;
+        self.escalate = false;
+        let gain = if gentle {
+            t.gentle_gain_pct.min(t.gain_pct)
+        } else {
+            t.gain_pct
+                .saturating_add(self.streak.saturating_mul(t.gain_pct.saturating_sub(100)))
+                .min(t.max_gain_pct.max(t.gain_pct))
+        };
+        self.probe_gain_pct = gain;
         let mut target = pct(self.rate, gain);
         let mut near_shed = false;
         if let Some(c) = self.shed_ceiling {
@@ -115,10 +128,15 @@ impl Controller {
             // probe's rate (at low rates 400 ms holds too few to ever keep
             // a probe), and to measure past two reference latencies.
             let enough = interval_of_rate(target).saturating_mul(t.min_samples.saturating_mul(2));
-            let len = t
-                .probe_len_ns
-                .max(reference.saturating_mul(2))
-                .max(enough.min(5 * NS_PER_S));
+            // (A gentle one no longer than `probe_len_ns` and what it needs
+            // to send: after a queue was taken for the reference, two of
+            // them would hold +10% for over a second.)
+            let span = if gentle {
+                0
+            } else {
+                reference.saturating_mul(2)
+            };
+            let len = t.probe_len_ns.max(span).max(enough.min(5 * NS_PER_S));
             let until = start.saturating_add(len);
             (
                 until,
@@ -151,12 +169,53 @@ impl Controller {
             return;
         }
         if self.rate > before && !near_shed {
-            self.set_rate(before);
+            // What the probe queued, if the upstream had no room for it, is
+            // drained while its answers come in (BBR's drain after
+            // ProbeBW's up phase): below the rate by as much as the probe
+            // went above it, so the second's rate is where it was (the
+            // queue test would otherwise find the probe's queue a second
+            // later and cut below the band). A probe that queued nothing
+            // (room above, or a demand that did not reach it) goes back to
+            // the rate.
+            // (Judged on the recent latency if higher than the reference:
+            // one not yet learned again after a slower service would take
+            // the step for a queue, and a drain below a demand the
+            // upstream serves costs 429s.)
+            let latency = self.latency_ns.max(self.reference.latency_ns());
+            let (_, queued) = self.probe_sent(before, (start, now), latency);
+            // And the latency rose during it (a demand that did not reach
+            // the probe fills requests in flight in bursts, not a queue).
+            let len = now.saturating_sub(start);
+            let queued = queued
+                && self.slower(
+                    &self.sums(start.saturating_sub(len), start).tally,
+                    &self.sums(start, now).tally,
+                );
+            let g = self.probe_gain_pct.saturating_sub(100).min(50);
+            if queued {
+                self.set_rate(pct(before, 100 - g));
+            } else {
+                self.set_rate(before);
+            }
         }
         if now < judge {
             return;
         }
         self.judge_probe(now, before, (start, until), near_shed, reasons);
+    }
+
+    /// What a probe sent over `(start, end]` (per second), and whether it
+    /// queued: requests in flight grew beyond what its higher rate keeps in
+    /// flight by itself (Little's law: the step times `latency_ns`), 2,
+    /// and `growth_pct` of what it sent.
+    fn probe_sent(&self, before: u64, (start, end): (u64, u64), latency_ns: u64) -> (u64, bool) {
+        let sent = self.sums(start, end);
+        let sent_rate = per_s(sent.tally.sent, sent.dur);
+        let step = count_in(sent_rate.saturating_sub(before), latency_ns);
+        let queued = sent.growth
+            > i64::try_from(2 + step + pct(sent.tally.sent, self.tune.growth_pct))
+                .unwrap_or(i64::MAX);
+        (sent_rate, queued)
     }
 
     /// A probe's time is up and its answers are in: kept (the rate it
@@ -195,23 +254,41 @@ impl Controller {
                 .saturating_add(self.round_ns()),
         );
         let delivered = w.served_rate();
-        let bar = pct(before, t.delivered_pct)
-            .max(pct(self.capacity, t.delivered_pct.saturating_add(100) / 2));
+        // The bar of a gentle probe is as far below its gain as
+        // `delivered_pct` is below `gain_pct` (half-way: 105% for +10%).
+        let delivered_pct = if self.probe_gain_pct < t.gain_pct {
+            100 + t.delivered_pct.saturating_sub(100) * self.probe_gain_pct.saturating_sub(100)
+                / t.gain_pct.saturating_sub(100).max(1)
+        } else {
+            t.delivered_pct
+        };
+        let bar = pct(before, delivered_pct)
+            .max(pct(self.capacity, delivered_pct.saturating_add(100) / 2));
         // Or it went out clearly above the rate before, queued nothing, and
         // all of it was served: room above (the capacity came back).
         // (A higher rate keeps more in flight by itself, Little's law: the
         // step times the latency; a queue adds beyond that.)
-        let sent = self.sums(start, until.saturating_add(self.round_ns()));
-        let sent_rate = per_s(sent.tally.sent, sent.dur);
-        let step = count_in(sent_rate.saturating_sub(before), reference);
-        let queued = sent.growth
-            > i64::try_from(2 + step + pct(sent.tally.sent, t.growth_pct)).unwrap_or(i64::MAX);
+        let (sent_rate, queued) = self.probe_sent(
+            before,
+            (start, until.saturating_add(self.round_ns())),
+            reference,
+        );
         let room =
-            !queued && sent_rate > pct(before, t.delivered_pct) && delivered >= pct(sent_rate, 95);
+            !queued && sent_rate > pct(before, delivered_pct) && delivered >= pct(sent_rate, 95);
         if w.tally.good >= t.min_samples && (delivered > bar || room) {
             // Far above the capacity known: it grew (or was never known);
             // the next probe goes further, until one is not delivered.
-            let grew = room || delivered > pct(self.capacity, t.delivered_pct);
+            // A gentle probe cannot tell room from noise (+10% at the
+            // capacity queues too little to see, and is served within a
+            // few percent): it grows the gain only if delivered beyond the
+            // full bar, and when kept the next probe is a full one.
+            let gentle = self.probe_gain_pct < t.gain_pct;
+            let grew = (room && !gentle) || delivered > pct(self.capacity, t.delivered_pct);
+            // (And only if its answers came no slower than those before
+            // it: one kept on a backlog served found no room.)
+            let len = until.saturating_sub(start);
+            self.escalate = gentle
+                && !self.slower(&self.sums(start.saturating_sub(len), start).tally, &w.tally);
             self.streak = if grew {
                 self.streak.saturating_add(1)
             } else {
@@ -257,7 +334,13 @@ impl Controller {
     /// busy: what it serves is its capacity, and a cut that went deeper
     /// than needed to drain the queue left (right after a slower service,
     /// a stall, the answers paused) comes back up.
-    pub(super) fn drain(&mut self, now: u64, (since, from): (u64, u64), reasons: &mut Reasons) {
+    pub(super) fn drain(
+        &mut self,
+        now: u64,
+        (since, from): (u64, u64),
+        busy: u64,
+        reasons: &mut Reasons,
+    ) {
         let t = self.tune;
         let short = self.fast_window_ns() / 2;
         let long = self.long_window_ns();
@@ -273,28 +356,42 @@ impl Controller {
             .unwrap_or(0)
             .saturating_mul(1_000)
             .saturating_sub(self.reference.latency_ns());
-        // While a queue lasts the upstream is busy: when it served more over
-        // the last second (of answers a latency after the cut: before, the
-        // upstream may have had its capacity of before the drop, or its
-        // service time before it slowed down; at least 400 ms: a shorter
-        // window is noisy) than the drain's
-        // capacity (10% more: beyond the noise), that is its capacity, and
-        // the drain comes back up (a cut
-        // that went deeper than needed: right after a slower service, a
-        // stall). (Less served is no measure: with a slower service the
-        // latency stays above the reference with no queue left.)
+        // The capacity, measured again on the drain's own answers (a latency
+        // after the cut: before, the upstream may have had its capacity of
+        // before the drop, or its service time before it slowed down; over
+        // the last second, at least 400 ms: a shorter window is noisy).
+        // While requests in flight fall (it answers faster than it is sent)
+        // the upstream is working off its backlog, busy: what it served is
+        // its capacity. The first such measure replaces the cut's (taken on
+        // two short halves, noisy, and on the lower of them: 5-30% off
+        // after a drop, and a drain at 92% of that leaves the ±10% band);
+        // later ones only raise it (a window that reaches past the
+        // backlog's end measures less: the latest, or a mean, ends the
+        // drain low). Without a backlog worked off, only
+        // clearly more served (10%) while the latency shows a queue moves it
+        // (less served is no measure: with a slower service the latency
+        // stays above the reference with no queue left).
         let m = self.sums(
             since
                 .saturating_add(self.latency_ns)
                 .max(now.saturating_sub(NS_PER_S)),
             now,
         );
-        if m.dur >= 400 * MS
-            && m.tally.good >= t.min_samples
-            && self.above_reference(&m.tally)
-            && m.served_rate() > pct(self.capacity, 110)
-        {
-            self.capacity = m.served_rate();
+        if m.dur >= 400 * MS && m.tally.good >= t.min_samples {
+            let served = m.served_rate();
+            let noise = i64::try_from(2 + pct(m.tally.sent, t.growth_pct)).unwrap_or(i64::MAX);
+            if m.growth < -noise {
+                if busy == 0 || served > self.capacity {
+                    self.capacity = served;
+                }
+                self.phase = Phase::Drain {
+                    since,
+                    from,
+                    busy: busy.saturating_add(1),
+                };
+            } else if self.above_reference(&m.tally) && served > pct(self.capacity, 110) {
+                self.capacity = served;
+            }
         }
         let drain = self.drain_rate(self.capacity, count_in(self.capacity, excess_ns));
         if drain > pct(self.rate, 105) {
@@ -313,7 +410,7 @@ impl Controller {
         let settled =
             now >= shows.saturating_add(long) && self.known_since(now.saturating_sub(long));
         if settled || now >= since.saturating_add(DRAIN_MAX_NS) {
-            self.drain_settled(now, long, reasons);
+            self.drain_settled(now, (since, long), busy, reasons);
         }
     }
 
@@ -321,7 +418,13 @@ impl Controller {
     /// sees latency above the reference: requests in flight still grow
     /// (the capacity was taken too high), or the latency stopped falling
     /// (a slower upstream, or a queue stuck at the drain rate).
-    fn drain_settled(&mut self, now: u64, long: u64, reasons: &mut Reasons) {
+    fn drain_settled(
+        &mut self,
+        now: u64,
+        (since, long): (u64, u64),
+        busy: u64,
+        reasons: &mut Reasons,
+    ) {
         let t = self.tune;
         let half = long / 2;
         let earlier = self.sums(now.saturating_sub(long), now.saturating_sub(half));
@@ -345,6 +448,7 @@ impl Controller {
             self.phase = Phase::Drain {
                 since: now,
                 from: now,
+                busy: 1,
             };
             reasons.add(Reason::Queue);
         } else if flat {
@@ -358,11 +462,29 @@ impl Controller {
             if let Some(us) = recent.tally.mean_latency_us() {
                 self.reference.reset(now, Some(us.saturating_mul(1_000)));
             }
-            self.capacity = l.served_rate();
+            // If it worked off a backlog since the cut (requests in flight
+            // fell), the queue is gone and what it served meanwhile is what
+            // was sent (the drain rate), not its capacity: the capacity
+            // measured on that backlog stands (else the cruise would be 95%
+            // of the drain's 92%, below the band). If not, the queue may
+            // be stuck at a drain rate that is the capacity: what it served,
+            // busy all along, is the capacity.
+            let served = l.served_rate();
+            if busy == 0 || served > self.capacity || !self.worked_off(since, now) {
+                self.capacity = served;
+            }
             self.set_rate(pct(self.capacity, t.cruise_pct));
             self.drained(now, reasons);
             self.next_probe = now.saturating_add(long.saturating_mul(2));
         }
+    }
+
+    /// Whether requests in flight fell over `(from, now]` beyond the noise
+    /// (2, and `growth_pct` of what was sent): the upstream answered faster
+    /// than it was sent, working off a backlog.
+    fn worked_off(&self, from: u64, now: u64) -> bool {
+        let w = self.sums(from, now);
+        w.growth < -i64::try_from(2 + pct(w.tally.sent, self.tune.growth_pct)).unwrap_or(i64::MAX)
     }
 
     /// The queue is gone: cruise at the capacity measured.

@@ -194,9 +194,22 @@ impl Controller {
             // A step of the rate raises requests in flight once (by the
             // step times the latency) but not the latency; a queue raises
             // both, and keeps raising them.
+            // And a queue holds more in flight than what was sent keeps
+            // there by itself (Little's law: the rate times the latency
+            // without a queue, and a tenth): at the start of a load
+            // requests in flight fill up to that while the quickest answers
+            // come first, so both grow with no queue at all.
+            let rate = per_s(
+                a.tally.sent.saturating_add(b.tally.sent),
+                a.dur.saturating_add(b.dur),
+            );
+            let little = count_in(rate, self.reference.latency_ns());
+            let beyond =
+                little == 0 || self.in_flight > little + 2 + pct(little, t.latency_rise_pct);
             if a.tally.sent.saturating_add(b.tally.sent) >= t.min_samples
                 && grows(&a)
                 && grows(&b)
+                && beyond
                 && self.slower(&a.tally, &b.tally)
             {
                 return Some((self.sums(from, now), b));
