@@ -72,12 +72,9 @@ impl Worker {
             return Ok(());
         };
         let line = rule.line();
-        // A cluster rule's waiters are counted in its cursor
-        // ([`cluster::Cursor::waiting`]): for the fast path of its own line
-        // (no classes), and for the engine caller, which claims for them
-        // (with classes too: until issue 29 a proxy whose arrivals stopped
-        // claimed nothing for its held class requests).
-        let counted_in_cursor = rule.cluster.is_some();
+        // A cluster rule's own line (no classes): its waiters are counted in
+        // the rule's cursor, for the fast path ([`cluster::Cursor::waiting`]).
+        let counted_in_cursor = rule.cluster.is_some() && rule.classes.is_empty();
         let mut blob = store.blob(BlobId::Classes(index));
         let mut t = Tickets::default();
         for _ in 0..ROUNDS {
