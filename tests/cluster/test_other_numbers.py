@@ -686,6 +686,12 @@ def test_the_top_class_alone_is_never_displaced(classes_lab: ClusterLab) -> None
           "the top class alone: never displaced, refused at arrival only, the counters add up")
 
 
+# Seen 2026-11-28 (issue 29, per-proxy counters sampled every ~0.9 s in two runs): in the seconds
+# where batch got 0-1, no batch request reached any proxy: p1 counted no requests at all and p2
+# no batch admitted, queued or refused, for ~3.5-4 s at a time (this Fortio load sends in waves).
+# In the other seconds p2 refused most of its batch at arrival (17-24 of ~25 per sample): a
+# proxy gives batch 20% of the slots it owns, and p0, with only critical, gives none
+# (filters/throttle/core/tests/cluster_floors.rs).
 @pytest.mark.xfail(strict=True, reason=(
     "known defect, not fixed (issue 29): on real Envoy with the report's Fortio loads batch still gets 0-4 a "
     "second for 2-3 s (and over 40 in others); the simulation's class-floors scenario, with even arrivals, "

@@ -516,3 +516,35 @@ fn displacement_only_when_the_turn_cannot_come_in_time() {
     assert!(cannot_make_it(&b, 0, 1, now + 10 * MS));
     assert!(!cannot_make_it(&b, 0, 1, now + 20 * MS));
 }
+
+/// Invariant 6 (engine/README.md) asks a class that waits throughout for its
+/// floor less one in every 1 s window; the floor slots follow the slot
+/// indices, a low-discrepancy sequence, which strays by up to
+/// [`discrepancy`] (2 here): at 300 slots a second with both classes always
+/// waiting, some 300 consecutive slots hold only 58 of batch's 60. Known
+/// (issue 29): the fleet sweep's seed 42 (one proxy, 300/s, batch 58 in one
+/// second for a floor of 60) is this, or close to it. Holding the floor per
+/// release (a count of what each class was given) instead of per slot index
+/// would keep it within one.
+#[test]
+#[ignore = "known defect (issue 29): floor slots follow the slot index, within its discrepancy, not one"]
+fn a_class_waiting_throughout_gets_its_floor_less_one_in_any_second() {
+    let classes = vec![class("critical", 0), class("batch", 200_000)];
+    let both = waiting(&[1, 1]);
+    let n = 300u64;
+    let worst = (0..100_000u64)
+        .map(|start| {
+            let got = (start..start + n)
+                .filter(|&i| choose(i, &classes, &both) == Some(1))
+                .count() as u64;
+            (got, start)
+        })
+        .min()
+        .unwrap_or_default();
+    assert!(
+        worst.0 + 1 >= 60,
+        "{n} slots from {}: batch got {}",
+        worst.1,
+        worst.0
+    );
+}
