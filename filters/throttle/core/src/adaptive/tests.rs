@@ -486,6 +486,19 @@ fn failures_at_most_halve_the_rate_per_cut() {
     assert!(cuts >= 1);
 }
 
+/// A round of `sent` requests, `done` answered good in `latency_ms` each
+/// (a 10 ms spread).
+fn round(sent: u64, done: u64, latency_ms: u64) -> Tally {
+    Tally {
+        arrivals: sent,
+        sent,
+        good: done,
+        latency_us: done * latency_ms * 1_000,
+        latency_sq_ms2: done * (latency_ms * latency_ms + 100),
+        ..Tally::EMPTY
+    }
+}
+
 #[test]
 fn a_queue_drained_for_longer_than_the_reference_lasts_does_not_become_it() {
     // 100 ms without a queue for 5 s; then the upstream falls behind
@@ -498,14 +511,6 @@ fn a_queue_drained_for_longer_than_the_reference_lasts_does_not_become_it() {
         u64::MAX,
         Tuning::default(),
     );
-    let round = |sent: u64, done: u64, latency_ms: u64| Tally {
-        arrivals: sent,
-        sent,
-        good: done,
-        latency_us: done * latency_ms * 1_000,
-        latency_sq_ms2: done * (latency_ms * latency_ms + 100),
-        ..Tally::EMPTY
-    };
     let mut now = 0;
     let mut tick = |c: &mut Controller, t: Tally| {
         now += 100 * NS_PER_MS;
@@ -764,14 +769,6 @@ fn the_start_of_a_load_is_not_taken_for_a_queue() {
         u64::MAX,
         Tuning::default(),
     );
-    let round = |sent: u64, done: u64, latency_ms: u64| Tally {
-        arrivals: sent,
-        sent,
-        good: done,
-        latency_us: done * latency_ms * 1_000,
-        latency_sq_ms2: done * (latency_ms * latency_ms + 100),
-        ..Tally::EMPTY
-    };
     let mut now = 0;
     // A load before: 200/s answered in 100 ms (the reference), then idle.
     for _ in 0..50 {
