@@ -110,6 +110,10 @@ pub struct ProxySpec {
     /// It starts at `start_ms` (None: at the start) and stops at `stop_ms`.
     pub start_ms: u64,
     pub stop_ms: Option<u64>,
+    /// From `at_ms` for `for_ms` the whole process is held up (the machine
+    /// or a cgroup's CPU quota stopped it): it sees nothing (arrivals,
+    /// ticks, answers) until the end, then all of it at once.
+    pub stalls: Vec<(u64, u64)>,
 }
 
 impl ProxySpec {
@@ -120,6 +124,7 @@ impl ProxySpec {
             steps: Vec::new(),
             start_ms: 0,
             stop_ms: None,
+            stalls: Vec::new(),
         }
     }
 }
