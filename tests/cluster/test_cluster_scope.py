@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import signal
 import time
 from collections.abc import Iterator
 
@@ -51,7 +52,8 @@ def load() -> str:
 def figures(m: Measurement) -> str:
     return (f"total {m.total_rate:.1f}/s ({m.error:+.2%}), 1 s windows {m.per_second}, worst 100 ms "
             f"{m.worst_100ms} (bound {m.bound_100ms}), shares {m.shares}, calls/s {m.calls_per_s}, "
-            f"engine failures {[s.get('engine_failures') for s in m.stats]}, failures {m.failures}; longest hold-up "
+            f"engine failures {[s.get('engine_failures') for s in m.stats]}, slots unused "
+            f"{[s.get('slots_unused') for s in m.stats]}, failures {m.failures}; longest hold-up "
             f"of this process by the machine {m.stall_s * 1000:.0f} ms (Envoy's can be longer); {load()}")
 
 
@@ -83,6 +85,51 @@ def test_three_proxies_with_uneven_load_share_one_rate(lab):
         assert mine is not None and abs(mine - envoys) * m.load_s <= 1 + 1e-6, (
             f"p{i}: the filter's engine_calls equal Envoy's own count of engine requests, within the one "
             f"call its tick may not have counted yet: {mine * m.load_s:.0f} and {envoys * m.load_s:.0f}")
+
+
+STALL_S = 0.045  # below CATCH_UP_NS (50 ms, core/src/rate/mod.rs): a stall this long loses no slot
+CATCH_UP_S = 0.050
+
+
+def test_a_stall_of_every_proxy_loses_no_slot(lab):
+    """The machine holding every Envoy up at once (CI lost 7 of 300 in one second so, at 20 ms
+    of catch-up): SIGSTOP all three for 45 ms mid-run, then SIGCONT (by PID). The slots that came
+    due meanwhile leave at their own time after it, so the 1 s window around the stall holds the
+    rate within the issue's 2%, less what the stall lasted beyond the 50 ms catch-up (Python's
+    sleep can overrun on the loaded machine: the measured stop is used)."""
+    qps = split(3 * RATE, [60, 30, 10])
+    lab.upstream.clear()
+    pids = [p.pid for p in lab.proxies]
+    t0 = time.monotonic()
+    runs = lab.loads(qps, duration_s=8, max_queue_delay_s=MQD_S)
+    try:
+        wait_until(lambda: time.monotonic() - t0 >= 4.5, 7, "4.5 s of load")
+        stopped = time.monotonic()
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(STALL_S)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        for r in runs:
+            r.result()
+    finally:
+        for r in runs:
+            r.kill()
+    stall = resumed - stopped
+    stamps = sorted(lab.upstream.arrivals)
+    got = sum(1 for t in stamps if stopped - 0.3 <= t < stopped + 0.7)
+    lost_allowed = RATE * max(0.0, stall - CATCH_UP_S)
+    least = RATE * 0.98 - lost_allowed
+    print(f"\nstall {stall * 1000:.0f} ms: {got} in the 1 s around it; before "
+          f"{windows.rate(stamps, t0 + 2, stopped - 0.3):.1f}/s; unused slots "
+          f"{[lab.rule_stats(i).get('slots_unused', 0) for i in range(3)]}; {load()}")
+    assert got >= least, (
+        f"the 1 s window from 0.3 s before a {stall * 1000:.0f} ms stall of every proxy holds the rate within "
+        f"2% less the stall beyond the {CATCH_UP_S * 1000:.0f} ms catch-up ({lost_allowed:.1f}): {got} < "
+        f"{least:.1f}; unused slots {[lab.rule_stats(i).get('slots_unused', 0) for i in range(3)]}; {load()}")
 
 
 def test_within_the_rate_no_request_fails(lab):
