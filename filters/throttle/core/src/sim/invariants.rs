@@ -153,6 +153,8 @@ struct Facts<'a> {
     t: &'a Trace,
     /// The longest tick gap, ns.
     jitter_ns: u64,
+    /// The longest stall of a process, ns (process scope catches up all of it).
+    stall_ns: u64,
     /// Engine fault episodes, true ns.
     faults: Vec<(u64, u64)>,
     /// Whether any proxy's clock is off by more than max_clock_skew, or steps.
@@ -166,16 +168,18 @@ struct Facts<'a> {
 impl<'a> Facts<'a> {
     fn new(t: &'a Trace) -> Facts<'a> {
         let sc = &t.scenario;
-        // A stall of a process is a late tick: up to the catch-up, its
-        // slots leave at once after it (beyond, they are forfeited).
+        // A stall of a process makes its next tick late by the stall and
+        // up to a tick gap (the last tick before it): in cluster scope up
+        // to the catch-up its slots leave at once after it (beyond, they
+        // are forfeited); in process scope every held request keeps its
+        // turn and leaves then.
         let stall_ns = sc
             .proxies
             .iter()
             .flat_map(|p| p.stalls.iter().map(|s| s.1 * NS_PER_MS))
             .max()
-            .unwrap_or(0)
-            .min(crate::rate::CATCH_UP_NS);
-        let jitter_ns = (sc.tick_ms.1.max(sc.tick_ms.0) * NS_PER_MS).max(stall_ns);
+            .unwrap_or(0);
+        let jitter_ns = sc.tick_ms.1.max(sc.tick_ms.0) * NS_PER_MS;
         let faults = sc
             .faults
             .iter()
@@ -193,6 +197,7 @@ impl<'a> Facts<'a> {
         Facts {
             t,
             jitter_ns,
+            stall_ns,
             faults,
             clocks_apart,
             skew_spread_ns: if clocks_apart {
@@ -283,7 +288,16 @@ pub fn check(t: &Trace) -> Vec<Violation> {
 fn rate(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     let sc = &f.t.scenario;
     let b = r.spec.burst as f64;
-    let j = f.jitter_ns as f64 / 1e9;
+    // A stall makes a tick late by its length: in cluster scope the slots
+    // due meanwhile leave after it up to the catch-up (older ones are
+    // forfeited); in process scope held requests keep their turns through
+    // a stall of any length.
+    let stall = if r.spec.cluster {
+        f.stall_ns.min(crate::rate::CATCH_UP_NS)
+    } else {
+        f.stall_ns
+    };
+    let j = (f.jitter_ns + stall) as f64 / 1e9;
     let name = &r.spec.name;
     if !r.spec.cluster {
         // Per process (and per key of a keyed rule without a quota).
@@ -775,7 +789,15 @@ fn throughput(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
             let w = from + i * NS_PER_S;
             count(&arrivals, w, w + NS_PER_S) as f64 >= r.rate * 1.3
         });
-        if overloaded && !f.disturbed(from, b) && steady(sc, r.index, from, b) {
+        // A stall longer than the catch-up forfeits slots (stated).
+        let long_stall = sc.proxies.iter().any(|p| {
+            p.stalls.iter().any(|&(at, len)| {
+                len * NS_PER_MS > crate::rate::CATCH_UP_NS
+                    && sc.at(at + len) > from
+                    && sc.at(at) < b
+            })
+        });
+        if overloaded && !long_stall && !f.disturbed(from, b) && steady(sc, r.index, from, b) {
             let got = count(&times, a, b);
             // A release may leave up to J late (its tick) and the clocks
             // differ by up to S: a window's edges can move that much rate

@@ -339,8 +339,24 @@ impl Scenario {
             .iter()
             .filter(|p| p.skew_ms != 0 || !p.steps.is_empty())
             .count();
+        let mut stalls: Vec<(u64, u64)> = self
+            .proxies
+            .iter()
+            .flat_map(|p| p.stalls.iter().copied())
+            .collect();
+        stalls.sort_unstable();
+        stalls.dedup();
+        let stalls = if stalls.is_empty() {
+            String::new()
+        } else {
+            let each: Vec<String> = stalls
+                .iter()
+                .map(|(at, len)| format!("{len} ms at {:.1} s", *at as f64 / 1e3))
+                .collect();
+            format!("; stalls {}", each.join(", "))
+        };
         format!(
-            "{} proxies ({} vms), {} s; rules [{}]; {} loads; {} faults; {} skewed",
+            "{} proxies ({} vms), {} s; rules [{}]; {} loads; {} faults; {} skewed{stalls}",
             self.proxies.len(),
             self.proxies.iter().map(|p| p.vms).sum::<usize>(),
             self.duration_ms / 1000,

@@ -3,9 +3,10 @@
 //! rules in cluster and process scope, keyed and with priority classes,
 //! rates from 0.5/s to 5,000/s, bursts, queue delays, steady, Poisson,
 //! sporadic, bursty and overloaded demand, uneven over the proxies, engine
-//! faults, skewed and stepping clocks), each run on what ships and checked
-//! against every invariant ([`super::invariants`]). Same seed, same scenario,
-//! same trace: a failure prints its seed, and `--seed` replays it.
+//! faults, skewed and stepping clocks, stalled processes), each run on
+//! what ships and checked against every invariant ([`super::invariants`]).
+//! Same seed, same scenario, same trace: a failure prints its seed, and
+//! `--seed` replays it.
 //!
 //! Named scenarios ([`named`]) are the red team's findings at their own
 //! numbers.
@@ -124,7 +125,16 @@ pub fn kind_of(sc: &Scenario) -> String {
     } else {
         "sync"
     };
-    format!("{size}/{}/{}/{clocks}", rules.join("+"), faults.join("+"))
+    let stalls = if sc.proxies.iter().any(|p| !p.stalls.is_empty()) {
+        "/stalls"
+    } else {
+        ""
+    };
+    format!(
+        "{size}/{}/{}/{clocks}{stalls}",
+        rules.join("+"),
+        faults.join("+")
+    )
 }
 
 const RATES: [f64; 16] = [
@@ -217,6 +227,29 @@ pub fn draw(seed: u64) -> Scenario {
         }
         if n > 1 && rng.chance(0.3) {
             clocks(&mut sc, &mut rng);
+        }
+    }
+    // Stalls of whole processes (the machine or a pod's CPU quota holding
+    // them up), drawn apart: the rest of each seed's scenario is as before.
+    let mut st = rng.fork(0x57A1_1000);
+    if st.chance(0.25) {
+        for _ in 0..st.range(1, 3) {
+            let at_ms = st.range(2_000, sc.duration_ms - 1_000);
+            let for_ms = if st.chance(0.8) {
+                st.range(5, 45)
+            } else {
+                st.range(60, 200)
+            };
+            if st.chance(0.5) {
+                for p in sc.proxies.iter_mut() {
+                    p.stalls.push((at_ms, for_ms));
+                }
+            } else {
+                let p = st.range(0, n as u64 - 1) as usize;
+                if let Some(p) = sc.proxies.get_mut(p) {
+                    p.stalls.push((at_ms, for_ms));
+                }
+            }
         }
     }
     sc
