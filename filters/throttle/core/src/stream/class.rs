@@ -3,7 +3,8 @@
 //! the slot is no floor slot of a lower class waiting); else it takes a
 //! ticket of its class and waits for a grant, unless its estimated turn lies
 //! beyond its class's `max_queue_delay` (rejected at once). With `key_quota`,
-//! the key's quota is taken first, as without classes.
+//! the key's quota is taken first, as without classes. Under dry-run the
+//! same: the ticket then waits without its request (`stream/enforce.rs`).
 
 use crate::classes::{self, tickets, Backlog};
 use crate::clock::{Clock, NS_PER_S};
@@ -157,23 +158,6 @@ fn try_enter<S: Store, R: Request>(
             Outcome::Reject { retry_after_s: 1 },
             Some(Seen::new(now, true)),
         ));
-    }
-    if rule.dry_run {
-        // Dry-run holds nothing: the class's turn it would have waited for,
-        // or its rejection, and no ticket (so the requests it would have
-        // queued are not in the line that later estimates see).
-        let b = Backlog {
-            classes: &rule.classes,
-            tickets: &t,
-            outlook,
-            now,
-        };
-        let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
-        if !fits(turn) {
-            return Ok(reject(turn, limit, true, now, &t, c, interval));
-        }
-        let until = now.saturating_add(turn.unwrap_or(0));
-        return Ok((Outcome::Hold { until }, Some(Seen::new(until, false))));
     }
     let mut refused: Option<Option<u64>> = None;
     let read = t;

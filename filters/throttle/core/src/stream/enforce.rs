@@ -94,6 +94,7 @@ impl Stream {
                 ticket,
                 since: now,
                 deadline,
+                dry: false,
             }),
             Outcome::Reject { retry_after_s } => return self.reject_now(cx, retry_after_s, req, d),
             Outcome::Contention => {
@@ -115,7 +116,7 @@ impl Stream {
     }
 
     /// Under dry-run: counts and notes what would have happened; holds and
-    /// rejects nothing.
+    /// rejects nothing (a class ticket waits without its request).
     fn dry_run<S: Store>(
         &mut self,
         cx: &Ctx<'_, S>,
@@ -129,10 +130,25 @@ impl Stream {
             Outcome::Hold { until } | Outcome::Wait(Wait::Fallback { until, .. }) => {
                 (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
             }
-            // No stage of a dry-run rule takes a ticket (its line's and its
-            // classes' admissions answer the turn they would wait for).
-            Outcome::Wait(Wait::Class { .. }) => {
-                (Stat::WouldQueue, wait_note(cx.now, cx.now), Next::Stage)
+            Outcome::Wait(Wait::Class {
+                class,
+                ticket,
+                deadline,
+            }) => {
+                // Its ticket waits in the line as the request would have
+                // (so later arrivals queue behind it, and the tick counts
+                // its grant or its displacement); the request goes on.
+                w.classes.wait(ClassWaiter {
+                    context_id: self.id,
+                    rule: cx.index,
+                    class,
+                    ticket,
+                    since: cx.now,
+                    deadline,
+                    dry: true,
+                });
+                let until = self.rate.map_or(cx.now, |seen| seen.tat);
+                (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
             }
             Outcome::Wait(Wait::Gate { .. }) => {
                 // It goes at once, but keeps its ticket as a slot so that
