@@ -61,7 +61,14 @@ fn try_enter<S: Store, R: Request>(
     let busy = t.anyone_waits();
     let waiting = t.waiting();
     let outlook = slots.outlook(now, busy)?;
-    let interval = schedule.interval_ns;
+    // The spacing of the slots in force: in process scope the source's (the
+    // learned interval, for a rule that learns: a slot's index counts those);
+    // on the grid the grid's, whose slot `k` lies at `k x T`.
+    let interval = if rule.cluster.is_some() {
+        schedule.interval_ns
+    } else {
+        outlook.interval_ns.max(1)
+    };
     // On the grid, a turn reckoned from the share the proxy expects may be
     // off by a margin ([`cluster::margin_for`]): the request must fit within
     // its delay less that, so that it never waits first and fails later.
