@@ -367,6 +367,36 @@ fn dry_run_counts_the_classes_and_holds_nothing() {
 }
 
 #[test]
+fn dry_run_tickets_are_bounded_as_held_requests_are() {
+    // A worker may hold 2: the 2 dry tickets fill it, so the next requests
+    // would be rejected, as enforced (a full worker queue), not queued.
+    let json = SHORT
+        .replace(
+            "\"max_queue_delay\": \"250ms\",",
+            "\"max_queue_delay\": \"1s\", \"dry_run\": true,",
+        )
+        .replace("{\"rules\"", "{\"max_held_per_worker\": 2, \"rules\"");
+    let mut p = Process::new(&json, 1).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    for id in 0..5 {
+        assert_eq!(p.request(0, id, req("batch"), t0), Verdict::Continue);
+    }
+    let st = |s| p.totals.get(&(0, s)).copied().unwrap_or(0);
+    assert_eq!(
+        (
+            st(Stat::Admitted),
+            st(Stat::WouldQueue),
+            st(Stat::WouldReject)
+        ),
+        (1, 2, 2)
+    );
+    assert_eq!(
+        (p.workers[0].held(), p.workers[0].classes.dry_len()),
+        (0, 2)
+    );
+}
+
+#[test]
 fn dry_run_counts_the_requests_higher_classes_would_displace() {
     // The scenario of the displacement test above, under dry-run: every
     // request goes on at once, and the class counters say what the line

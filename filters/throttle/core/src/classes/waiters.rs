@@ -70,6 +70,11 @@ impl ClassWaiters {
         self.place_of.len()
     }
 
+    /// Dry tickets waiting now (their requests went on).
+    pub fn dry_len(&self) -> usize {
+        self.by_place.len().saturating_sub(self.place_of.len())
+    }
+
     /// Whether no ticket waits here (held or dry).
     pub fn is_empty(&self) -> bool {
         self.by_place.is_empty()

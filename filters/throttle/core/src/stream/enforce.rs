@@ -30,11 +30,17 @@ pub(super) enum Next {
     Done,
 }
 
-/// Whether a stage may answer "hold" or "wait": the worker has room (under
-/// dry-run nothing is held, so there is always room).
+/// Whether a stage may answer "hold" or "wait": the worker has room. Under
+/// dry-run nothing is held, so there is room, except in a rule with classes:
+/// the tickets its requests leave in the line wait on the worker, bounded as
+/// held requests are (beyond, a request would be rejected, as enforced).
 pub(super) fn can_hold(config: &Config, rule: &Rule, worker: &Worker) -> bool {
     let max_held = usize::try_from(config.max_held_per_worker).unwrap_or(usize::MAX);
-    rule.dry_run || worker.held() < max_held
+    match (rule.dry_run, rule.classes.is_empty()) {
+        (true, true) => true,
+        (true, false) => worker.held().saturating_add(worker.classes.dry_len()) < max_held,
+        (false, _) => worker.held() < max_held,
+    }
 }
 
 /// Every stage let the request go: it was admitted (unless, under dry-run,
