@@ -184,15 +184,19 @@ fn try_enter<S: Store, R: Request>(
     })?;
     match ticket {
         Some(ticket) => {
+            // Its turn if nothing changes: behind the tickets at or above
+            // its class (this one among them).
             let ahead: u64 = t.waiting().iter().take(c + 1).sum();
-            let tat = outlook
+            let until = outlook
                 .next_at
-                .saturating_add(ahead.saturating_mul(interval));
+                .saturating_add(ahead.saturating_sub(1).saturating_mul(interval));
+            let tat = until.saturating_add(interval);
             Ok((
                 Outcome::Wait(Wait::Class {
                     class: c,
                     ticket,
                     deadline: now.saturating_add(max_delay),
+                    until,
                 }),
                 Some(Seen::new(tat, false)),
             ))

@@ -93,6 +93,7 @@ impl Stream {
                 class,
                 ticket,
                 deadline,
+                ..
             }) => w.classes.wait(ClassWaiter {
                 context_id: id,
                 rule: index,
@@ -140,6 +141,7 @@ impl Stream {
                 class,
                 ticket,
                 deadline,
+                until,
             }) => {
                 // Its ticket waits in the line as the request would have
                 // (so later arrivals queue behind it, and the tick counts
@@ -153,7 +155,6 @@ impl Stream {
                     deadline,
                     dry: true,
                 });
-                let until = self.rate.map_or(cx.now, |seen| seen.tat);
                 (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
             }
             Outcome::Wait(Wait::Gate { .. }) => {

@@ -16,7 +16,7 @@ use super::{Ctx, Outcome};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Seen {
     /// The schedule after this request (or as it stood, if rejected).
-    pub(super) tat: u64,
+    tat: u64,
     rejected: bool,
 }
 

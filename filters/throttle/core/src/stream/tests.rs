@@ -782,6 +782,28 @@ fn dry_run_headers_show_each_decision_when_asked() {
 }
 
 #[test]
+fn dry_run_of_a_class_rule_notes_the_turn_each_would_have_waited_for() {
+    // 10/s: the first goes at once; the next wait for the slots at +100 and
+    // +200 ms, in their class's line; the critical one that comes last is
+    // first in line (+100 ms), as enforced.
+    let cfg = r#"{"dry_run": true, "dry_run_headers": true, "rules": [{"name": "d",
+        "rate": "10/s", "max_queue_delay": "1s", "classes": [
+        {"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "rest"}]}]}"#;
+    let mut p = Proc::new(cfg);
+    let mut note = |id, path| {
+        assert_eq!(p.request(id, FakeRequest::get(path)), Verdict::Continue);
+        p.respond(id, true)
+            .into_iter()
+            .find(|(n, _)| *n == "x-throttle-dry-run")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(note(10, "/"), None);
+    assert_eq!(note(11, "/").as_deref(), Some("queued; wait_ms=100"));
+    assert_eq!(note(12, "/").as_deref(), Some("queued; wait_ms=200"));
+    assert_eq!(note(13, "/hi").as_deref(), Some("queued; wait_ms=100"));
+}
+
+#[test]
 fn dry_run_at_the_gate_goes_at_once_but_keeps_in_flight_true() {
     let cfg = r#"{"rules": [{"name": "c", "concurrency": 1, "dry_run": true}]}"#;
     let mut p = Proc::new(cfg);
