@@ -327,16 +327,138 @@ fn dry_run_counts_the_classes_and_holds_nothing() {
         "\"name\": \"api\", \"dry_run\": true,",
     );
     let mut p = Process::new(&json, 1).unwrap();
-    let t0 = 1000 * NS_PER_S;
+    // No floor slot of batch among the next few: plain priority decides.
+    let t0 = plain_run(&p, 1000 * NS_PER_S, 6);
     for i in 0..5 {
         assert_eq!(p.request(0, i, req("batch"), t0), Verdict::Continue);
     }
     assert_eq!(p.request(0, 9, req("critical"), t0), Verdict::Continue);
-    assert!(!p.needs_ticks());
-    let c = |class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
-    assert_eq!((c(2, ClassStat::Admitted), c(2, ClassStat::Queued)), (1, 4));
-    assert_eq!(c(0, ClassStat::Queued), 1);
+    for id in (0..5).chain([9]) {
+        p.done(id);
+    }
+    // No request is held: only the tickets of those that would have been
+    // wait in the line (the streams ended, the tickets stay).
+    assert_eq!(p.workers[0].held(), 0);
+    let c = |p: &Process, class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!(
+        (c(&p, 2, ClassStat::Admitted), c(&p, 2, ClassStat::Queued)),
+        (1, 4)
+    );
+    assert_eq!(c(&p, 0, ClassStat::Queued), 1);
     assert_eq!(p.totals[&(0, Stat::WouldQueue)], 5);
+    // The line runs as it would have: critical's ticket gets the next slot
+    // (t0 + 10 ms), though it came last; nothing is resumed or answered.
+    p.tick(0, t0 + 10 * MS);
+    assert_eq!(
+        (c(&p, 0, ClassStat::Released), c(&p, 2, ClassStat::Released)),
+        (1, 0)
+    );
+    for ms in 11..=60 {
+        p.tick(0, t0 + ms * MS);
+    }
+    assert_eq!(c(&p, 2, ClassStat::Released), 4);
+    assert_eq!(
+        p.order,
+        vec![0, 1, 2, 3, 4, 9],
+        "each went on at once; none resumed"
+    );
+    assert!(!p.needs_ticks());
+    assert_eq!(p.totals.get(&(0, Stat::Released)), None);
+}
+
+#[test]
+fn dry_run_tickets_are_bounded_as_held_requests_are() {
+    // A worker may hold 2: the 2 dry tickets fill it, so the next requests
+    // would be rejected, as enforced (a full worker queue), not queued.
+    let json = SHORT
+        .replace(
+            "\"max_queue_delay\": \"250ms\",",
+            "\"max_queue_delay\": \"1s\", \"dry_run\": true,",
+        )
+        .replace("{\"rules\"", "{\"max_held_per_worker\": 2, \"rules\"");
+    let mut p = Process::new(&json, 1).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    for id in 0..5 {
+        assert_eq!(p.request(0, id, req("batch"), t0), Verdict::Continue);
+    }
+    let st = |s| p.totals.get(&(0, s)).copied().unwrap_or(0);
+    assert_eq!(
+        (
+            st(Stat::Admitted),
+            st(Stat::WouldQueue),
+            st(Stat::WouldReject)
+        ),
+        (1, 2, 2)
+    );
+    assert_eq!(
+        (p.workers[0].held(), p.workers[0].classes.dry_len()),
+        (0, 2)
+    );
+}
+
+#[test]
+fn dry_run_counts_the_requests_higher_classes_would_displace() {
+    // The scenario of the displacement test above, under dry-run: every
+    // request goes on at once, and the class counters say what the line
+    // would have done (batch's 2 displaced, critical's 12 released at its
+    // own turns).
+    let json = r#"{"rules": [{"name": "api", "rate": "10/s", "max_queue_delay": "2s",
+      "dry_run": true,
+      "classes": [
+        {"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+        {"name": "batch", "max_queue_delay": "1s"}]}]}"#;
+    let mut p = Process::new(json, 2).unwrap();
+    let t0 = 1000 * NS_PER_S;
+    let mut ids = vec![1, 2, 3];
+    for id in [1, 2, 3] {
+        assert_eq!(p.request(0, id, req("batch"), t0 + MS), Verdict::Continue);
+    }
+    for k in 0..12 {
+        ids.push(10 + k);
+        assert_eq!(
+            p.request(1, 10 + k, req("critical"), t0 + 2 * MS),
+            Verdict::Continue
+        );
+    }
+    for id in ids {
+        p.done(id);
+    }
+    p.tick(0, t0 + 3 * MS);
+    let c = |p: &Process, class, s| p.class_totals.get(&(0, class, s)).copied().unwrap_or(0);
+    assert_eq!(c(&p, 1, ClassStat::Displaced), 2);
+    for ms in 3..=1300 {
+        p.tick(0, t0 + ms * MS);
+        p.tick(1, t0 + ms * MS);
+    }
+    assert_eq!(
+        (c(&p, 0, ClassStat::Queued), c(&p, 0, ClassStat::Released)),
+        (12, 12)
+    );
+    assert_eq!(
+        (
+            c(&p, 1, ClassStat::Admitted),
+            c(&p, 1, ClassStat::Queued),
+            c(&p, 1, ClassStat::Released)
+        ),
+        (1, 2, 0)
+    );
+    assert_eq!(c(&p, 1, ClassStat::Displaced), 2);
+    // Each request counted once at arrival; nothing rejected or resumed.
+    let st = |s| p.totals.get(&(0, s)).copied().unwrap_or(0);
+    assert_eq!(
+        (
+            st(Stat::Admitted),
+            st(Stat::WouldQueue),
+            st(Stat::WouldReject)
+        ),
+        (1, 14, 0)
+    );
+    assert_eq!(
+        (st(Stat::Rejected), st(Stat::Released), st(Stat::Held)),
+        (0, 0, 0)
+    );
+    assert!(p.seen.values().all(|s| s.fate == Fate::Now));
+    assert!(!p.needs_ticks());
 }
 
 /// A cluster rule of 100/s (grid slot k at k x 10 ms wall time) whose engine

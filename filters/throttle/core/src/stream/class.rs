@@ -3,7 +3,8 @@
 //! the slot is no floor slot of a lower class waiting); else it takes a
 //! ticket of its class and waits for a grant, unless its estimated turn lies
 //! beyond its class's `max_queue_delay` (rejected at once). With `key_quota`,
-//! the key's quota is taken first, as without classes.
+//! the key's quota is taken first, as without classes. Under dry-run the
+//! same: the ticket then waits without its request (`stream/enforce.rs`).
 
 use crate::classes::{self, tickets, Backlog};
 use crate::clock::{Clock, NS_PER_S};
@@ -60,7 +61,14 @@ fn try_enter<S: Store, R: Request>(
     let busy = t.anyone_waits();
     let waiting = t.waiting();
     let outlook = slots.outlook(now, busy)?;
-    let interval = schedule.interval_ns;
+    // The spacing of the slots in force: in process scope the source's (the
+    // learned interval, for a rule that learns: a slot's index counts those);
+    // on the grid the grid's, whose slot `k` lies at `k x T`.
+    let interval = if rule.cluster.is_some() {
+        schedule.interval_ns
+    } else {
+        outlook.interval_ns.max(1)
+    };
     // On the grid, a turn reckoned from the share the proxy expects may be
     // off by a margin ([`cluster::margin_for`]): the request must fit within
     // its delay less that, so that it never waits first and fails later.
@@ -158,23 +166,6 @@ fn try_enter<S: Store, R: Request>(
             Some(Seen::new(now, true)),
         ));
     }
-    if rule.dry_run {
-        // Dry-run holds nothing: the class's turn it would have waited for,
-        // or its rejection, and no ticket (so the requests it would have
-        // queued are not in the line that later estimates see).
-        let b = Backlog {
-            classes: &rule.classes,
-            tickets: &t,
-            outlook,
-            now,
-        };
-        let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
-        if !fits(turn) {
-            return Ok(reject(turn, limit, true, now, &t, c, interval));
-        }
-        let until = now.saturating_add(turn.unwrap_or(0));
-        return Ok((Outcome::Hold { until }, Some(Seen::new(until, false))));
-    }
     let mut refused: Option<Option<u64>> = None;
     let read = t;
     let (t, ticket) = tickets::take_ticket(&mut blob, c, now, |t| {
@@ -193,15 +184,19 @@ fn try_enter<S: Store, R: Request>(
     })?;
     match ticket {
         Some(ticket) => {
+            // Its turn if nothing changes: behind the tickets at or above
+            // its class (this one among them).
             let ahead: u64 = t.waiting().iter().take(c + 1).sum();
-            let tat = outlook
+            let until = outlook
                 .next_at
-                .saturating_add(ahead.saturating_mul(interval));
+                .saturating_add(ahead.saturating_sub(1).saturating_mul(interval));
+            let tat = until.saturating_add(interval);
             Ok((
                 Outcome::Wait(Wait::Class {
                     class: c,
                     ticket,
                     deadline: now.saturating_add(max_delay),
+                    until,
                 }),
                 Some(Seen::new(tat, false)),
             ))

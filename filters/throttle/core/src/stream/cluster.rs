@@ -144,6 +144,7 @@ fn join_line<S: Store>(
         class: 0,
         ticket,
         deadline: now.saturating_add(reach.max_delay_ns),
+        until: now.saturating_add(turn),
     }))
 }
 

@@ -290,6 +290,7 @@ impl Worker {
                             ticket,
                             since: r.held_at,
                             deadline,
+                            dry: false,
                         });
                     }
                     _ => {
