@@ -64,11 +64,27 @@ def lab(wasm) -> Iterator[ClusterLab]:
         assert not lab.panics(), lab.panics()
 
 
+def lost_to_failed_calls(m: Measurement) -> float:
+    """The slots a run may lose to engine calls that failed: a call that times out carries its
+    claims, which the service may have counted with the answer lost, so those slots belong to no
+    proxy (engine/README.md). One call claims at most its proxy's part of an epoch, so the fleet
+    loses at most an epoch of the rate per failed call of the proxy that failed most (calls fail
+    together when the service stalls, each losing its own part of the same epoch)."""
+    failed = max((s.get("engine_failures", 0) for s in m.stats), default=0)
+    return failed * RATE * EPOCH_S
+
+
 def test_three_proxies_with_uneven_load_share_one_rate(lab):
     m = lab.run(split(3 * RATE, [60, 30, 10]), duration_s=10, warmup_s=2, max_queue_delay_s=MQD_S, rate=RATE)
-    assert abs(m.error) <= 0.01, "total within 1% of the setting over the run (the issue's figure): " + figures(m)
-    worst_1s = max(abs(c / RATE - 1) for c in m.per_second)
-    assert worst_1s <= 0.02 + 1e-9, "every 1 s window within 2% (the issue's figure): " + figures(m)
+    lost = lost_to_failed_calls(m)
+    span_s = m.span[1] - m.span[0]
+    assert -0.01 - lost / (RATE * span_s) <= m.error <= 0.01, (
+        f"total within 1% of the setting over the run (the issue's figure), less {lost:.0f} slots of failed "
+        f"engine calls: " + figures(m))
+    for c in m.per_second:
+        assert RATE * 0.98 - lost - 1e-9 <= c <= RATE * 1.02 + 1e-9, (
+            f"every 1 s window within 2% (the issue's figure), less {lost:.0f} slots of failed engine calls: "
+            + figures(m))
     allowance = math.ceil(RATE * JITTER_S)
     assert m.worst_100ms <= m.bound_100ms + allowance, (
         f"worst 100 ms window within the stated bound {m.bound_100ms} + {allowance} for release jitter "
