@@ -518,16 +518,11 @@ fn displacement_only_when_the_turn_cannot_come_in_time() {
 }
 
 /// Invariant 6 (engine/README.md) asks a class that waits throughout for its
-/// floor less one in every 1 s window; the floor slots follow the slot
-/// indices, a low-discrepancy sequence, which strays by up to
-/// [`discrepancy`] (2 here): at 300 slots a second with both classes always
-/// waiting, some 300 consecutive slots hold only 58 of batch's 60. Known
-/// (issue 29): the fleet sweep's seed 42 (one proxy, 300/s, batch 58 in one
-/// second for a floor of 60) is this, or close to it. Holding the floor per
-/// release (a count of what each class was given) instead of per slot index
-/// would keep it within one.
+/// floor less one in every 1 s window: at 300 slots a second with both
+/// classes always waiting, every 300 consecutive slots hold batch's 60 (the
+/// golden-ratio sequence before 2026-11-29 gave 58 in some: the fleet
+/// sweep's seed 42).
 #[test]
-#[ignore = "known defect (issue 29): floor slots follow the slot index, within its discrepancy, not one"]
 fn a_class_waiting_throughout_gets_its_floor_less_one_in_any_second() {
     let classes = vec![class("critical", 0), class("batch", 200_000)];
     let both = waiting(&[1, 1]);
@@ -546,5 +541,65 @@ fn a_class_waiting_throughout_gets_its_floor_less_one_in_any_second() {
         "{n} slots from {}: batch got {}",
         worst.1,
         worst.0
+    );
+}
+
+/// Two to seven classes with floors: each gets at most
+/// [`floor_slots_at_most`] of any run of slots and at least its share less
+/// the discrepancy and one, and the floor slots of all of them are their
+/// summed share, rounded down or up.
+#[test]
+fn several_floors_each_hold_within_the_stated_discrepancy() {
+    let mut seed = 0x9E37_79B9_u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut worst_under, mut worst_over) = (0f64, 0f64);
+    for _ in 0..60 {
+        let floored = 2 + (next() % 6) as usize;
+        let mut classes = vec![class("top", 0)];
+        let mut left = 1_000_000u64;
+        for i in 0..floored {
+            let ppm = next() % (left / (floored - i) as u64 + 1);
+            left -= ppm;
+            classes.push(class(&format!("c{i}"), ppm as u32));
+        }
+        let all = waiting(&[1; 8][..classes.len()]);
+        let start = next() >> 20;
+        let n_max = 3_000u64;
+        let mut counts = vec![0u64; classes.len()];
+        let mut any = 0u64;
+        for n in 1..=n_max {
+            let owner = floor_of(start + n - 1, &classes, &all);
+            if let Some(c) = owner {
+                counts[c] += 1;
+                any += 1;
+            }
+            let total: u64 = classes.iter().map(|c| u64::from(c.min_share_ppm)).sum();
+            let exact = total as f64 * n as f64 / 1e6;
+            assert!((any as f64 - exact).abs() < 1.0, "n {n}: {any} floor slots");
+            for (c, class) in classes.iter().enumerate() {
+                let want = f64::from(class.min_share_ppm) * n as f64 / 1e6;
+                let d = discrepancy(n) as f64;
+                worst_under = worst_under.max(want - counts[c] as f64);
+                worst_over = worst_over.max(counts[c] as f64 - want);
+                assert!(
+                    counts[c] <= floor_slots_at_most(class.min_share_ppm, n)
+                        && counts[c] as f64 + d + 1.0 >= want,
+                    "{:?} from {start}, n {n}: class {c} got {}, share {want:.1}",
+                    classes.iter().map(|c| c.min_share_ppm).collect::<Vec<_>>(),
+                    counts[c]
+                );
+            }
+        }
+    }
+    // Measured here: at most 3.4 under (a class after several others) and
+    // 2.3 over; each split strays by less than one more.
+    assert!(
+        worst_under < 3.5 && worst_over < 3.5,
+        "{worst_under} {worst_over}"
     );
 }
