@@ -794,3 +794,36 @@ fn the_start_of_a_load_is_not_taken_for_a_queue() {
     }
     assert!(c.rate() >= rate, "{} < {rate}", c.rate());
 }
+
+/// `arrivals` arrived in a round, `sent` of them went out and were answered
+/// good in 100 ms each.
+fn demand_round(arrivals: u64, sent: u64) -> Tally {
+    Tally {
+        arrivals,
+        ..round(sent, sent, 100)
+    }
+}
+
+/// A probe goes no higher than 110% of the demand: 310/s arrive, paced at
+/// 300/s with room above (answers in 100 ms, no queue). Before, the first
+/// probe went to 360/s, the gain's.
+#[test]
+fn a_probe_goes_no_higher_than_the_demand_and_the_band() {
+    let mut c = Controller::new(
+        interval_of_rate(300 * MICRO),
+        1,
+        u64::MAX,
+        Tuning::default(),
+    );
+    let mut probes = 0;
+    for i in 1..=50 {
+        let u = c.update(i * 100 * NS_PER_MS, &demand_round(31, 30), 0);
+        probes += u32::from(u.reasons.has(Reason::Probe));
+        assert!(
+            c.rate() <= 341 * MICRO,
+            "round {i}: {} /s",
+            c.rate() / MICRO
+        );
+    }
+    assert!(probes >= 1, "it probed");
+}

@@ -73,7 +73,7 @@ impl Controller {
         if now >= self.next_probe
             && now >= self.hold_until
             && self.rate < self.max_rate
-            && self.binding(now)
+            && self.binding(now, ahead_ns)
             && !self.latency_up(now)
         {
             self.start_probe(now, ahead_ns, reasons);
@@ -89,8 +89,8 @@ impl Controller {
         // fill a full probe (below that, a full one sends no more than the
         // demand, and the rate reaches it sooner).
         let near = self.capacity > 0 && self.rate >= pct(self.capacity, 85);
-        let w = self.sums(now.saturating_sub(300 * MS), now);
-        let full = per_s(w.tally.arrivals, w.dur) >= pct(self.rate, t.gain_pct.saturating_add(10));
+        let demand = self.demand(now, ahead_ns);
+        let full = demand >= pct(self.rate, t.gain_pct.saturating_add(10));
         let gentle = self.streak == 0 && near && full && !self.escalate;
         self.escalate = false;
         let gain = if gentle {
@@ -101,7 +101,13 @@ impl Controller {
                 .min(t.max_gain_pct.max(t.gain_pct))
         };
         self.probe_gain_pct = gain;
-        let mut target = pct(self.rate, gain);
+        // Never above the demand by more than the band (`delivered_pct`):
+        // a probe cannot find room beyond what arrives (and what the
+        // rule's queue holds beyond its budget), and above it the rate
+        // only empties that queue, all at once (after a capacity returned,
+        // 1.8x of a demand it nearly reached sent what was held for
+        // 300 ms within a fraction of a second: +20% over that second).
+        let mut target = pct(self.rate, gain).min(pct(demand, t.delivered_pct).max(self.rate));
         let mut near_shed = false;
         if let Some(c) = self.shed_ceiling {
             if target > pct(c, t.near_shed_gain_pct) {

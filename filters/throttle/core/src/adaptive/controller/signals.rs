@@ -278,9 +278,24 @@ impl Controller {
     }
 
     /// Whether demand reaches the rate (so a higher rate would be used).
-    pub(super) fn binding(&self, now: u64) -> bool {
+    pub(super) fn binding(&self, now: u64, ahead_ns: u64) -> bool {
         let w = self.sums(now.saturating_sub(300 * MS), now);
         w.tally.arrivals >= self.tune.min_samples
-            && per_s(w.tally.arrivals, w.dur) >= pct(self.rate, 95)
+            && self.demand(now, ahead_ns) >= pct(self.rate, 95)
+    }
+
+    /// The demand (µreq/s): what arrived over the last 300 ms, and what the
+    /// rule's own queue holds beyond `queue_budget_ns` (`ahead_ns` at the
+    /// rate) to be sent within a second. A queue within the budget is sent
+    /// as the demand leaves room (at most `delivered_pct` of it, within the
+    /// band); a longer one is sent at once, as a longer queue upstream is
+    /// drained (its wait is the clients' latency).
+    pub(super) fn demand(&self, now: u64, ahead_ns: u64) -> u64 {
+        let w = self.sums(now.saturating_sub(300 * MS), now);
+        let held = count_in(
+            self.rate,
+            ahead_ns.saturating_sub(self.tune.queue_budget_ns),
+        );
+        per_s(w.tally.arrivals, w.dur).saturating_add(per_s(held, NS_PER_S))
     }
 }
