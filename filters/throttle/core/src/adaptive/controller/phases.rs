@@ -70,6 +70,14 @@ impl Controller {
             self.apply(now, ahead_ns, cut, reasons);
             return;
         }
+        // The rule's own queue goes out at the demand's pace plus the band
+        // (and what it holds beyond its budget within a second): a rate
+        // far above the demand would only send it all at once.
+        let ceiling = pct(self.demand(now, ahead_ns), t.delivered_pct);
+        if ahead_ns > self.round_ns() && self.rate > ceiling && self.demand_known(now) {
+            self.set_rate(ceiling);
+            return;
+        }
         if now >= self.next_probe
             && now >= self.hold_until
             && self.rate < self.max_rate

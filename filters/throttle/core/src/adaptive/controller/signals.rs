@@ -284,6 +284,13 @@ impl Controller {
             && self.demand(now, ahead_ns) >= pct(self.rate, 95)
     }
 
+    /// Whether the last 300 ms are known and saw enough arrivals to tell
+    /// the demand.
+    pub(super) fn demand_known(&self, now: u64) -> bool {
+        let from = now.saturating_sub(300 * MS);
+        self.known_since(from) && self.sums(from, now).tally.arrivals >= self.tune.min_samples
+    }
+
     /// The demand (µreq/s): what arrived over the last 300 ms, and what the
     /// rule's own queue holds beyond `queue_budget_ns` (`ahead_ns` at the
     /// rate) to be sent within a second. A queue within the budget is sent
