@@ -104,12 +104,15 @@ fn s1_drop_is_cut_within_500_ms_and_held_within_10_percent_within_2_s() {
 }
 
 /// The same for S2 (the service 2.5 times slower): the first cut within
-/// 500 ms in every seed; the target of 2 s is met in 3 seeds of 10 here
-/// (0.2-16 s, once never; the old learner 0.8-19 s, twice never, once
-/// within 2 s): after the cut the drain must tell a slower service from a
-/// queue, and a queue stuck at a drain rate measured too high is taken for
-/// the new latency. What is asserted is what it achieves: the band held in
-/// most 1 s windows (85% or more in 9 seeds of 10; the old learner 6).
+/// 500 ms in every seed; the target of 2 s is met in 7 seeds of 10 here
+/// (0.2-10 s; before the cut measured the capacity on the whole window
+/// when its earlier half had too few answers, 3 of 10 and once never: a
+/// queue stuck at a drain rate measured 10% too high; the old learner
+/// 0.8-19 s, twice never, once within 2 s). Where it is missed, a cut deep
+/// enough that the capacity is then taken low, or probes kept on noise
+/// that go above it. What is asserted is what it achieves: within 2 s in
+/// 6 seeds of 10, and the band held in most 1 s windows (85% or more in 9
+/// seeds of 10; the old learner 6).
 #[test]
 fn s2_slower_service_is_cut_within_500_ms_and_mostly_held_within_10_percent() {
     let (mut within, mut held) = (0, 0);
@@ -123,7 +126,7 @@ fn s2_slower_service_is_cut_within_500_ms_and_mostly_held_within_10_percent() {
         within += u32::from(p[1].time_to_adapt_s.is_some_and(|t| t <= 2.0 + 1e-9));
         held += u32::from(p[1].in_band >= 0.85);
     }
-    assert!(within >= 3, "within ±10% by 2 s in {within} seeds of 10");
+    assert!(within >= 6, "within ±10% by 2 s in {within} seeds of 10");
     assert!(
         held >= 9,
         "85% of 1 s windows within ±10% in {held} seeds of 10"

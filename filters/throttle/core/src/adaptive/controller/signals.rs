@@ -130,13 +130,18 @@ impl Controller {
         // short and noisy, and a drain that overestimates the capacity
         // leaves a queue standing, so the lower errs on the safe side; the
         // drain measures it again while the upstream is busy, and probes
-        // find any more).
+        // find any more). An earlier half with too few answers to measure
+        // is no reason to trust the later one alone: after a slower
+        // service the answers pause, then the requests all started at
+        // once come back together, and the later half alone read 10%
+        // above the capacity (a drain at 92% of it left the queue
+        // standing, S2); the whole window, pause included, is the lower.
         let earlier = self.sums(now.saturating_sub(w.dur), now.saturating_sub(recent.dur));
         let (a, b) = (earlier.served_rate(), recent.served_rate());
         let measured = if earlier.tally.done() >= self.tune.min_samples {
             a.min(b)
         } else {
-            b
+            b.min(w.served_rate())
         };
         let c = self.capacity;
         self.capacity = if c > 0 && measured > pct(c, 85) && measured < pct(c, 115) {
