@@ -803,7 +803,7 @@ fn the_start_of_a_load_is_not_taken_for_a_queue() {
 /// ±10% within 2 s in 17 runs of 30 here, 4 s at most (the learner before
 /// issue 31's "settle" part: 1 of 30, 1.8-5.1 s). Probes above the demand
 /// found no room but sent what the rule held all at once, +15-20% over a
-/// second; a probe now goes no higher than 110% of the demand.
+/// second; a probe now goes no higher than 105% of the demand.
 #[test]
 fn the_way_back_up_after_a_capacity_returns_is_mostly_within_2_s() {
     let mut within = 0;
@@ -827,7 +827,7 @@ fn demand_round(arrivals: u64, sent: u64) -> Tally {
     }
 }
 
-/// A probe goes no higher than 110% of the demand: 310/s arrive, paced at
+/// A probe goes no higher than 105% of the demand: 310/s arrive, paced at
 /// 300/s with room above (answers in 100 ms, no queue). Before, the first
 /// probe went to 360/s, the gain's.
 #[test]
@@ -843,7 +843,7 @@ fn a_probe_goes_no_higher_than_the_demand_and_the_band() {
         let u = c.update(i * 100 * NS_PER_MS, &demand_round(31, 30), 0);
         probes += u32::from(u.reasons.has(Reason::Probe));
         assert!(
-            c.rate() <= 341 * MICRO,
+            c.rate() <= 326 * MICRO,
             "round {i}: {} /s",
             c.rate() / MICRO
         );
@@ -853,7 +853,7 @@ fn a_probe_goes_no_higher_than_the_demand_and_the_band() {
 
 /// While the rule holds a queue (its schedule 400 ms ahead), a rate far
 /// above the demand (500/s against 250/s arriving: the capacity came back
-/// while it held what it could not send) comes down to 110% of it, so
+/// while it held what it could not send) comes down to 105% of it, so
 /// the queue goes out within the band instead of all at once. Without a
 /// queue held the rate stays where it is (a demand below the rate is no
 /// reason to lower it: S10).
@@ -874,6 +874,6 @@ fn a_queue_the_rule_holds_goes_out_at_the_demand_plus_the_band() {
         free.update(now, &demand_round(25, 25), 0);
     }
     let r = held.rate() / MICRO;
-    assert!((250..=275).contains(&r), "with a queue held: {r} /s");
+    assert!((250..=263).contains(&r), "with a queue held: {r} /s");
     assert_eq!(free.rate(), 500 * MICRO, "without");
 }

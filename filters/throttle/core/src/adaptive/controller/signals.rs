@@ -9,6 +9,12 @@ use super::{count_in, pct, per_s, Controller, Phase, Reason, Reasons, MS};
 use crate::adaptive::tally::Tally;
 use crate::NS_PER_S;
 
+/// Probes go no higher, and a queue the rule holds goes out no faster,
+/// than this share (%) of the demand: half the ±10% band (at 110% the
+/// second's rate sat on the band's edge, and noise in the demand measured
+/// took it out).
+pub(super) const DEMAND_CEILING_PCT: u64 = 105;
+
 /// A cut the signals call for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Cut {
@@ -296,11 +302,16 @@ impl Controller {
         self.known_since(from) && self.sums(from, now).tally.arrivals >= self.tune.min_samples
     }
 
+    /// The highest rate the demand can use: `DEMAND_CEILING_PCT` of it.
+    pub(super) fn demand_ceiling(&self, now: u64, ahead_ns: u64) -> u64 {
+        pct(self.demand(now, ahead_ns), DEMAND_CEILING_PCT)
+    }
+
     /// The demand (µreq/s): what arrived over the last 300 ms, and what the
     /// rule's own queue holds beyond `queue_budget_ns` (`ahead_ns` at the
     /// rate) to be sent within a second. A queue within the budget is sent
-    /// as the demand leaves room (at most `delivered_pct` of it, within the
-    /// band); a longer one is sent at once, as a longer queue upstream is
+    /// as the demand leaves room (at most `DEMAND_CEILING_PCT` of it,
+    /// within the band); a longer one is sent at once, as a longer queue upstream is
     /// drained (its wait is the clients' latency).
     pub(super) fn demand(&self, now: u64, ahead_ns: u64) -> u64 {
         let w = self.sums(now.saturating_sub(300 * MS), now);
