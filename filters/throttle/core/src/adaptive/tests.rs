@@ -104,12 +104,15 @@ fn s1_drop_is_cut_within_500_ms_and_held_within_10_percent_within_2_s() {
 }
 
 /// The same for S2 (the service 2.5 times slower): the first cut within
-/// 500 ms in every seed; the target of 2 s is met in 3 seeds of 10 here
-/// (0.2-16 s, once never; the old learner 0.8-19 s, twice never, once
-/// within 2 s): after the cut the drain must tell a slower service from a
-/// queue, and a queue stuck at a drain rate measured too high is taken for
-/// the new latency. What is asserted is what it achieves: the band held in
-/// most 1 s windows (85% or more in 9 seeds of 10; the old learner 6).
+/// 500 ms in every seed; the target of 2 s is met in 7 seeds of 10 here
+/// (0.2-10 s; before the cut measured the capacity on the whole window
+/// when its earlier half had too few answers, 3 of 10 and once never: a
+/// queue stuck at a drain rate measured 10% too high; the old learner
+/// 0.8-19 s, twice never, once within 2 s). Where it is missed, a cut deep
+/// enough that the capacity is then taken low, or probes kept on noise
+/// that go above it. What is asserted is what it achieves: within 2 s in
+/// 6 seeds of 10, and the band held in most 1 s windows (85% or more in 9
+/// seeds of 10; the old learner 6).
 #[test]
 fn s2_slower_service_is_cut_within_500_ms_and_mostly_held_within_10_percent() {
     let (mut within, mut held) = (0, 0);
@@ -123,7 +126,7 @@ fn s2_slower_service_is_cut_within_500_ms_and_mostly_held_within_10_percent() {
         within += u32::from(p[1].time_to_adapt_s.is_some_and(|t| t <= 2.0 + 1e-9));
         held += u32::from(p[1].in_band >= 0.85);
     }
-    assert!(within >= 3, "within ±10% by 2 s in {within} seeds of 10");
+    assert!(within >= 6, "within ±10% by 2 s in {within} seeds of 10");
     assert!(
         held >= 9,
         "85% of 1 s windows within ±10% in {held} seeds of 10"
@@ -793,4 +796,84 @@ fn the_start_of_a_load_is_not_taken_for_a_queue() {
         );
     }
     assert!(c.rate() >= rate, "{} < {rate}", c.rate());
+}
+
+/// The way back up after a capacity returns (S1's workers, S2's service
+/// time, S9's storm: 200/s back to the offered 400/s), seeds 1-10: within
+/// ±10% within 2 s in 17 runs of 30 here, 4 s at most (the learner before
+/// issue 31's "settle" part: 1 of 30, 1.8-5.1 s). Probes above the demand
+/// found no room but sent what the rule held all at once, +15-20% over a
+/// second; a probe now goes no higher than 105% of the demand.
+#[test]
+fn the_way_back_up_after_a_capacity_returns_is_mostly_within_2_s() {
+    let mut within = 0;
+    for (name, phase) in [("S1", 2), ("S2", 2), ("S9", 2)] {
+        for seed in 1..=10 {
+            let (_, p) = adaptive(name, seed);
+            let t = p[phase].time_to_adapt_s.unwrap_or(f64::MAX);
+            assert!(t <= 4.0, "{name} seed {seed}: back after {t} s");
+            within += u32::from(t <= 2.0 + 1e-9);
+        }
+    }
+    assert!(within >= 15, "back within 2 s in {within} runs of 30");
+}
+
+/// `arrivals` arrived in a round, `sent` of them went out and were answered
+/// good in 100 ms each.
+fn demand_round(arrivals: u64, sent: u64) -> Tally {
+    Tally {
+        arrivals,
+        ..round(sent, sent, 100)
+    }
+}
+
+/// A probe goes no higher than 105% of the demand: 310/s arrive, paced at
+/// 300/s with room above (answers in 100 ms, no queue). Before, the first
+/// probe went to 360/s, the gain's.
+#[test]
+fn a_probe_goes_no_higher_than_the_demand_and_the_band() {
+    let mut c = Controller::new(
+        interval_of_rate(300 * MICRO),
+        1,
+        u64::MAX,
+        Tuning::default(),
+    );
+    let mut probes = 0;
+    for i in 1..=50 {
+        let u = c.update(i * 100 * NS_PER_MS, &demand_round(31, 30), 0);
+        probes += u32::from(u.reasons.has(Reason::Probe));
+        assert!(
+            c.rate() <= 326 * MICRO,
+            "round {i}: {} /s",
+            c.rate() / MICRO
+        );
+    }
+    assert!(probes >= 1, "it probed");
+}
+
+/// While the rule holds a queue (its schedule 400 ms ahead), a rate far
+/// above the demand (500/s against 250/s arriving: the capacity came back
+/// while it held what it could not send) comes down to 105% of it, so
+/// the queue goes out within the band instead of all at once. Without a
+/// queue held the rate stays where it is (a demand below the rate is no
+/// reason to lower it: S10).
+#[test]
+fn a_queue_the_rule_holds_goes_out_at_the_demand_plus_the_band() {
+    let start = || {
+        Controller::new(
+            interval_of_rate(500 * MICRO),
+            1,
+            u64::MAX,
+            Tuning::default(),
+        )
+    };
+    let (mut held, mut free) = (start(), start());
+    for i in 1..=30 {
+        let now = i * 100 * NS_PER_MS;
+        held.update(now, &demand_round(25, 25), 400 * NS_PER_MS);
+        free.update(now, &demand_round(25, 25), 0);
+    }
+    let r = held.rate() / MICRO;
+    assert!((250..=263).contains(&r), "with a queue held: {r} /s");
+    assert_eq!(free.rate(), 500 * MICRO, "without");
 }

@@ -4,7 +4,7 @@
 //! the two ways back when there is no fresh evidence: an idle rule returns
 //! to the capacity last measured, and probes as soon as demand returns.
 
-use super::signals::Cut;
+use super::signals::{Cut, DEMAND_CEILING_PCT};
 use super::{count_in, interval_of_rate, pct, per_s, Controller, Phase, Reason, Reasons, MS};
 use crate::NS_PER_S;
 
@@ -70,10 +70,18 @@ impl Controller {
             self.apply(now, ahead_ns, cut, reasons);
             return;
         }
+        // The rule's own queue goes out at the demand's pace plus half the
+        // band (and what it holds beyond its budget within a second): a rate
+        // far above the demand would only send it all at once.
+        let ceiling = self.demand_ceiling(now, ahead_ns);
+        if ahead_ns > self.round_ns() && self.rate > ceiling && self.demand_known(now) {
+            self.set_rate(ceiling);
+            return;
+        }
         if now >= self.next_probe
             && now >= self.hold_until
             && self.rate < self.max_rate
-            && self.binding(now)
+            && self.binding(now, ahead_ns)
             && !self.latency_up(now)
         {
             self.start_probe(now, ahead_ns, reasons);
@@ -89,8 +97,8 @@ impl Controller {
         // fill a full probe (below that, a full one sends no more than the
         // demand, and the rate reaches it sooner).
         let near = self.capacity > 0 && self.rate >= pct(self.capacity, 85);
-        let w = self.sums(now.saturating_sub(300 * MS), now);
-        let full = per_s(w.tally.arrivals, w.dur) >= pct(self.rate, t.gain_pct.saturating_add(10));
+        let demand = self.demand(now, ahead_ns);
+        let full = demand >= pct(self.rate, t.gain_pct.saturating_add(10));
         let gentle = self.streak == 0 && near && full && !self.escalate;
         self.escalate = false;
         let gain = if gentle {
@@ -101,7 +109,13 @@ impl Controller {
                 .min(t.max_gain_pct.max(t.gain_pct))
         };
         self.probe_gain_pct = gain;
-        let mut target = pct(self.rate, gain);
+        // Never above the demand by more than half the band:
+        // a probe cannot find room beyond what arrives (and what the
+        // rule's queue holds beyond its budget), and above it the rate
+        // only empties that queue, all at once (after a capacity returned,
+        // 1.8x of a demand it nearly reached sent what was held for
+        // 300 ms within a fraction of a second: +20% over that second).
+        let mut target = pct(self.rate, gain).min(pct(demand, DEMAND_CEILING_PCT).max(self.rate));
         let mut near_shed = false;
         if let Some(c) = self.shed_ceiling {
             if target > pct(c, t.near_shed_gain_pct) {

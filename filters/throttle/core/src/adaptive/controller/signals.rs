@@ -9,6 +9,12 @@ use super::{count_in, pct, per_s, Controller, Phase, Reason, Reasons, MS};
 use crate::adaptive::tally::Tally;
 use crate::NS_PER_S;
 
+/// Probes go no higher, and a queue the rule holds goes out no faster,
+/// than this share (%) of the demand: half the ±10% band (at 110% the
+/// second's rate sat on the band's edge, and noise in the demand measured
+/// took it out).
+pub(super) const DEMAND_CEILING_PCT: u64 = 105;
+
 /// A cut the signals call for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Cut {
@@ -130,13 +136,18 @@ impl Controller {
         // short and noisy, and a drain that overestimates the capacity
         // leaves a queue standing, so the lower errs on the safe side; the
         // drain measures it again while the upstream is busy, and probes
-        // find any more).
+        // find any more). An earlier half with too few answers to measure
+        // is no reason to trust the later one alone: after a slower
+        // service the answers pause, then the requests all started at
+        // once come back together, and the later half alone read 10%
+        // above the capacity (a drain at 92% of it left the queue
+        // standing, S2); the whole window, pause included, is the lower.
         let earlier = self.sums(now.saturating_sub(w.dur), now.saturating_sub(recent.dur));
         let (a, b) = (earlier.served_rate(), recent.served_rate());
         let measured = if earlier.tally.done() >= self.tune.min_samples {
             a.min(b)
         } else {
-            b
+            b.min(w.served_rate())
         };
         let c = self.capacity;
         self.capacity = if c > 0 && measured > pct(c, 85) && measured < pct(c, 115) {
@@ -278,9 +289,36 @@ impl Controller {
     }
 
     /// Whether demand reaches the rate (so a higher rate would be used).
-    pub(super) fn binding(&self, now: u64) -> bool {
+    pub(super) fn binding(&self, now: u64, ahead_ns: u64) -> bool {
         let w = self.sums(now.saturating_sub(300 * MS), now);
         w.tally.arrivals >= self.tune.min_samples
-            && per_s(w.tally.arrivals, w.dur) >= pct(self.rate, 95)
+            && self.demand(now, ahead_ns) >= pct(self.rate, 95)
+    }
+
+    /// Whether the last 300 ms are known and saw enough arrivals to tell
+    /// the demand.
+    pub(super) fn demand_known(&self, now: u64) -> bool {
+        let from = now.saturating_sub(300 * MS);
+        self.known_since(from) && self.sums(from, now).tally.arrivals >= self.tune.min_samples
+    }
+
+    /// The highest rate the demand can use: `DEMAND_CEILING_PCT` of it.
+    pub(super) fn demand_ceiling(&self, now: u64, ahead_ns: u64) -> u64 {
+        pct(self.demand(now, ahead_ns), DEMAND_CEILING_PCT)
+    }
+
+    /// The demand (µreq/s): what arrived over the last 300 ms, and what the
+    /// rule's own queue holds beyond `queue_budget_ns` (`ahead_ns` at the
+    /// rate) to be sent within a second. A queue within the budget is sent
+    /// as the demand leaves room (at most `DEMAND_CEILING_PCT` of it,
+    /// within the band); a longer one is sent at once, as a longer queue upstream is
+    /// drained (its wait is the clients' latency).
+    pub(super) fn demand(&self, now: u64, ahead_ns: u64) -> u64 {
+        let w = self.sums(now.saturating_sub(300 * MS), now);
+        let held = count_in(
+            self.rate,
+            ahead_ns.saturating_sub(self.tune.queue_budget_ns),
+        );
+        per_s(w.tally.arrivals, w.dur).saturating_add(per_s(held, NS_PER_S))
     }
 }
