@@ -38,6 +38,16 @@ fn waiting(w: &[u64]) -> [u64; MAX] {
     out
 }
 
+/// A small reproducible generator for the exhaustive floor checks.
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 #[test]
 fn floor_slots_come_at_the_class_share_over_any_window() {
     let classes = vec![class("a", 0), class("b", 250_000), class("c", 100_000)];
@@ -64,13 +74,7 @@ fn floor_slots_come_at_the_class_share_over_any_window() {
 /// up to 40,000 slots from many starts and shares.
 #[test]
 fn the_floor_bound_holds_for_long_windows() {
-    let mut seed = 0x1234_5678_u64;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x1234_5678_u64);
     for _ in 0..40 {
         let before = (next() % 500_000) as u32;
         let ppm = (next() % 500_000) as u32 + 1;
@@ -550,13 +554,7 @@ fn a_class_waiting_throughout_gets_its_floor_less_one_in_any_second() {
 /// summed share, rounded down or up.
 #[test]
 fn several_floors_each_hold_within_the_stated_discrepancy() {
-    let mut seed = 0x9E37_79B9_u64;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9E37_79B9_u64);
     let (mut worst_under, mut worst_over) = (0f64, 0f64);
     for _ in 0..60 {
         let floored = 2 + (next() % 6) as usize;

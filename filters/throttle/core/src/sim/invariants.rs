@@ -716,18 +716,8 @@ fn shares(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
         // before it) costs up to half a second of each proxy's share: shares
         // are claimed k epochs ahead from demand measured over the last few
         // epochs, and a slot claimed by a proxy that stopped goes unused.
-        let changes = sc
-            .loads
-            .iter()
-            .filter(|l| l.rule == r.index)
-            .flat_map(|l| match l.shape {
-                Shape::Burst { at_ms, .. } => vec![at_ms],
-                _ => vec![l.from_ms, l.to_ms],
-            })
-            .filter(|&ms| {
-                let t = sc.at(ms);
-                t + NS_PER_S >= a && t < b && ms > 0 && ms < sc.duration_ms
-            })
+        let changes = load_changes(sc, r.index)
+            .filter(|&t| t + NS_PER_S >= a && t < b)
             .count() as f64;
         if (total as f64) > cap * 1.05 {
             for (&p, &d) in &demand {
@@ -749,19 +739,23 @@ fn shares(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     }
 }
 
-/// Whether every load of rule `rule` runs unchanged over `[a, b)`: none
-/// starts, stops or bursts in it.
-fn steady(sc: &super::Scenario, rule: usize, a: u64, b: u64) -> bool {
-    sc.loads.iter().filter(|l| l.rule == rule).all(|l| {
-        let edges = match l.shape {
+/// When the loads of rule `rule` start, stop or burst within the run (true
+/// ns; a load's start at 0 and end at the run's end are no change).
+fn load_changes(sc: &super::Scenario, rule: usize) -> impl Iterator<Item = u64> + '_ {
+    sc.loads
+        .iter()
+        .filter(move |l| l.rule == rule)
+        .flat_map(|l| match l.shape {
             Shape::Burst { at_ms, .. } => vec![at_ms],
             _ => vec![l.from_ms, l.to_ms],
-        };
-        edges.iter().all(|&ms| {
-            let t = sc.at(ms);
-            t < a || t >= b || ms == 0 || ms >= sc.duration_ms
         })
-    })
+        .filter(|&ms| ms > 0 && ms < sc.duration_ms)
+        .map(|ms| sc.at(ms))
+}
+
+/// Whether every load of rule `rule` runs unchanged over `[a, b)`.
+fn steady(sc: &super::Scenario, rule: usize, a: u64, b: u64) -> bool {
+    load_changes(sc, rule).all(|t| t < a || t >= b)
 }
 
 fn throughput(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
