@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -35,21 +37,29 @@ def rate(windows: list[dict], from_s: float, to_s: float) -> float:
     return sum(w["arrivals"] for w in chunk) / (len(chunk) / 10)
 
 
-def test_the_admitted_rate_follows_a_capacity_drop(wasm):
+@contextmanager
+def dropping_backend(plugin: dict, wasm) -> Iterator[tuple[emulator.Process, Envoy, str]]:
+    """The backend of SCHEDULE behind Envoy with `plugin`, warmed up (10 requests before the
+    backend's record starts): (the backend, Envoy, the URL to load)."""
     with emulator.Process(SCHEDULE) as emu:
         cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=emu.port,
-                     plugin=PLUGIN, wasm=wasm)
+                     plugin=plugin, wasm=wasm)
         with Envoy(cfg) as envoy:
             url = f"{envoy.url}/work"
-            for _ in range(10):  # warm-up, before the backend's record starts
+            for _ in range(10):
                 http_get(url, timeout=2)
             emu.begin()
-            # 64 connections at 150/s in all: each waits at most for the hold (300 ms) and the
-            # backend, so Fortio keeps the offered rate.
-            got = fortio.load(url, connections=64, qps=OFFERED, duration_s=DURATION, uniform=True,
-                              request_timeout_s=5, allow_initial_errors=True, timeout_s=DURATION + 30)
-            record = emu.record()
-            stats = envoy.rule_stats("api")
+            yield emu, envoy, url
+
+
+def test_the_admitted_rate_follows_a_capacity_drop(wasm):
+    with dropping_backend(PLUGIN, wasm) as (emu, envoy, url):
+        # 64 connections at 150/s in all: each waits at most for the hold (300 ms) and the
+        # backend, so Fortio keeps the offered rate.
+        got = fortio.load(url, connections=64, qps=OFFERED, duration_s=DURATION, uniform=True,
+                          request_timeout_s=5, allow_initial_errors=True, timeout_s=DURATION + 30)
+        record = emu.record()
+        stats = envoy.rule_stats("api")
     windows = record["windows"]
     high, low = rate(windows, 2, DROP_AT), rate(windows, DROP_AT + 4, DURATION)
     tail_queue = max(w["waiting_max"] for w in windows[(DROP_AT + 4) * 10:DURATION * 10])
@@ -139,24 +149,16 @@ def test_priority_classes_are_released_at_the_learned_rate(wasm):
         {"name": "critical", "match": {"headers": {"x-priority": "critical"}}, "max_queue_delay": "1s"},
         {"name": "batch"}]}]}
     critical_qps = 20
-    with emulator.Process(SCHEDULE) as emu:
-        cfg = render("demo.yaml", listen_port=free_port(), admin_port=free_port(), upstream_port=emu.port,
-                     plugin=plugin, wasm=wasm)
-        with Envoy(cfg) as envoy:
-            url = f"{envoy.url}/work"
-            for _ in range(10):  # warm-up, before the backend's record starts
-                http_get(url, timeout=2)
-            emu.begin()
+    with dropping_backend(plugin, wasm) as (emu, envoy, url):
+        def load(connections: int, qps: int, headers: list[str]) -> fortio.Load:
+            return fortio.Load(url, connections=connections, qps=qps, duration_s=DURATION, uniform=True,
+                               request_timeout_s=5, allow_initial_errors=True, headers=headers)
 
-            def load(connections: int, qps: int, headers: list[str]) -> fortio.Load:
-                return fortio.Load(url, connections=connections, qps=qps, duration_s=DURATION, uniform=True,
-                                   request_timeout_s=5, allow_initial_errors=True, headers=headers)
-
-            running = [load(60, OFFERED - critical_qps, []).start(),
-                       load(20, critical_qps, ["x-priority: critical"]).start()]
-            batch, critical = (r.result(DURATION + 30) for r in running)
-            record = emu.record()
-            stats = envoy.rule_stats("api")
+        running = [load(60, OFFERED - critical_qps, []).start(),
+                   load(20, critical_qps, ["x-priority: critical"]).start()]
+        batch, critical = (r.result(DURATION + 30) for r in running)
+        record = emu.record()
+        stats = envoy.rule_stats("api")
     windows = record["windows"]
     high, low = rate(windows, 2, DROP_AT), rate(windows, DROP_AT + 4, DURATION)
     tail_queue = max(w["waiting_max"] for w in windows[(DROP_AT + 4) * 10:DURATION * 10])

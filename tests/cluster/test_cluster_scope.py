@@ -139,13 +139,13 @@ def test_a_stall_of_every_proxy_loses_no_slot(lab):
     got = sum(1 for t in stamps if stopped - 0.3 <= t < stopped + 0.7)
     lost_allowed = RATE * max(0.0, stall - CATCH_UP_S)
     least = RATE * 0.98 - lost_allowed
+    unused = [lab.rule_stats(i).get("slots_unused", 0) for i in range(3)]
     print(f"\nstall {stall * 1000:.0f} ms: {got} in the 1 s around it; before "
-          f"{windows.rate(stamps, t0 + 2, stopped - 0.3):.1f}/s; unused slots "
-          f"{[lab.rule_stats(i).get('slots_unused', 0) for i in range(3)]}; {load()}")
+          f"{windows.rate(stamps, t0 + 2, stopped - 0.3):.1f}/s; unused slots {unused}; {load()}")
     assert got >= least, (
         f"the 1 s window from 0.3 s before a {stall * 1000:.0f} ms stall of every proxy holds the rate within "
         f"2% less the stall beyond the {CATCH_UP_S * 1000:.0f} ms catch-up ({lost_allowed:.1f}): {got} < "
-        f"{least:.1f}; unused slots {[lab.rule_stats(i).get('slots_unused', 0) for i in range(3)]}; {load()}")
+        f"{least:.1f}; unused slots {unused}; {load()}")
 
 
 def test_within_the_rate_no_request_fails(lab):
