@@ -104,15 +104,17 @@ fn s1_drop_is_cut_within_500_ms_and_held_within_10_percent_within_2_s() {
 }
 
 /// The same for S2 (the service 2.5 times slower): the first cut within
-/// 500 ms in every seed; the target of 2 s is met in 7 seeds of 10 here
-/// (0.2-10 s; before the cut measured the capacity on the whole window
-/// when its earlier half had too few answers, 3 of 10 and once never: a
-/// queue stuck at a drain rate measured 10% too high; the old learner
-/// 0.8-19 s, twice never, once within 2 s). Where it is missed, a cut deep
-/// enough that the capacity is then taken low, or probes kept on noise
-/// that go above it. What is asserted is what it achieves: within 2 s in
-/// 6 seeds of 10, and the band held in most 1 s windows (85% or more in 9
-/// seeds of 10; the old learner 6).
+/// 500 ms in every seed; the target of 2 s is met in 8 seeds of 10 here
+/// (0.2-8.2 s; before a drain's growth test asked requests in flight to
+/// grow beyond the noise, 7 of 10: a growth of 3-4 in flight at the slower
+/// service's latency, with the latency flat, cut a drain at the capacity
+/// to below the band; before the cut measured the capacity on the whole
+/// window when its earlier half had too few answers, 3 of 10 and once
+/// never; the old learner 0.8-19 s, twice never, once within 2 s). Where
+/// it is missed, probes kept on noise that go above the capacity. What is
+/// asserted is what it achieves: within 2 s in 8 seeds of 10, and the band
+/// held in most 1 s windows (85% or more in 9 seeds of 10; the old
+/// learner 6).
 #[test]
 fn s2_slower_service_is_cut_within_500_ms_and_mostly_held_within_10_percent() {
     let (mut within, mut held) = (0, 0);
@@ -126,7 +128,7 @@ fn s2_slower_service_is_cut_within_500_ms_and_mostly_held_within_10_percent() {
         within += u32::from(p[1].time_to_adapt_s.is_some_and(|t| t <= 2.0 + 1e-9));
         held += u32::from(p[1].in_band >= 0.85);
     }
-    assert!(within >= 6, "within ±10% by 2 s in {within} seeds of 10");
+    assert!(within >= 8, "within ±10% by 2 s in {within} seeds of 10");
     assert!(
         held >= 9,
         "85% of 1 s windows within ±10% in {held} seeds of 10"
@@ -800,10 +802,12 @@ fn the_start_of_a_load_is_not_taken_for_a_queue() {
 
 /// The way back up after a capacity returns (S1's workers, S2's service
 /// time, S9's storm: 200/s back to the offered 400/s), seeds 1-10: within
-/// ±10% within 2 s in 17 runs of 30 here, 4 s at most (the learner before
-/// issue 31's "settle" part: 1 of 30, 1.8-5.1 s). Probes above the demand
-/// found no room but sent what the rule held all at once, +15-20% over a
-/// second; a probe now goes no higher than 105% of the demand.
+/// ±10% within 2 s in 21 runs of 30 here, 4 s at most (before answers
+/// suddenly faster than the reference started a probe at once: 17; the
+/// learner before issue 31's "settle" part: 1 of 30, 1.8-5.1 s). Probes
+/// above the demand found no room but sent what the rule held all at once,
+/// +15-20% over a second; a probe now goes no higher than 105% of the
+/// demand.
 #[test]
 fn the_way_back_up_after_a_capacity_returns_is_mostly_within_2_s() {
     let mut within = 0;
@@ -815,7 +819,7 @@ fn the_way_back_up_after_a_capacity_returns_is_mostly_within_2_s() {
             within += u32::from(t <= 2.0 + 1e-9);
         }
     }
-    assert!(within >= 15, "back within 2 s in {within} runs of 30");
+    assert!(within >= 19, "back within 2 s in {within} runs of 30");
 }
 
 /// `arrivals` arrived in a round, `sent` of them went out and were answered
@@ -876,4 +880,55 @@ fn a_queue_the_rule_holds_goes_out_at_the_demand_plus_the_band() {
     let r = held.rate() / MICRO;
     assert!((250..=263).contains(&r), "with a queue held: {r} /s");
     assert_eq!(free.rate(), 500 * MICRO, "without");
+}
+
+/// A capacity that comes back shows as answers that are suddenly faster
+/// than the reference (the queue a cruise near the old capacity kept is
+/// gone at once): a probe starts in the next round, without waiting for
+/// the probe timer. A latency that falls a little each round (a queue
+/// draining at the cruise's margin) starts none before its time. Paced at
+/// 200/s with 400/s arriving, answers in 150 ms; after a probe that found
+/// nothing (the next one waits 1 s), 100 ms at once, or 8 ms less each round.
+#[test]
+fn answers_suddenly_faster_than_the_reference_start_a_probe_at_once() {
+    let probe_after = |fall: &dyn Fn(u64) -> u64| -> Option<u64> {
+        let mut c = Controller::new(
+            interval_of_rate(200 * MICRO),
+            1,
+            u64::MAX,
+            Tuning::default(),
+        );
+        let mut now = 0;
+        let mut tick = |c: &mut Controller, latency_ms: u64| {
+            now += 100 * NS_PER_MS;
+            c.update(
+                now,
+                &Tally {
+                    arrivals: 40,
+                    ..round(20, 20, latency_ms)
+                },
+                0,
+            )
+        };
+        // Until a probe has run and been judged (not kept: no more sent).
+        let mut probed = None;
+        for i in 0..200 {
+            if tick(&mut c, 150).reasons.has(Reason::Probe) && i >= 40 {
+                probed = Some(i);
+            }
+            if probed.is_some_and(|p| i >= p + 8) {
+                break;
+            }
+        }
+        assert!(probed.is_some(), "a probe ran");
+        assert_eq!(c.rate(), 200 * MICRO, "back to the rate after the probe");
+        (1..=5).find(|&i| tick(&mut c, fall(i)).reasons.has(Reason::Probe))
+    };
+    let at_once = probe_after(&|_| 100);
+    assert!(
+        at_once.is_some_and(|i| i <= 3),
+        "faster at once: probe in round {at_once:?}"
+    );
+    let gradual = probe_after(&|i| 150 - 8 * i);
+    assert_eq!(gradual, None, "a gradual fall: probe in round {gradual:?}");
 }

@@ -78,12 +78,16 @@ impl Controller {
             self.set_rate(ceiling);
             return;
         }
-        if now >= self.next_probe
+        // The upstream got faster than the reference (a capacity came
+        // back): probe now, a full one (no wait, no gentle first step).
+        let faster = self.faster(now);
+        if (now >= self.next_probe || faster)
             && now >= self.hold_until
             && self.rate < self.max_rate
             && self.binding(now, ahead_ns)
             && !self.latency_up(now)
         {
+            self.escalate |= faster;
             self.start_probe(now, ahead_ns, reasons);
         }
     }
@@ -454,7 +458,14 @@ impl Controller {
         });
         let flat = e.abs_diff(r) as f64
             <= (self.reference.latency_ns() as f64 / 20_000.0).max(2.0 * se_us);
-        if l.growth > 2 {
+        // (Beyond 2 with the latency still rising, or beyond the noise
+        // (2 and `growth_pct` of what was sent) with it flat: requests in
+        // flight at a slower service's latency vary by more than 2 from
+        // one round to the next, and a bare 2 with a flat latency cut a
+        // drain at the capacity measured to below the band, S2; a queue
+        // that grows slowly raises the latency as it grows.)
+        let noise = i64::try_from(2 + pct(l.tally.sent, t.growth_pct)).unwrap_or(i64::MAX);
+        if l.growth > noise || (l.growth > 2 && !flat && r > e) {
             // Requests in flight still grow: the capacity was taken too
             // high. What it served meanwhile, busy all along, is it.
             self.capacity = l.served_rate();

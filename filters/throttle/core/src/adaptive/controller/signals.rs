@@ -266,6 +266,43 @@ impl Controller {
         reference > 0 && l > margin && (l - margin) as f64 > se_us * 2.0
     }
 
+    /// Whether the latency of the last fast half-window fell at once, below
+    /// the half-window before it (by three standard errors) and below the
+    /// reference, each by twice `latency_rise_pct` of the reference: the
+    /// upstream got faster than it was (its capacity came back, or its
+    /// service time fell), so there is room above the rate. (At once: a
+    /// queue that drains at the cruise's margin lowers the latency a little
+    /// each round, and below a reference learned while it stood, S1.)
+    pub(super) fn faster(&self, now: u64) -> bool {
+        let short = self.fast_window_ns() / 2;
+        let from = now.saturating_sub(short);
+        let before = from.saturating_sub(short);
+        if before < self.settle_until || !self.known_since(before) {
+            return false;
+        }
+        let (a, b) = (self.sums(before, from).tally, self.sums(from, now).tally);
+        let reference = self.reference.latency_ns() / 1_000;
+        let (Some(la), Some(lb), Some(va), Some(vb)) = (
+            a.mean_latency_us(),
+            b.mean_latency_us(),
+            a.latency_var_ms2(),
+            b.latency_var_ms2(),
+        ) else {
+            return false;
+        };
+        if reference == 0 || a.timed() < self.tune.min_samples || b.timed() < self.tune.min_samples
+        {
+            return false;
+        }
+        // Twice the share the queue test takes for a rise: tested every
+        // round, a tenth let the noise of a draining queue through.
+        let step = pct(reference, self.tune.latency_rise_pct.saturating_mul(2));
+        let se_us = (va / a.timed() as f64 + vb / b.timed() as f64).sqrt() * 1_000.0;
+        let fell = la.saturating_sub(lb);
+        let below = reference.saturating_sub(lb);
+        fell > step && fell as f64 > se_us * 3.0 && below > step
+    }
+
     /// Whether the latency of the last fast half-window is above the
     /// reference (a queue now: no probe on top of it).
     pub(super) fn latency_up(&self, now: u64) -> bool {
