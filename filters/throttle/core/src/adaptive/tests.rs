@@ -81,9 +81,12 @@ fn s1_fewer_workers_cut_fast_then_paced_near_capacity() {
 /// Issue 31, "react fast, then settle", over ten seeds: the first cut
 /// within 500 ms of the drop, and the admitted rate within ±10% of the new
 /// capacity (every 1 s window, held 5 s, 2xx p99 under 1 s) within 2 s.
-/// Measured here: 0.2-2.3 s, within 2 s in 9 seeds of 10 (the old learner:
-/// 0.2-14.2 s, 4 of 10: its drain at 92% of a capacity taken low, and
-/// +20% probes from there, left the band for a second now and then).
+/// Measured here: 0.2-2.0 s, within 2 s in every seed of 10 (before the
+/// drain rate followed a capacity measured on a backlog up by 2% steps,
+/// not only by 5%: 9 of 10, 2.3 s, a drain at 92% of a first measure 2-3%
+/// low stayed just below the band for the 2-3 s the backlog took; the old
+/// learner: 0.2-14.2 s, 4 of 10: its drain at 92% of a capacity taken low,
+/// and +20% probes from there, left the band for a second now and then).
 #[test]
 fn s1_drop_is_cut_within_500_ms_and_held_within_10_percent_within_2_s() {
     let mut within = 0;
@@ -100,7 +103,7 @@ fn s1_drop_is_cut_within_500_ms_and_held_within_10_percent_within_2_s() {
             p[1].in_band * 100.0
         );
     }
-    assert!(within >= 9, "within ±10% by 2 s in {within} seeds of 10");
+    assert!(within >= 10, "within ±10% by 2 s in {within} seeds of 10");
 }
 
 /// The same for S2 (the service 2.5 times slower): the first cut within
@@ -802,8 +805,9 @@ fn the_start_of_a_load_is_not_taken_for_a_queue() {
 
 /// The way back up after a capacity returns (S1's workers, S2's service
 /// time, S9's storm: 200/s back to the offered 400/s), seeds 1-10: within
-/// ±10% within 2 s in 21 runs of 30 here, 4 s at most (before answers
-/// suddenly faster than the reference started a probe at once: 17; the
+/// ±10% within 2 s in 19 runs of 30 here, 4 s at most (21 before the drain
+/// followed its capacity up by 2% steps: S9's fewer, S2's more; before
+/// answers suddenly faster than the reference started a probe at once: 17; the
 /// learner before issue 31's "settle" part: 1 of 30, 1.8-5.1 s). Probes
 /// above the demand found no room but sent what the rule held all at once,
 /// +15-20% over a second; a probe now goes no higher than 105% of the

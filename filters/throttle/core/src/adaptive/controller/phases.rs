@@ -412,7 +412,14 @@ impl Controller {
             }
         }
         let drain = self.drain_rate(self.capacity, count_in(self.capacity, excess_ns));
-        if drain > pct(self.rate, 105) {
+        // The drain rate follows the capacity up: by 2% steps once it was
+        // measured on a backlog worked off (a first measure 2-3% low put
+        // the drain just below the ±10% band for the seconds the backlog
+        // took, S1; steps of 1% let the highest of many noisy measures
+        // raise it round by round above the capacity, A503-drop), by 5%
+        // before.
+        let measured = matches!(self.phase, Phase::Drain { busy, .. } if busy > 0);
+        if drain > pct(self.rate, if measured { 102 } else { 105 }) {
             self.set_rate(drain);
         }
         let shows = from.saturating_add(self.latency_ns);
