@@ -936,3 +936,28 @@ fn answers_suddenly_faster_than_the_reference_start_a_probe_at_once() {
     let gradual = probe_after(&|i| 150 - 8 * i);
     assert_eq!(gradual, None, "a gradual fall: probe in round {gradual:?}");
 }
+
+/// A probe is kept at no more than 105% of the demand: what it delivered
+/// may be the rule's own queue going out (S9's retries), not what arrives.
+/// 310/s arrive, 400/s go out and are answered in 100 ms (a queue held
+/// going out); before, a probe kept 95% of the 400/s delivered, 380/s.
+#[test]
+fn a_probe_is_kept_at_no_more_than_the_demand_and_the_band() {
+    let mut c = Controller::new(
+        interval_of_rate(300 * MICRO),
+        1,
+        u64::MAX,
+        Tuning::default(),
+    );
+    let mut kept = 0;
+    for i in 1..=50 {
+        let u = c.update(i * 100 * NS_PER_MS, &demand_round(31, 40), 0);
+        kept += u32::from(u.reasons.has(Reason::Kept));
+        assert!(
+            c.rate() <= 326 * MICRO,
+            "round {i}: {} /s",
+            c.rate() / MICRO
+        );
+    }
+    assert!(kept >= 1, "a probe was kept");
+}

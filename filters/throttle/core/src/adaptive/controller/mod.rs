@@ -403,7 +403,14 @@ impl Controller {
                 until,
                 judge,
                 near_shed,
-            } => self.probing(now, before, (start, until, judge), near_shed, reasons),
+            } => self.probing(
+                now,
+                ahead_ns,
+                before,
+                (start, until, judge),
+                near_shed,
+                reasons,
+            ),
             Phase::Drain { since, from, busy } => self.drain(now, (since, from), busy, reasons),
         }
     }

@@ -178,6 +178,7 @@ impl Controller {
     pub(super) fn probing(
         &mut self,
         now: u64,
+        ahead_ns: u64,
         before: u64,
         (start, until, judge): (u64, u64, u64),
         near_shed: bool,
@@ -219,7 +220,7 @@ impl Controller {
         if now < judge {
             return;
         }
-        self.judge_probe(now, before, (start, until), near_shed, reasons);
+        self.judge_probe(now, ahead_ns, before, (start, until), near_shed, reasons);
     }
 
     /// What a probe sent over `(start, end]` (per second), and whether it
@@ -241,6 +242,7 @@ impl Controller {
     fn judge_probe(
         &mut self,
         now: u64,
+        ahead_ns: u64,
         before: u64,
         (start, until): (u64, u64),
         near_shed: bool,
@@ -313,7 +315,14 @@ impl Controller {
                 0
             };
             self.capacity = self.capacity.max(delivered);
-            self.set_rate(pct(delivered, t.cruise_pct).max(before));
+            // Kept at no more than the demand's ceiling: what it delivered
+            // may be what the rule held going out at once (S9's retries:
+            // kept at 95% of that, +13% over the offered rate for a second).
+            let mut keep = pct(delivered, t.cruise_pct);
+            if self.demand_known(now) {
+                keep = keep.min(self.demand_ceiling(now, ahead_ns));
+            }
+            self.set_rate(keep.max(before));
             self.settle_until = now.saturating_add(self.round_ns());
             self.next_probe = now;
             self.phase = Phase::Cruise;
