@@ -244,8 +244,14 @@ impl std::fmt::Debug for Key {
 /// share an id with probability 2^-64 per pair.
 pub fn rule_id(name: &str) -> [u8; 11] {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let h = crate::keys::KeyHasher::new((0x7468_726f_7474_6c65, 0x7275_6c65_2d69_6433))
-        .fingerprint("rule", name.as_bytes());
+    // As a key's fingerprint (`keys::KeyHasher`) of the name under "rule",
+    // without importing upward.
+    let mut s =
+        siphasher::sip::SipHasher13::new_with_keys(0x7468_726f_7474_6c65, 0x7275_6c65_2d69_6433);
+    std::hash::Hasher::write(&mut s, b"rule");
+    std::hash::Hasher::write_u8(&mut s, 0xff);
+    std::hash::Hasher::write(&mut s, name.as_bytes());
+    let h = std::hash::Hasher::finish(&s).max(1);
     let mut out = [b'A'; 11];
     for (i, c) in out.iter_mut().enumerate() {
         let six = (h >> (6 * i)) & 63;

@@ -5,9 +5,9 @@
 use crate::clock::NS_PER_S;
 use crate::config::Class;
 
-use super::slots::Outlook;
 use super::tickets::Tickets;
 use super::{discrepancy, floor_slots_at_most, MAX};
+use crate::rate::Outlook;
 
 /// The queue as a request of some class sees it at `now`.
 #[derive(Debug, Clone, Copy)]

@@ -7,7 +7,7 @@
 //! and waits on its worker; the order of release is decided at release, slot
 //! by slot ("pull"):
 //!
-//! * **One slot source** per rule ([`slots`]): the rule's GCRA cell in process
+//! * **One slot source** per rule ([`crate::rate`]): the rule's GCRA cell in process
 //!   scope, its owned grid slots in cluster scope. Each release takes exactly
 //!   one slot, so the total is exact whatever the mix of classes.
 //! * **Tickets** ([`tickets`]), in one shared value per rule: per class, the
@@ -51,13 +51,11 @@
 pub mod estimate;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
-pub mod slots;
 mod tick;
 pub mod tickets;
 pub mod waiters;
 
 pub use estimate::{cannot_make_it, turn_ns, Backlog};
-pub use slots::{RateSlots, Slots};
 pub use tickets::{Line, Tickets};
 pub use waiters::{ClassWaiter, ClassWaiters};
 
@@ -69,14 +67,7 @@ pub const MAX: usize = crate::config::spec::MAX_CLASSES;
 /// `2^64 / phi`: slot `i`'s point in `[0, 1)` is `i * GOLDEN mod 2^64`.
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// How long a due slot may wait for a worker's tick and still be granted at
-/// its own time: the ticks of a worker that holds requests come every few
-/// milliseconds, and a slot older than this is forfeited (the safe side:
-/// fewer releases). It bounds the releases a late tick sends at once to
-/// `R x CATCH_UP_NS` more than the schedule's, as for held requests released
-/// at the first tick after their turn (until 2026-11-28, 250 ms: a tick after
-/// a stall sent a quarter second of slots at once).
-pub const CATCH_UP_NS: u64 = 20 * crate::clock::NS_PER_MS;
+pub use crate::rate::CATCH_UP_NS;
 
 /// The class whose floor slot `slot` is, if that class has requests waiting.
 pub fn floor_of(slot: u64, classes: &[Class], waiting: &[u64; MAX]) -> Option<usize> {

@@ -447,3 +447,50 @@ fn with_concurrency_a_released_class_request_then_waits_for_a_slot() {
     assert_eq!(c(0, ClassStat::Released), 1);
     assert_eq!(p.totals[&(0, Stat::InFlight)], 1);
 }
+
+/// An adaptive rule with classes: the classes' slots come at the learned
+/// rate (the learner's interval in the rate cell's first word, here 25 ms:
+/// 40/s instead of the configured 100/s), critical first, and no release
+/// erases the learned interval.
+#[test]
+fn with_a_learned_rate_the_classes_release_at_it() {
+    let json = CONTRACT.replace(
+        "\"max_queue_delay\": \"2s\",",
+        "\"max_queue_delay\": \"2s\", \"adaptive\": {\"min_rate\": \"10/s\", \"max_rate\": \"100/s\"},",
+    );
+    let mut p = Process::new(&json, 1).unwrap();
+    let rate = crate::store::CellId::Rate(0);
+    let t0 = 1000 * NS_PER_S;
+    p.cells.borrow_mut().cells.insert(rate, ([25 * MS, t0], 1));
+    // One goes at once; a batch, then two critical, wait.
+    assert_eq!(p.request(0, 1, req("normal"), t0), Verdict::Continue);
+    assert_eq!(p.request(0, 2, req("batch"), t0 + MS), Verdict::Hold);
+    assert_eq!(p.request(0, 3, req("critical"), t0 + 2 * MS), Verdict::Hold);
+    assert_eq!(p.request(0, 4, req("critical"), t0 + 3 * MS), Verdict::Hold);
+    // Ticks every 5 ms for 200 ms: the three waiters leave 25 ms apart.
+    let mut released = Vec::new();
+    for k in 1..=40 {
+        let now = t0 + k * 5 * MS;
+        let before = p.order.len();
+        p.tick(0, now);
+        for id in p.order.iter().skip(before) {
+            released.push((*id, now - t0));
+        }
+    }
+    let ids: Vec<u32> = released.iter().map(|x| x.0).collect();
+    let crit = ids.iter().filter(|&&i| i == 3 || i == 4).count();
+    assert_eq!(crit, 2, "{released:?}");
+    assert_eq!(released.len(), 3, "{released:?}");
+    let gaps: Vec<u64> = released.windows(2).map(|w| w[1].1 - w[0].1).collect();
+    assert!(
+        gaps.iter().all(|&g| g >= 25 * MS),
+        "25 ms apart at the learned 40/s: {released:?}"
+    );
+    assert_eq!(released.first().map(|x| x.1), Some(25 * MS), "{released:?}");
+    // Critical first unless the slot was batch's floor.
+    if !batch_floor(&p, t0 + 25 * MS) {
+        assert_eq!(ids.first(), Some(&3));
+    }
+    let first_word = p.cells.borrow().cells.get(&rate).map(|c| c.0[0]);
+    assert_eq!(first_word, Some(25 * MS), "the learned interval stays");
+}

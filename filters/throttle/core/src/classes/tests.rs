@@ -3,12 +3,12 @@
 
 use std::cell::RefCell;
 
-use super::slots::{Outlook, RateSlots, Slots};
 use super::tickets::{self, Abandoned, Settled, Tickets};
 use super::*;
 use crate::clock::{NS_PER_MS, NS_PER_S};
 use crate::config::Class;
 use crate::matcher::Match;
+use crate::rate::{Gcra as RateSlots, Outlook, RateSource as Slots};
 use crate::schedule::Schedule;
 use crate::testing::{MemBlob, MemCell};
 
@@ -170,7 +170,45 @@ fn rate_slots() -> RateSlots<MemCell> {
     RateSlots {
         cell: MemCell::default(),
         schedule: Schedule::new(10 * MS, 0, NS_PER_S),
+        learned: false,
     }
+}
+
+/// A learned interval in the cell's first word paces the slots, and no take
+/// or give-back erases it.
+#[test]
+fn a_learned_interval_paces_the_slots_and_stays() {
+    let mut s = RateSlots {
+        learned: true,
+        ..rate_slots()
+    };
+    let t0 = 1000 * NS_PER_S;
+    s.cell.v = Some([25 * MS, 0]); // learned: 40/s instead of 100/s
+    assert_eq!(s.take_due(t0, false, &|_| true), Ok(Some(t0 / (25 * MS))));
+    assert_eq!(s.cell.v, Some([25 * MS, t0 + 25 * MS]));
+    assert_eq!(
+        s.take_due(t0 + 10 * MS, false, &|_| true),
+        Ok(None),
+        "not due at 100/s"
+    );
+    assert_eq!(
+        s.take_due(t0 + 25 * MS, false, &|_| true)
+            .map(|x| x.is_some()),
+        Ok(true)
+    );
+    s.give_back(None).unwrap();
+    assert_eq!(
+        s.cell.v,
+        Some([25 * MS, t0 + 25 * MS]),
+        "given back, the word kept"
+    );
+    let o = s.outlook(t0 + 30 * MS, false).unwrap();
+    assert_eq!(o.interval_ns, 25 * MS);
+    // Not learned: the configured interval, the first word kept all the same.
+    let mut plain = rate_slots();
+    plain.cell.v = Some([25 * MS, 0]);
+    assert!(plain.take_due(t0, false, &|_| true).unwrap().is_some());
+    assert_eq!(plain.cell.v, Some([25 * MS, t0 + 10 * MS]));
 }
 
 #[test]

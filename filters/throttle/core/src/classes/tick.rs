@@ -11,9 +11,9 @@ use crate::stats::{ClassStat, Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
 use crate::worker::{TickAction, TickPlan, Worker};
 
-use super::slots::{self, Slots};
 use super::tickets::{self, Abandoned, Settled, Tickets};
 use super::{cannot_make_it, turn_ns, Backlog, ClassWaiter};
+use crate::rate::{self, RateSource};
 
 /// Most rounds of granting and passing on in one tick.
 const ROUNDS: usize = 64;
@@ -66,7 +66,7 @@ impl Worker {
         (now, wall): (u64, u64),
         plan: &mut TickPlan,
     ) -> Result<(), StoreError> {
-        let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
+        let Some(mut slots) = rate::source(store, index, rule, now, wall) else {
             return Ok(());
         };
         let line = rule.line();

@@ -18,8 +18,8 @@ use crate::clock::NS_PER_S;
 use crate::config::Class;
 use crate::store::{SharedBlob, StoreError, MAX_CAS_ATTEMPTS};
 
-use super::slots::Slots;
 use super::{choose, MAX};
+use crate::rate::RateSource as Slots;
 
 /// Length of one arrival-counting window.
 pub const WINDOW_NS: u64 = NS_PER_S;

@@ -11,7 +11,7 @@
 use crate::clock::NS_PER_MS;
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
-use super::grants::{load_grants, Attempt, Cursor, Grants, Reach, Take};
+use super::cursor::{advance, next_owned, Attempt, Grants, Reach, Take};
 
 /// How far a process is ahead of its grants, kept in the rule's ahead cell
 /// ([`crate::CellId::Ahead`], `[owed, pending << 48 | until_ms]`): slots owed
@@ -220,35 +220,18 @@ fn take_near<C: SharedCell, B: SharedBlob>(
     let min_slot = reach.min_slot(now);
     let mut grants: Option<Grants> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (value, token) = cursor.load()?;
-        let c = Cursor::decode(value);
-        if c.waiting > 0 {
+        let (walk, token) = next_owned(cursor, blob, &mut grants, min_slot)?;
+        if walk.cursor.waiting > 0 {
             return Ok(None);
         }
-        let (slot, range_end) = if c.next < c.end && c.next >= min_slot {
-            (c.next, c.end)
-        } else {
-            if grants.is_none() {
-                grants = Some(load_grants(blob)?.0);
-            }
-            match grants
-                .as_ref()
-                .and_then(|g| g.first_from(c.next.max(min_slot)))
-            {
-                Some(found) => found,
-                None => return Ok(None),
-            }
+        let Some(found) = walk.found else {
+            return Ok(None);
         };
-        if reach.grid.slot_time(slot) > horizon {
+        if reach.grid.slot_time(found.0) > horizon {
             return Ok(None);
         }
-        let moved = Cursor {
-            next: slot + 1,
-            end: range_end,
-            waiting: c.waiting,
-        };
-        if cursor.store(moved.encode(), token)? {
-            return Ok(Some(slot));
+        if advance(cursor, token, walk.cursor, found)? {
+            return Ok(Some(found.0));
         }
     }
     Err(StoreError(0))
@@ -272,8 +255,9 @@ fn repaid_by<A: SharedCell>(cell: &mut A, t: u64, now: u64) -> Result<(), StoreE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::cursor::{Cursor, Mode};
     use crate::cluster::grants::tests::{ahead, at, cur, reach, setup, waiting_in, FIRST, MS};
-    use crate::cluster::grants::{publish, take, Mode};
+    use crate::cluster::grants::{publish, take};
     use crate::testing::{MemBlob, MemCell};
 
     #[test]

@@ -62,8 +62,8 @@ use std::sync::Arc;
 use crate::clock::NS_PER_S;
 use crate::config::{EngineConfig, OnEngineFailure};
 
+use super::cursor::Mode;
 use super::engine::{Claim, Counted, Counter, Engine, Failure, Request};
-use super::grants::Mode;
 use super::grid::{Grid, WINDOW_NS};
 use super::skew::Skew;
 

@@ -1,5 +1,5 @@
 //! One VM's calling side of cluster scope, all of it but the I/O: the
-//! caller lease (one calling VM per process, [`super::lease`]), the facts
+//! caller lease (one calling VM per process, [`crate::lease`]), the facts
 //! a tick reads, the [`Caller`]'s plan and the engine's request to send,
 //! what answers grant published into shared data ([`super::publish`]), and
 //! the caller's statistics as counts. The glue sends the request and hands
@@ -7,14 +7,15 @@
 
 use crate::clock::{Clock, NS_PER_MS, NS_PER_S};
 use crate::config::Config;
+use crate::lease;
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store};
 
 use super::caller::{Call, Caller, RuleFacts, RuleStats, RuleUpdate};
 use super::engine::Failure;
 use super::{
-    fallback_after_grants, lease, publish, repay, reset_grants, rule_reach, rule_spec,
-    shift_grants, Mode, Reach,
+    fallback_after_grants, publish, repay, reset_grants, rule_reach, rule_spec, shift_grants, Mode,
+    Reach,
 };
 use super::{set_gap, Ahead, Cursor};
 

@@ -1,16 +1,8 @@
-//! Owned slots inside one Envoy process, in shared data.
-//!
-//! * The **grants blob** ([`SharedBlob`], one per rule) is written only by the
-//!   VM that calls the engine: a short header (mode, local interval, grant
-//!   rate) and a sorted list of owned global slot ranges `[start, end)`.
-//! * The **cursor** ([`Cursor`], one cell per rule) is shared by every
-//!   worker: `next` is the next owned slot not yet taken, `end` the end of
-//!   the owned range it lies in, and `waiting` the requests waiting for
-//!   grants. The fast path is one
-//!   cursor read and one compare-and-swap, as in process scope; the blob is
-//!   read only when the current range runs out or lies in the past. Workers
-//!   only move it forward; the calling VM moves it back when it publishes a
-//!   new range below it ([`publish`]).
+//! Taking owned slots for requests, and what the calling VM publishes
+//! (the vocabulary and the one walk over the cursor are [`super::cursor`]).
+//! The fast path is one cursor read and one compare-and-swap, as in process
+//! scope; the blob is read only when the current range runs out or lies in
+//! the past.
 //!
 //! A request at wall time `now` takes the earliest owned, untaken slot whose
 //! time is at least `now - slack` (slack = `(burst + 1) * T`; older untaken
@@ -28,334 +20,8 @@ use crate::clock::NS_PER_S;
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
 use super::ahead::go_ahead;
-use super::Grid;
-
-/// How a rule admits requests now, as published by the calling VM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Take owned slots of the shared grid.
-    Grid,
-    /// The engine fails: pace locally (GCRA) one request every `interval_ns`.
-    Local { interval_ns: u64 },
-    /// The engine fails: reject.
-    Deny,
-}
-
-/// Most ranges a blob holds; beyond it the oldest are dropped (forfeited).
-/// A proxy holds at most a few epochs of grants, at most two claims per epoch
-/// of at most [`super::grid::LANES`] ranges each (64 per epoch).
-pub const MAX_RANGES: usize = 512;
-
-const MAGIC: u32 = 0x5447_5233; // "TGR3"
-
-/// The decoded grants blob.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grants {
-    pub mode: Mode,
-    /// Slots per second this process may expect from the grid (its fair
-    /// share), for the reject-at-once estimate; 0 if unknown.
-    pub grant_rate_per_s: u64,
-    /// How far ahead of now its shares are claimed (`k` epochs): a process
-    /// that owns no slot yet gets none from its shares before that.
-    pub lead_ns: u64,
-    /// The part of `grant_rate_per_s` that is its part of what the fleet
-    /// leaves of the rate (0: the fleet asks for the rate or more).
-    pub spare_per_s: u64,
-    /// Owned global slot ranges `[start, end)`, sorted, disjoint.
-    pub ranges: Vec<(u64, u64)>,
-}
-
-impl Default for Grants {
-    fn default() -> Self {
-        Grants {
-            mode: Mode::Grid,
-            grant_rate_per_s: 0,
-            lead_ns: 0,
-            spare_per_s: 0,
-            ranges: Vec::new(),
-        }
-    }
-}
-
-impl Grants {
-    /// Bytes: magic u32, mode u32, local interval u64, grant rate u64,
-    /// lead u64, spare u64, count u32, then (start u64, end u64) per range;
-    /// little-endian.
-    pub fn encode(&self) -> Vec<u8> {
-        let (mode, interval) = match self.mode {
-            Mode::Grid => (0u32, 0u64),
-            Mode::Local { interval_ns } => (1, interval_ns),
-            Mode::Deny => (2, 0),
-        };
-        let mut out = Vec::with_capacity(44 + 16 * self.ranges.len());
-        out.extend_from_slice(&MAGIC.to_le_bytes());
-        out.extend_from_slice(&mode.to_le_bytes());
-        out.extend_from_slice(&interval.to_le_bytes());
-        out.extend_from_slice(&self.grant_rate_per_s.to_le_bytes());
-        out.extend_from_slice(&self.lead_ns.to_le_bytes());
-        out.extend_from_slice(&self.spare_per_s.to_le_bytes());
-        out.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
-        for (a, b) in &self.ranges {
-            out.extend_from_slice(&a.to_le_bytes());
-            out.extend_from_slice(&b.to_le_bytes());
-        }
-        out
-    }
-
-    /// Decodes a blob; None if it is not one (treated as no grants).
-    pub fn decode(bytes: &[u8]) -> Option<Grants> {
-        let mut r = Reader(bytes);
-        if r.u32()? != MAGIC {
-            return None;
-        }
-        let mode = r.u32()?;
-        let interval_ns = r.u64()?;
-        let grant_rate_per_s = r.u64()?;
-        let lead_ns = r.u64()?;
-        let spare_per_s = r.u64()?;
-        let n = r.u32()? as usize;
-        if n > MAX_RANGES {
-            return None;
-        }
-        let mut ranges = Vec::with_capacity(n);
-        for _ in 0..n {
-            ranges.push((r.u64()?, r.u64()?));
-        }
-        let mode = match mode {
-            0 => Mode::Grid,
-            1 => Mode::Local { interval_ns },
-            2 => Mode::Deny,
-            _ => return None,
-        };
-        Some(Grants {
-            mode,
-            grant_rate_per_s,
-            lead_ns,
-            spare_per_s,
-            ranges,
-        })
-    }
-
-    /// Adds a range (kept sorted; adjacent ranges merged; overlaps never
-    /// happen since the engine grants each slot once: an overlapping part is
-    /// dropped rather than trusted).
-    pub fn add(&mut self, (a, b): (u64, u64)) {
-        if a >= b {
-            return;
-        }
-        let i = self.ranges.partition_point(|r| r.0 < a);
-        let lo = if i > 0 {
-            self.ranges.get(i - 1).map_or(a, |p| p.1.max(a))
-        } else {
-            a
-        };
-        let hi = self.ranges.get(i).map_or(b, |n| n.0.min(b));
-        if lo >= hi {
-            return;
-        }
-        self.ranges.insert(i, (lo, hi));
-        // Merge with neighbours that touch.
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
-        for r in self.ranges.drain(..) {
-            match merged.last_mut() {
-                Some(last) if last.1 == r.0 => last.1 = r.1,
-                _ => merged.push(r),
-            }
-        }
-        self.ranges = merged;
-    }
-
-    /// Drops ranges (or their parts) below slot `k`.
-    pub fn prune_below(&mut self, k: u64) {
-        self.ranges.retain(|r| r.1 > k);
-        if let Some(first) = self.ranges.first_mut() {
-            first.0 = first.0.max(k);
-        }
-    }
-
-    /// Owned slots at or above `k`.
-    pub fn owned_from(&self, k: u64) -> u64 {
-        self.ranges
-            .iter()
-            .map(|&(a, b)| b.saturating_sub(a.max(k)))
-            .sum()
-    }
-
-    /// The `n`-th owned slot at or above `k` (1: the first), if owned.
-    pub fn nth_from(&self, k: u64, n: u64) -> Option<u64> {
-        let mut left = n.max(1);
-        for &(a, b) in &self.ranges {
-            let a = a.max(k);
-            if a >= b {
-                continue;
-            }
-            if b - a >= left {
-                return Some(a + left - 1);
-            }
-            left -= b - a;
-        }
-        None
-    }
-
-    /// The first owned slot at or above `k`, with the end of its range.
-    pub fn first_from(&self, k: u64) -> Option<(u64, u64)> {
-        self.ranges
-            .iter()
-            .find(|r| r.1 > k)
-            .map(|&(a, b)| (a.max(k), b))
-    }
-}
-
-/// The rule's grants as stored (none yet, or unreadable: empty, on the
-/// grid) and the blob's token for a compare-and-swap.
-pub(super) fn load_grants<B: SharedBlob>(blob: &mut B) -> Result<(Grants, B::Token), StoreError> {
-    let (bytes, token) = blob.load()?;
-    let g = bytes
-        .as_deref()
-        .and_then(Grants::decode)
-        .unwrap_or_default();
-    Ok((g, token))
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take::<4>().map(u32::from_le_bytes)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take::<8>().map(u64::from_le_bytes)
-    }
-}
-
-/// What a rule's requests may reach on the grid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reach {
-    pub grid: Grid,
-    /// `(burst + 1) * T`: how old an untaken slot may be and still be used at once.
-    pub slack_ns: u64,
-    /// `max_queue_delay`.
-    pub max_delay_ns: u64,
-    /// `burst + 1`: how many requests this process may let go ahead of its
-    /// grants, on credit, before slots granted to it repay them ([`super::repay`]).
-    pub credit: u64,
-}
-
-impl Reach {
-    pub fn new(grid: Grid, burst: u64, max_delay_ns: u64) -> Reach {
-        Reach {
-            grid,
-            slack_ns: burst.saturating_add(1).saturating_mul(grid.interval_ns),
-            max_delay_ns,
-            credit: burst.saturating_add(1),
-        }
-    }
-
-    /// The oldest slot still usable at `now`.
-    pub fn min_slot(&self, now: u64) -> u64 {
-        self.grid
-            .slot_at_or_after(now.saturating_sub(self.slack_ns))
-    }
-}
-
-/// First try of a request, or a retry of one waiting for grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attempt {
-    /// A new request.
-    First,
-    /// A request waiting for grants, retried on tick; it has waited
-    /// `waited_ns` already, so it may be held only the rest of `max_queue_delay`.
-    Retry { waited_ns: u64 },
-}
-
-impl Attempt {
-    /// How long this attempt may still hold its request: `max_queue_delay`
-    /// less what a retry has waited already.
-    pub fn max_delay(self, reach: &Reach) -> u64 {
-        match self {
-            Attempt::First => reach.max_delay_ns,
-            Attempt::Retry { waited_ns } => reach.max_delay_ns.saturating_sub(waited_ns),
-        }
-    }
-}
-
-/// A cluster rule's cursor cell ([`crate::CellId::Cursor`]): where this
-/// process's requests take their next owned slot (`[next, end)`, part of a
-/// range of the grants) and how many requests wait for grants, in one cell,
-/// so that a request reads both with one load: `[next, (end - next) |
-/// waiting << 32]`. A range longer than 2^32 - 1 slots is cut there (the rest
-/// is reached through the grants blob).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Cursor {
-    pub next: u64,
-    pub end: u64,
-    pub waiting: u64,
-}
-
-impl Cursor {
-    const LOW: u64 = u32::MAX as u64;
-
-    /// The cursor of a cell's value (a cell never stored: `[0, 0)`, none waiting).
-    pub fn decode(value: Option<[u64; 2]>) -> Cursor {
-        let [next, packed] = value.unwrap_or([0, 0]);
-        Cursor {
-            next,
-            end: next.saturating_add(packed & Self::LOW),
-            waiting: packed >> 32,
-        }
-    }
-
-    /// The same cursor pointing at no range (workers look in the grants).
-    pub fn nowhere(self) -> Cursor {
-        Cursor {
-            next: 0,
-            end: 0,
-            waiting: self.waiting,
-        }
-    }
-
-    /// The cell's value.
-    pub fn encode(self) -> [u64; 2] {
-        let len = self.end.saturating_sub(self.next).min(Self::LOW);
-        [self.next, len | (self.waiting.min(Self::LOW) << 32)]
-    }
-}
-
-/// The decision for one request of a cluster rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Take {
-    /// Continue now on grid slot `slot`.
-    Now { slot: u64 },
-    /// Continue now on grid slot `slot`, which is due later within the
-    /// epoch: the process lets one request go ahead of its slot at a time.
-    Early { slot: u64 },
-    /// Continue now on credit: no owned slot was at hand, and the process
-    /// owed fewer than `burst + 1`; it is repaid from its earliest slots
-    /// once granted ([`super::repay`]).
-    Credit,
-    /// Hold `delay_ns` (until grid slot `slot`'s wall time).
-    Hold { slot: u64, delay_ns: u64 },
-    /// No owned slot for it now (or others wait): it may queue in the
-    /// rule's line for grants, if its turn ([`turn_ns`]) comes in time.
-    Wait,
-    /// Reject now. `queue_full`: the slot was within reach but the worker's queue is full.
-    Reject {
-        retry_after_s: u64,
-        queue_full: bool,
-    },
-    /// The engine fails and the rule paces locally: admit with the process
-    /// schedule at this interval (see [`super::local_schedule`]).
-    Local { interval_ns: u64 },
-    /// The engine fails and the rule denies.
-    Deny,
-    /// The cursor could not be updated (store error or endless races): fail closed.
-    Contention,
-}
+use super::cursor::{advance, load_grants, read_grants, MAX_RANGES};
+use super::cursor::{cached_grants, next_owned, Attempt, Cursor, Grants, Mode, Reach, Take};
 
 fn retry_after(beyond_ns: u64) -> u64 {
     beyond_ns.div_ceil(NS_PER_S).max(1)
@@ -398,34 +64,21 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
     let min_slot = reach.min_slot(now);
     let mut grants: Option<Grants> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let Ok((value, token)) = cursor.load() else {
+        let Ok((walk, token)) = next_owned(cursor, blob, &mut grants, min_slot) else {
             return Take::Contention;
         };
-        let c = Cursor::decode(value);
+        let c = walk.cursor;
         let queued = match attempt {
             Attempt::First => c.waiting,
             Attempt::Retry { .. } => 0,
         };
-        let (slot, range_end) = if queued == 0 && c.next < c.end && c.next >= min_slot {
-            (c.next, c.end)
-        } else if queued == 0 && c.next < min_slot && min_slot < c.end {
-            // The range is owned and still reaches the oldest usable slot:
-            // the first slot the grants hold from there.
-            (min_slot, c.end)
-        } else {
-            // The current range is used up or in the past: look at the grants.
-            if grants.is_none() {
-                let Ok((g, _)) = load_grants(blob) else {
+        let (slot, range_end) = match walk.found {
+            Some(found) if queued == 0 => found,
+            _ => {
+                let Ok(g) = cached_grants(blob, &mut grants) else {
                     return Take::Contention;
                 };
-                grants = Some(g);
-            }
-            let Some(g) = grants.as_ref() else {
-                return Take::Contention;
-            };
-            match g.first_from(c.next.max(min_slot)) {
-                Some(found) if queued == 0 => found,
-                _ => return no_slot(g, ahead, reach, now, attempt, queued),
+                return no_slot(g, ahead, reach, now, attempt, queued);
             }
         };
         let t = reach.grid.slot_time(slot);
@@ -474,12 +127,7 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
                 queue_full: true,
             };
         }
-        let moved = Cursor {
-            next: slot + 1,
-            end: range_end,
-            waiting: c.waiting,
-        };
-        match cursor.store(moved.encode(), token) {
+        match advance(cursor, token, c, (slot, range_end)) {
             Ok(true) if early => return Take::Early { slot },
             Ok(true) if delay_ns == 0 => return Take::Now { slot },
             Ok(true) => return Take::Hold { slot, delay_ns },
@@ -609,7 +257,7 @@ fn expected_gap(reach: &Reach, g: &Grants) -> u64 {
 /// owned slots still usable (for the unused count: granted - taken - usable).
 ///
 /// New ranges may lie *below* the cursor: positions are spread over the
-/// epoch ([`Grid::position_ranges`]), so leftovers of the next epoch can come
+/// epoch ([`super::Grid::position_ranges`]), so leftovers of the next epoch can come
 /// before slots that held requests have taken already. Workers look in the
 /// blob only at or above the cursor, so such ranges are reachable only if the
 /// cursor moves back to them. The order keeps every slot taken at most once:
@@ -743,11 +391,9 @@ pub fn reset_grants<C: SharedCell, B: SharedBlob>(
 /// Whether the rule takes slots of the grid now (the calling VM's last
 /// word). False if the grants cannot be read: a request keeps its turn.
 pub fn on_grid<B: SharedBlob>(blob: &mut B) -> bool {
-    blob.load()
+    read_grants(blob)
         .ok()
-        .and_then(|(bytes, _)| bytes)
-        .as_deref()
-        .and_then(Grants::decode)
+        .and_then(|(g, _)| g)
         .is_some_and(|g| g.mode == Mode::Grid)
 }
 
@@ -762,10 +408,8 @@ pub fn fallback_after_grants<C: SharedCell, B: SharedBlob>(
     mono: u64,
     wall: u64,
 ) -> Result<(), StoreError> {
-    let (bytes, _) = blob.load()?;
-    let Some(end) = bytes
-        .as_deref()
-        .and_then(Grants::decode)
+    let Some(end) = read_grants(blob)?
+        .0
         .and_then(|g| g.ranges.last().map(|r| r.1))
     else {
         return Ok(());
@@ -781,49 +425,13 @@ pub fn fallback_after_grants<C: SharedCell, B: SharedBlob>(
     Err(StoreError(0))
 }
 
-/// Sets the count of requests waiting (a worker that granted slots to the
-/// rule's line sets it to what the line holds: the count is a hint for the
-/// fast path, kept true by every worker that serves the line).
-pub fn set_waiting<C: SharedCell>(cursor: &mut C, waiting: u64) -> Result<(), StoreError> {
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (v, token) = cursor.load()?;
-        let mut c = Cursor::decode(v);
-        if c.waiting == waiting {
-            return Ok(());
-        }
-        c.waiting = waiting;
-        if cursor.store(c.encode(), token)? {
-            return Ok(());
-        }
-    }
-    Err(StoreError(0))
-}
-
-/// Requests of a rule waiting for grants, counted in its cursor cell
-/// ([`Cursor::waiting`]): `+1` when a request starts waiting, `-1` when it
-/// leaves (slot taken, rejected at its deadline, or gone). Returns the count
-/// after the change.
-pub fn add_waiting<C: SharedCell>(cursor: &mut C, delta: i64) -> Result<u64, StoreError> {
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (v, token) = cursor.load()?;
-        let mut c = Cursor::decode(v);
-        c.waiting = if delta >= 0 {
-            c.waiting.saturating_add(delta.unsigned_abs())
-        } else {
-            c.waiting.saturating_sub(delta.unsigned_abs())
-        };
-        if cursor.store(c.encode(), token)? {
-            return Ok(c.waiting);
-        }
-    }
-    Err(StoreError(0))
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::clock::NS_PER_MS;
     use crate::cluster::ahead::Ahead;
+    use crate::cluster::cursor::add_waiting;
+    use crate::cluster::Grid;
     use crate::testing::{MemBlob, MemCell};
 
     pub(crate) const MS: u64 = NS_PER_MS;

@@ -9,7 +9,7 @@
 //! * [`mod@engine`]: the engine as a trait (build the request for the caller's
 //!   claims, read the answer); [`wire`]: envoyproxy/ratelimit's `POST /json`,
 //!   its one implementation.
-//! * [`lease`]: which VM of a process calls; [`calls`]: that VM's side as a
+//! * [`crate::lease`]: which VM of a process calls; [`calls`]: that VM's side as a
 //!   whole (lease, plan, request, publish, statistics), all but the I/O.
 //! * [`grants`]: owned slots in shared data — the grants blob
 //!   ([`crate::SharedBlob`]), the cursor ([`crate::SharedCell`]) and [`take`].
@@ -53,7 +53,7 @@
 //!
 //! | key | value | written by |
 //! |---|---|---|
-//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 28 bytes + 16 per range, at most [`grants::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
+//! | `throttle/v2/rule/<rule>/grants` | [`Grants`] blob: 44 bytes + 16 per range, at most [`cursor::MAX_RANGES`] ranges | the calling VM ([`publish`]) |
 //! | `throttle/v2/rule/<rule>/cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
 //! | `throttle/v2/rule/<rule>/waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
 //! | `throttle/v2/rule/<rule>/fallback` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
@@ -62,10 +62,10 @@
 pub mod ahead;
 pub mod caller;
 pub mod calls;
+pub mod cursor;
 pub mod engine;
 pub mod grants;
 pub mod grid;
-pub mod lease;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod skew;
@@ -77,11 +77,14 @@ pub use caller::{
     MIN_CALL_INTERVAL_NS,
 };
 pub use calls::{Calls, Effects};
+pub use cursor::{
+    add_waiting, advance, cached_grants, load_grants, next_owned, read_grants, set_waiting,
+    Attempt, Cursor, Grants, Mode, Reach, Take, Walk,
+};
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{
-    add_waiting, fallback_after_grants, margin_for, margin_ns, on_grid, publish, reckon_limit,
-    reset_grants, set_waiting, shift_grants, take, turn, turn_ns, Attempt, Cursor, Grants, Mode,
-    Reach, Take, DERATE, RECKON_NS,
+    fallback_after_grants, margin_for, margin_ns, on_grid, publish, reckon_limit, reset_grants,
+    shift_grants, take, turn, turn_ns, DERATE, RECKON_NS,
 };
 pub use grid::Grid;
 

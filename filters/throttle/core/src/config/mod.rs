@@ -204,6 +204,13 @@ impl Rule {
 }
 
 impl Rule {
+    /// Whether the rule paces at a learned interval (adaptive, enforce
+    /// mode): its rate cell's first word holds it ([`crate::rate::Gcra`]).
+    pub fn learns(&self) -> bool {
+        self.adaptive
+            .is_some_and(|a| a.mode == crate::adaptive::Mode::Enforce)
+    }
+
     /// The lines a rule's waiting requests queue in, in ticket order
     /// ([`crate::classes`]): its priority classes; for a cluster rule
     /// without classes, one line of its own (the requests that wait for the

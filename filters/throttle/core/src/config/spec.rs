@@ -339,7 +339,7 @@ pub const ADAPTIVE: Field = field(
     "adaptive",
     Kind::Object(ADAPTIVE_FIELDS),
     Default::Absent,
-    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); not with `scope: \"cluster\"` nor with `classes`. See \"Adaptive pacing\".",
+    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); with `classes` (each class's requests are released at the learned rate); not with `scope: \"cluster\"`. See \"Adaptive pacing\".",
 );
 pub const RULE_FIELDS: &[Field] = &[
     NAME,

@@ -52,6 +52,13 @@ fn allowed_combinations() {
                   "adaptive": {"min_rate": "10/s", "max_rate": "1000/s"}}]}"#,
     );
     assert!(c.rules[0].adaptive.is_some() && c.rules[0].quota.is_some());
+    // Priority classes paced at the learned rate (the classes' slot source
+    // reads the learned interval, `rate::Gcra`).
+    let c = ok(
+        r#"{"rules": [{"name": "a", "rate": 10, "adaptive": {"min_rate": 1, "max_rate": 20},
+             "classes": [{"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "rest"}]}]}"#,
+    );
+    assert!(c.rules[0].learns() && c.rules[0].classes.len() == 2);
     // A concurrency cap beside a learned rate; dry-run.
     ok(
         r#"{"rules": [{"name": "c", "rate": 50, "concurrency": 8, "dry_run": true,
@@ -87,9 +94,6 @@ fn bad_adaptive_blocks_name_the_field() {
          &["rules[0].adaptive: cannot be combined with `key` without `key_quota` (the learned rate is the upstream's, one for all keys: add `key_quota` to share it fairly among them)"]),
         (r#"{"engine": {"cluster": "rl"}, "rules": [{"name": "a", "rate": 10, "scope": "cluster", "adaptive": {"min_rate": 1, "max_rate": 20}}]}"#,
          &["rules[0].adaptive: cannot be combined with `scope: \"cluster\"` (one learned rate for a fleet needs every proxy's answers in one place; on a sidecar's inbound side, where it belongs, the process scope already covers the one replica behind it)"]),
-        (r#"{"rules": [{"name": "a", "rate": 10, "adaptive": {"min_rate": 1, "max_rate": 20},
-             "classes": [{"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "rest"}]}]}"#,
-         &["rules[0].adaptive: cannot be combined with `classes` (the classes' queue takes its slots at the configured rate; a learned rate for it is not built yet)"]),
     ];
     for (json, want) in cases {
         assert_eq!(errors(json), *want, "{json}");

@@ -5,11 +5,12 @@
 //! beyond its class's `max_queue_delay` (rejected at once). With `key_quota`,
 //! the key's quota is taken first, as without classes.
 
-use crate::classes::{self, slots, tickets, Backlog, Slots};
+use crate::classes::{self, tickets, Backlog};
 use crate::clock::{Clock, NS_PER_S};
 use crate::cluster;
 use crate::keys::candidate_slots;
 use crate::matcher::{Facts, Request};
+use crate::rate::{self, RateSource};
 use crate::schedule::{admit_keyed, Admission, Schedule};
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, Store, StoreError};
@@ -52,7 +53,7 @@ fn try_enter<S: Store, R: Request>(
     } else {
         0
     };
-    let Some(mut slots) = slots::source(store, index, rule, now, wall) else {
+    let Some(mut slots) = rate::source(store, index, rule, now, wall) else {
         return Ok((Outcome::Go, None));
     };
     let (t, _) = tickets::load(&mut blob)?;

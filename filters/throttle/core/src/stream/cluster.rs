@@ -9,7 +9,7 @@
 
 use crate::classes::tickets;
 use crate::clock::Clock;
-use crate::cluster::{self, Attempt, Cursor, Grants, Reach, Take};
+use crate::cluster::{self, Attempt, Cursor, Reach, Take};
 use crate::schedule::admit;
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
@@ -101,11 +101,7 @@ fn join_line<S: Store>(
     if !cx.can_hold {
         return Ok(Outcome::Reject { retry_after_s: 1 });
     }
-    let (bytes, _) = store.load_blob(BlobId::Grants(index))?;
-    let grants = bytes
-        .as_deref()
-        .and_then(Grants::decode)
-        .unwrap_or_default();
+    let (grants, _) = cluster::load_grants(&mut store.blob(BlobId::Grants(index)))?;
     let cursor = Cursor::decode(store.load(CellId::Cursor(index))?.0);
     let from = cursor.next.max(reach.min_slot(wall));
     let limit = reach

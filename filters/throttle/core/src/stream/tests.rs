@@ -1233,7 +1233,7 @@ fn lease_holders(p: &Proc) -> usize {
     let mem = MemStore(&p.cells);
     let b_holds = RefCell::new(false);
     let other = || {
-        *b_holds.borrow_mut() = cluster::lease::hold(&mut mem.cell(CellId::Caller), 9, T0);
+        *b_holds.borrow_mut() = crate::lease::hold(&mut mem.cell(CellId::Caller), 9, T0);
     };
     let fired = std::cell::Cell::new(false);
     let racing = Racing {
@@ -1242,7 +1242,7 @@ fn lease_holders(p: &Proc) -> usize {
         other: &other,
         fired: &fired,
     };
-    let a = cluster::lease::hold(&mut racing.cell(CellId::Caller), 7, T0);
+    let a = crate::lease::hold(&mut racing.cell(CellId::Caller), 7, T0);
     let b = *b_holds.borrow();
     usize::from(a) + usize::from(b)
 }

@@ -76,12 +76,6 @@ impl Validator {
                 "cannot be combined with `scope: \"cluster\"` (one learned rate for a fleet needs every proxy's answers in one place; on a sidecar's inbound side, where it belongs, the process scope already covers the one replica behind it)",
             );
         }
-        if has(&spec::CLASSES) {
-            self.error(
-                path,
-                "cannot be combined with `classes` (the classes' queue takes its slots at the configured rate; a learned rate for it is not built yet)",
-            );
-        }
         if self.errors.len() != before {
             return None;
         }

@@ -1,7 +1,8 @@
-//! Which VM of a process calls the engine: a lease in one shared cell
-//! `[holder, until]` ([`crate::store::CellId::Caller`]), renewed by its
-//! holder on each of its ticks and taken over by another VM once it lapses
-//! (the holder's VM went away, or stopped ticking).
+//! Which VM of a process does a process-wide job (calls the engine, learns
+//! a rate): a lease in one shared cell `[holder, until]`
+//! ([`crate::store::CellId::Caller`], `Learner`), renewed by its holder on
+//! each of its ticks and taken over by another VM once it lapses (the
+//! holder's VM went away, or stopped ticking).
 
 use crate::clock::NS_PER_MS;
 use crate::store::{SharedCell, MAX_CAS_ATTEMPTS};

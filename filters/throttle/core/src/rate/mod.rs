@@ -1,0 +1,188 @@
+//! Where a rule's releases come from: one slot per release ([`RateSource`]).
+//! In process scope the rule's GCRA cell ([`Gcra`], at the configured
+//! interval or the learned one); in cluster scope the grid slots this proxy
+//! owns ([`GridSource`], with the fallback's GCRA while the engine fails). A
+//! release order takes slots from it: at admission (a rule without classes,
+//! `admit_paced` and `cluster::take`) or at release (the rule's line,
+//! [`crate::classes`]).
+
+mod gcra;
+mod grid;
+
+pub use gcra::Gcra;
+pub use grid::GridSource;
+
+use crate::cluster;
+use crate::config::Rule;
+use crate::store::{Blob, BlobId, Cell, CellId, Store, StoreError};
+
+/// How long a due slot may wait for a worker's tick and still be granted at
+/// its own time: the ticks of a worker that holds requests come every few
+/// milliseconds, and a slot older than this is forfeited (the safe side:
+/// fewer releases). It bounds the releases a late tick sends at once to
+/// `R x CATCH_UP_NS` more than the schedule's, as for held requests released
+/// at the first tick after their turn (until 2026-11-28, 250 ms: a tick after
+/// a stall sent a quarter second of slots at once).
+pub const CATCH_UP_NS: u64 = 20 * crate::clock::NS_PER_MS;
+
+/// A source of release slots.
+pub trait RateSource {
+    /// Takes the next slot if it is due at `now` and `ok(slot)` accepts its
+    /// index; Ok(None) if none is due (or `ok` refused it: nothing taken).
+    /// `busy`: requests are waiting, so a due slot the ticks came late for
+    /// is still taken at its own time (up to [`CATCH_UP_NS`]).
+    fn take_due(
+        &mut self,
+        now: u64,
+        busy: bool,
+        ok: &dyn Fn(u64) -> bool,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// Gives back a slot taken and not used (`slot`: its index, if known).
+    /// Best effort: a source that cannot take it back forfeits it.
+    fn give_back(&mut self, slot: Option<u64>) -> Result<(), StoreError>;
+
+    /// When the next slot is due (at `now` or later), and how many slots per
+    /// second this source gives (for estimates).
+    fn outlook(&mut self, now: u64, busy: bool) -> Result<Outlook, StoreError>;
+}
+
+/// What a slot source expects.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outlook {
+    /// Monotonic time the next slot is due (>= now).
+    pub next_at: u64,
+    /// Slots per second.
+    pub per_s: f64,
+    /// Nanoseconds between two slots (0: no slots).
+    pub interval_ns: u64,
+    /// Monotonic time up to which the slots are known, not reckoned (a
+    /// schedule's: always; the grid's: its last owned slot).
+    pub certain_until: u64,
+    /// The next slots by index, if known: `(first, count, spacing_ns)`,
+    /// `count` slots of consecutive indices from `first`, the first at
+    /// `next_at` and each `spacing_ns` after the last (a schedule's, without
+    /// end; the grid's current owned range). Which class a slot goes to
+    /// depends on its index ([`crate::classes::floor_of`]).
+    pub known: Option<(u64, u64, u64)>,
+    /// How far beyond `certain_until` a turn may be reckoned
+    /// ([`cluster::reckon_limit`]).
+    pub reckon_ns: u64,
+}
+
+impl Outlook {
+    /// An outlook of one slot every `interval_ns` (0: none) from `next_at`.
+    pub fn every(next_at: u64, interval_ns: u64) -> Outlook {
+        Outlook {
+            next_at,
+            per_s: if interval_ns == 0 {
+                0.0
+            } else {
+                crate::clock::NS_PER_S as f64 / interval_ns as f64
+            },
+            interval_ns,
+            certain_until: u64::MAX,
+            known: None,
+            reckon_ns: u64::MAX,
+        }
+    }
+
+    /// Whether a turn `turn_ns` from `now` fits within `max_delay_ns`: at
+    /// once if its slot is known by then; if reckoned, with `margin_ns` to
+    /// spare and at most `reckon_ns` beyond the known slots.
+    pub fn fits(&self, now: u64, turn_ns: u64, max_delay_ns: u64, margin_ns: u64) -> bool {
+        let at = now.saturating_add(turn_ns);
+        if turn_ns > max_delay_ns {
+            return false;
+        }
+        at <= self.certain_until
+            || (turn_ns.saturating_add(margin_ns) <= max_delay_ns
+                && at - self.certain_until.max(now) <= self.reckon_ns)
+    }
+}
+
+/// A rule's slot source in a [`Store`].
+pub enum Source<S: Store> {
+    /// Process scope: the rule's GCRA cell.
+    Rate(Gcra<Cell<S>>),
+    /// Cluster scope: the owned grid slots.
+    Grid(GridSource<Cell<S>, Blob<S>, Cell<S>>),
+}
+
+/// Rule `index`'s slot source (None for a rule without `rate`), at this
+/// instant on both clocks.
+pub fn source<S: Store>(
+    store: S,
+    index: usize,
+    rule: &Rule,
+    mono: u64,
+    wall: u64,
+) -> Option<Source<S>> {
+    let schedule = rule.schedule?;
+    Some(match (rule.cluster, cluster::rule_reach(rule)) {
+        (Some(scope), Some(reach)) => Source::Grid(GridSource {
+            cursor: store.cell(CellId::Cursor(index)),
+            blob: store.blob(BlobId::Grants(index)),
+            fallback: store.cell(CellId::Fallback(index)),
+            reach,
+            expected_per_s: crate::clock::NS_PER_S as f64
+                / schedule.interval_ns.max(1) as f64
+                / f64::from(scope.expected_replicas.max(1)),
+            mono,
+            wall,
+            taken: 0,
+        }),
+        _ => Source::Rate(Gcra {
+            cell: store.cell(CellId::Rate(index)),
+            schedule,
+            learned: rule.learns(),
+        }),
+    })
+}
+
+impl<S: Store> Source<S> {
+    /// Grid slots taken since the last call (they count `slots_taken`).
+    pub fn grid_taken(&mut self) -> u32 {
+        match self {
+            Source::Rate(_) => 0,
+            Source::Grid(g) => std::mem::take(&mut g.taken),
+        }
+    }
+
+    /// Whether the rule rejects while its engine fails (`on_engine_failure:
+    /// "deny"`, and the engine failing): nothing will be granted to a waiter.
+    pub fn denies(&mut self) -> Result<bool, StoreError> {
+        match self {
+            Source::Rate(_) => Ok(false),
+            Source::Grid(g) => Ok(cluster::load_grants(&mut g.blob)?.0.mode == cluster::Mode::Deny),
+        }
+    }
+}
+
+impl<S: Store> RateSource for Source<S> {
+    fn take_due(
+        &mut self,
+        now: u64,
+        busy: bool,
+        ok: &dyn Fn(u64) -> bool,
+    ) -> Result<Option<u64>, StoreError> {
+        match self {
+            Source::Rate(r) => r.take_due(now, busy, ok),
+            Source::Grid(g) => g.take_due(now, busy, ok),
+        }
+    }
+
+    fn give_back(&mut self, slot: Option<u64>) -> Result<(), StoreError> {
+        match self {
+            Source::Rate(r) => r.give_back(slot),
+            Source::Grid(g) => g.give_back(slot),
+        }
+    }
+
+    fn outlook(&mut self, now: u64, busy: bool) -> Result<Outlook, StoreError> {
+        match self {
+            Source::Rate(r) => r.outlook(now, busy),
+            Source::Grid(g) => g.outlook(now, busy),
+        }
+    }
+}
