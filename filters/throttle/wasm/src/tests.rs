@@ -1245,6 +1245,11 @@ fn each_rule_defines_the_stats_of_its_features_and_counts_no_other() {
         ("adaptive, observe", vec![rate, observe], 19),
         ("adaptive, key quota", vec![rate, adaptive, keyed], 19),
         ("adaptive, dry-run", vec![rate, adaptive, dry], 13),
+        (
+            "adaptive, classes",
+            vec![rate, adaptive, classes],
+            19 + 2 * 6,
+        ),
     ];
     for (what, fields, want) in cases {
         let rule = format!(
