@@ -48,7 +48,7 @@ check: ## While working (< 1 min warm, no network, no Envoy): rustfmt, clippy, r
 unit: ## Core unit and property tests only (host target, injected clock)
 	cargo test --locked -p throttle-core
 
-integration: setup build ## Tests marked integration: the built filter in real Envoy and Fortio
+integration: setup tool-vegeta build ## Tests marked integration: the built filter in real Envoy, Fortio and Vegeta
 	$(PYTEST) -m integration -v
 
 # Each tier runs in its own make with an empty tool directory (build/tiers/<tier>/bin), so a

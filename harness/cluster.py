@@ -248,6 +248,7 @@ class Measurement:
     clients: list[dict[str, Any]]  # client_figures() of each load
     calls_per_s: list[float | None]  # filter's engine_calls per proxy per second over the loads
     envoy_calls_per_s: list[float]  # Envoy's own count of requests to the engine cluster, per second
+    load_s: float  # the span the per-second call counts are over
     service_calls_per_s: float | None  # the service's own count (all proxies), per second, if read
     failures: int  # answers that are neither 200 nor 429 (socket errors included)
     rejected: int  # 429s
@@ -513,7 +514,7 @@ def measure(arrivals: Sequence[float], arrival_tags: Sequence[str | None], *, st
         shares=shares, per_second=windows.window_counts(stamps, start, end, 1.0),
         worst_100ms=worst, bound_100ms=windows.bound(rate, 0.1, burst),
         offered=[c["offered_qps"] for c in clients], clients=clients,
-        calls_per_s=calls, envoy_calls_per_s=envoy_calls,
+        calls_per_s=calls, envoy_calls_per_s=envoy_calls, load_s=load_s,
         service_calls_per_s=None if service_calls is None else service_calls / load_s,
         failures=requests - codes.get(200, 0) - codes.get(429, 0), rejected=codes.get(429, 0),
         stats=[{k: v for k, v in d.items() if not k.startswith("__")} for d in deltas],

@@ -89,6 +89,10 @@ class Load:
     request_timeout_s: float = 30.0
     allow_initial_errors: bool = False  # a limiter may answer a connection's first request with 429
     headers: Sequence[str] = ()  # extra request headers, "name: value"
+    # Go's net/http client (Fortio's -stdclient) instead of Fortio's own: slower, but it closes a
+    # connection whose answer says `connection: close` and opens another, as HTTP clients do (Fortio's
+    # own client ignores the header: it kept a draining connection several seconds).
+    std_client: bool = False
 
     def argv(self, json_path: Path, fortio: str) -> list[str]:
         """`fortio load`'s argv, with `fortio` the binary's path."""
@@ -101,6 +105,7 @@ class Load:
         cmd += ["-uniform"] if self.uniform else []
         cmd += [] if self.keepalive else ["-keepalive=false"]
         cmd += ["-allow-initial-errors"] if self.allow_initial_errors else []
+        cmd += ["-stdclient"] if self.std_client else []
         cmd += [a for h in self.headers for a in ("-H", h)]
         return [*cmd, self.url]
 

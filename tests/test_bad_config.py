@@ -35,9 +35,16 @@ CASES: dict[str, tuple[dict | str, str]] = {
                           "rules": [{"name": "a", "rate": 10, "scope": "cluster",
                                      "adaptive": {"min_rate": 1, "max_rate": 20}}]},
                          'rules[0].adaptive: cannot be combined with `scope: "cluster"`'),
-    "adaptive classes": ({"rules": [{"name": "a", "rate": 10, "adaptive": {"min_rate": 1, "max_rate": 20},
-                                     "classes": [{"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "rest"}]}]},
-                         "rules[0].adaptive: cannot be combined with `classes`"),
+    "adaptive floor far below the rate": ({"rules": [{"name": "a", "rate": "100/s",
+                                                      "adaptive": {"min_rate": "1/h", "max_rate": "1000/s"}}]},
+                                          "rules[0].adaptive.min_rate: must be at least 1% of `rate` (100/s), got 1/h"),
+    "class matching everything": ({"rules": [{"name": "a", "rate": 10,
+                                              "classes": [{"name": "hi", "match": {}}, {"name": "rest"}]}]},
+                                  "rules[0].classes[0].match: is empty: it fits every request"),
+    "two classes with one match": ({"rules": [{"name": "a", "rate": 10, "classes": [
+        {"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "hi2", "match": {"path_prefix": "/hi"}},
+        {"name": "rest"}]}]}, 'rules[0].classes[1].match: the same as classes[0].match ("hi"), which fits first: '
+                               'no request could ever take class "hi2"'),
 }
 
 

@@ -27,7 +27,6 @@ import io
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -37,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 from harness import tools
+from harness.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "throttle.wasm"
@@ -86,19 +86,13 @@ def push(ref: str, wasm: Path = WASM, insecure: bool = False) -> str:
     return pushed.rsplit("@", 1)[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalRegistry:
     """Debian's docker-registry (distribution 2.8) on 127.0.0.1:<free port>,
     storage in a temp dir; stopped by its PID."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="registry-"))
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
     @property

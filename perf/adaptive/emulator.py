@@ -13,7 +13,10 @@ window from the start (`POST /_start`), and changes its settings at given times
 Endpoints: any other path is work (GET, HTTP/1.1 keep-alive); `POST /_start`
 starts the schedule's clock and the record; `POST /_control` with a JSON body of
 any of workers, service_ms, limit (null: none) applies it now; `GET /_record`
-returns the record as JSON; `GET /_health` answers 200.
+returns the record as JSON; `GET /_health` answers 200; `/_fail/<status>` (a
+broken endpoint, or a client's own bad requests) answers that status at once,
+with `Retry-After: N` for `?retry_after=N`, whatever the load, and counts it in
+the record's `failed` apart from the work.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Settings:
 @dataclass
 class Window:
     arrivals: int = 0
+    failed: int = 0
     ok: int = 0
     shed: int = 0
     busy_max: int = 0
@@ -181,6 +185,23 @@ class Backend:
             done.latency_ms_sum += (time.monotonic() - t0) * 1000
         return 200, {}
 
+    def fail(self, path: str) -> tuple[int, dict[str, str]]:
+        """`/_fail/<status>[?retry_after=N]`: that status at once (500 if unreadable)."""
+        target, _, query = path.partition("?")
+        try:
+            status = int(target.rsplit("/", 1)[-1])
+        except ValueError:
+            status = 500
+        w = self.window()
+        if w is not None:
+            w.failed += 1
+        extra = {"x-emulator": "fail"}
+        for part in query.split("&"):
+            key, _, value = part.partition("=")
+            if key == "retry_after" and value.isdigit():
+                extra["retry-after"] = value
+        return (status if 200 <= status <= 599 else 500), extra
+
     def record(self) -> dict[str, Any]:
         return {
             "window_s": WINDOW_S,
@@ -212,7 +233,8 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[st
 
 
 def _response(status: int, body: bytes, headers: dict[str, str], keep_alive: bool) -> bytes:
-    reason = {200: "OK", 404: "Not Found", 429: "Too Many Requests"}.get(status, "OK")
+    reason = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
+              503: "Service Unavailable"}.get(status, "OK")
     lines = [f"HTTP/1.1 {status} {reason}", f"content-length: {len(body)}", "content-type: application/json"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     if not keep_alive:
@@ -239,6 +261,9 @@ async def _serve(backend: Backend, reader: asyncio.StreamReader, writer: asyncio
                 status, out = 200, json.dumps(vars(backend.settings)).encode()
             elif path == "/_record":
                 status, out = 200, json.dumps(backend.record()).encode()
+            elif path.startswith("/_fail/"):
+                status, extra = backend.fail(path)
+                out = b'{"failed": true}'
             else:
                 status, extra = await backend.work()
                 out = b'{"ok": true}' if status == 200 else b'{"shed": true}'

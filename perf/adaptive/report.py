@@ -52,10 +52,16 @@ def summary_row(run: dict[str, Any]) -> list[str]:
     ps = run["phases"]
     errs = [sum(p[k] for p in ps) for k in ("local_429", "upstream_429", "e503", "e504", "no_answer")]
     tta = ", ".join(_tta(p) for p in ps[1:]) or _tta(ps[0])
-    note = ""
+    notes = []
     if "recovery_s" in run:
-        note = (f"back at 90% of offered goodput after {num(run['recovery_s'], missing='–')} s; "
-                f"{run['attempts'] / max(run['requests'], 1):.2f} attempts per request")
+        notes.append(f"back at 90% of offered goodput after {num(run['recovery_s'], missing='–')} s; "
+                     f"{run['attempts'] / max(run['requests'], 1):.2f} attempts per request")
+    if run.get("first_cut_s"):
+        notes.append("first cut " + ", ".join(f"none after {at} s" if v is None else f"{num(v)} s after {at} s"
+                                              for at, v in run["first_cut_s"].items()))
+    if "attack" in run:
+        notes.append(f"attacker ({run['attack']['path']}, {run['attack']['rate']}/s): {run['attack']['codes']}")
+    note = "; ".join(notes)
     return [run["scenario"], run["arm"], f"{min(p['goodput_share'] for p in ps):.0%}",
             " / ".join(map(str, errs)), tta, note]
 

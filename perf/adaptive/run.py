@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,9 @@ def load_spec(path: Path = SPEC) -> dict[str, Any]:
         if ats[0] != 0 or ats != sorted(ats) or ats[-1] >= sc["duration"]:
             raise SpecError(f"{path.name}: scenarios.{name}.phases: must start at 0, in order, "
                             f"within the duration ({sc['duration']} s)")
+        attack = sc.get("attack")
+        if attack and not attack["from"] < attack["to"] <= sc["duration"]:
+            raise SpecError(f"{path.name}: scenarios.{name}.attack: from < to <= the duration ({sc['duration']} s)")
     for name, arm in spec["arms"].items():
         if ("filter" in arm) != ("config" in arm) or ("filter" in arm and "throttle" in arm):
             raise SpecError(f"{path.name}: arms.{name}: either `filter` with its `config`, or `throttle`, or neither")
@@ -103,6 +107,23 @@ def learner_lines(log: str, t0: float) -> list[str]:
     return out
 
 
+CUTS = ("(shed", "(failed", "(queue")
+
+
+def first_cuts(lines: list[str], phases: list[dict[str, Any]]) -> dict[str, float | None]:
+    """For each change of the backend after the start: seconds from it to the learner's
+    first cut (for shed or failed answers, or a queue) at or after it (None: none before
+    the next change)."""
+    cuts = [float(x.split()[0]) for x in lines if any(c in x for c in CUTS)]
+    ats = sorted(float(p["at"]) for p in phases)
+    out: dict[str, float | None] = {}
+    for i, at in enumerate(ats[1:], 1):
+        end = ats[i + 1] if i + 1 < len(ats) else float("inf")
+        first = next((t for t in cuts if at <= t < end), None)
+        out[f"{at:g}"] = None if first is None else round(first - at, 3)
+    return out
+
+
 def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any]) -> dict[str, Any]:
     """One scenario against one arm; its result (figures, series, counters)."""
     duration = float(sc["duration"])
@@ -124,6 +145,9 @@ def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any
             for _ in range(20):  # warm-up, before the backend's record starts
                 http_get(url, timeout=2)
             t0 = emu.begin()
+            attack = sc.get("attack")
+            attacked: dict[str, Any] = {}
+            attacker = _attack(f"{envoy.url}{attack['path']}", attack, attacked) if attack else None
             if sc.get("client") == "retry":
                 attempts = retry.retry_run(url, int(sc["offered"]), duration, t0,
                                            timeout_s=seconds(sc.get("client_timeout", "1s")),
@@ -132,6 +156,8 @@ def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any
                 got = vegeta.Load(url, rate=float(sc["offered"]), duration_s=duration, timeout_s=2.0,
                                   workers=64, max_workers=4096).run()
                 attempts = metrics.from_vegeta(got.hits, t0)
+            if attacker is not None:
+                attacker.join(float(sc["duration"]) + 30)
             time.sleep(0.5)
             record = emu.record()
             result["envoy_stats"] = envoy_stats(envoy)
@@ -139,6 +165,7 @@ def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any
             envoy.stop()
         if learns:
             result["learner_log"] = learner_lines(envoy.log(), t0)
+            result["first_cut_s"] = first_cuts(result["learner_log"], sc["phases"])
     windows = record["windows"][: round(duration / metrics.WINDOW_S)]
     r = metrics.Run(attempts, windows, duration)
     offered = float(sc["offered"])
@@ -152,10 +179,28 @@ def run_one(scenario: str, sc: dict[str, Any], arm_name: str, arm: dict[str, Any
         "series": r.series(),
         "applied": record["applied"],
     })
+    if attack:
+        result["attack"] = {**attack, "codes": attacked.get("codes", {})}
     if sc.get("client") == "retry" and len(figures) >= 3:
         back = figures[2]
         result["recovery_s"] = metrics.recovery(r, back["at_s"], offered, back["end_s"])
     return result
+
+
+def _attack(url: str, attack: dict[str, Any], out: dict[str, Any]) -> threading.Thread:
+    """The scenario's attacker: Vegeta at its rate from `from` to `to` s after now, in a
+    thread; its answers by status go into `out["codes"]`."""
+    def run() -> None:
+        time.sleep(float(attack["from"]))
+        hits = vegeta.Load(url, rate=float(attack["rate"]), duration_s=float(attack["to"]) - float(attack["from"]),
+                           timeout_s=2.0, workers=16, max_workers=512).run().hits
+        codes: dict[str, int] = {}
+        for h in hits:
+            codes[str(h.code)] = codes.get(str(h.code), 0) + 1
+        out["codes"] = codes
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from perf.cpu.config import NEVER_REACHED, Build, EnvoyListener
 
 HERE = Path(__file__).resolve().parent
 SPEC = HERE / "profiles.yaml"
-RULE_KINDS = ("unkeyed", "keyed", "path", "cluster")
+RULE_KINDS = ("unkeyed", "keyed", "path", "cluster", "adaptive")
 #: Every variant's requests: the upstream's file, with the header the keyed rule keys on
 #: (sent to every variant, so that only the filter differs).
 REQUEST_PATH = UPSTREAM_PATH
@@ -155,6 +155,10 @@ def plugin(kind: str, name: str) -> dict[str, Any]:
     out: dict[str, Any] = {"rules": [rule], "max_held_per_worker": 10000, "reject_status": 429}
     if kind == "keyed":
         rule["key"] = {"header": KEY_HEADER}
+    if kind == "adaptive":
+        # Learned from the answers, starting (and staying: nothing sheds) at the top:
+        # the response's :status, the request's path and a sampled address are read.
+        rule["adaptive"] = {"min_rate": "10000/s", "max_rate": NEVER_REACHED}
     if kind == "cluster":
         # burst: slots granted in the last CLUSTER_SLACK are usable at once (slack = (burst + 1)
         # x interval), so that a claim answered late under valgrind leaves no request waiting.

@@ -72,10 +72,12 @@ def _addr(host: str, port: int) -> dict:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _cluster(name: str, host: str, port: int, transport_socket: dict | None = None, h2: bool = False) -> dict:
+def _cluster(name: str, host: str | list[str], port: int, transport_socket: dict | None = None, h2: bool = False) -> dict:
+    hosts = [host] if isinstance(host, str) else host
     c: dict = {"name": name, "type": "STATIC", "connect_timeout": "2s",
                "load_assignment": {"cluster_name": name,
-                                   "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _addr(host, port)}}]}]},
+                                   "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _addr(h, port)}}
+                                                                   for h in hosts]}]},
                # The lab's load (up to 400 connections) must not hit Envoy's default breakers (1024).
                "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
                                                     "max_requests": 100000}]}}
@@ -124,14 +126,15 @@ ORIGINAL_DST = {"name": "envoy.filters.listener.original_dst", "typed_config": {
     "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"}}
 
 
-def node_proxy(admin: Path, certs: dict, me: str, addr: str, routes: dict[str, tuple[str, str, str]],
+def node_proxy(admin: Path, certs: dict, me: str, addr: str, routes: dict[str, tuple[str, str | list[str], str]],
                inbound: bool, out_port: int = 15001, app_port: int = 9080) -> dict:
     """A node's proxy in ambient mode (ztunnel's two halves):
     - outbound capture on 127.0.0.1:`out_port`: the iptables REDIRECT sends the workload's connections
       here; `original_dst` recovers where each was going, and a filter chain per destination turns it
       into one HTTP/2 CONNECT stream (HBONE, mTLS on 15008) to that workload's node proxy, or to its
       waypoint. `routes` = {service: (the address the caller dials, which is also the tunnel's
-      :authority, HBONE peer address, HBONE peer SAN)};
+      :authority, HBONE peer address (or addresses: a waypoint's replicas, taken in turn per
+      connection), HBONE peer SAN)};
     - inbound (`inbound`): terminates HBONE on `addr`:15008 and connects each tunnel to the app on
       127.0.0.1:`app_port`."""
     cfg = _base(admin)

@@ -13,14 +13,16 @@ the requests Fortio recorded (every one made the whole fan-out):
   MIN_REQUEST_BYTES to its app during the run;
 - waypoint: additionally, calls to the target went through the waypoint's HCM and its cluster for
   the target's Service (>= n requests) and on to the target's node over HBONE (a tunnel, and the
-  bytes).
+  bytes); with replicas (`waypoints`), the same summed over them (a run of few connections may
+  put them all on one replica: each of the node proxy's 2 workers takes the replicas in turn on
+  its own).
 Pooled connections and tunnels are made during the warm-up, so their counts are checked as totals.
 """
 
 from __future__ import annotations
 
 from perf.meshlab.lab import NAMESPACE
-from perf.meshlab.topologies import edges
+from perf.meshlab.topologies import WAYPOINT_REPLICAS, edges
 
 STATS_REGEX = (r"(upstream_rq_total|downstream_rq_total|downstream_cx_total|downstream_cx_rx_bytes_total"
                r"|upstream_cx_tx_bytes_total)$")
@@ -54,14 +56,18 @@ def check(mode: str, target: str, before: dict, after: dict, n: int) -> list[str
     apps, px = d["apps"], d["proxies"]
     problems: list[str] = []
 
-    def need(proxy: str, stat: str, at_least: int, what: str, total: bool = False) -> None:
+    def need(proxy: str | list[str], stat: str, at_least: int, what: str, total: bool = False) -> None:
         # Connections and HBONE tunnels are pooled: made during the warm-up, they carry the measured
         # run without a new one, so their counts are checked as totals; requests and bytes as growth.
-        got = (after["proxies"] if total else px).get(proxy, {}).get(stat)
-        if got is None:
-            problems.append(f"{what}: {proxy} has no counter {stat}")
+        # A list of proxies (a waypoint's replicas): their counters summed.
+        names = [proxy] if isinstance(proxy, str) else proxy
+        values = [(after["proxies"] if total else px).get(name, {}).get(stat) for name in names]
+        missing = [name for name, v in zip(names, values, strict=True) if v is None]
+        got = sum(v for v in values if v is not None)
+        if missing:
+            problems.append(f"{what}: {', '.join(missing)} has no counter {stat}")
         elif got < at_least:
-            problems.append(f"{what}: {proxy} {stat} grew by {got}, expected >= {at_least}")
+            problems.append(f"{what}: {' + '.join(names)} {stat} grew by {got}, expected >= {at_least}")
 
     for src, dst in edges(target):
         hop = f"hop {src} -> {dst}"
@@ -80,18 +86,20 @@ def check(mode: str, target: str, before: dict, after: dict, n: int) -> list[str
                  f"{hop} (caller's sidecar outbound)")
             need(f"sidecar-{dst}", f"http.{INBOUND_STAT}.downstream_rq_total", n,
                  f"{hop} (callee's sidecar inbound)")
-        elif mode in ("ambient", "waypoint"):
+        elif mode in ("ambient", "waypoint", "waypoints"):
             need(f"node-{src}", f"tcp.outbound_{dst}.downstream_cx_total", 1, f"{hop} (caller's node proxy)",
                  total=True)
             need(f"node-{src}", f"tcp.outbound_{dst}.downstream_cx_rx_bytes_total", n * MIN_REQUEST_BYTES,
                  f"{hop} (caller's node proxy, bytes from the caller)")
-            if mode == "waypoint" and dst == target:
-                need("waypoint", f"http.{INBOUND_STAT}.downstream_rq_total", n, f"{hop} (waypoint HCM)")
-                need("waypoint", f"cluster.{waypoint_cluster_name(dst)}.upstream_rq_total", n,
+            if mode in ("waypoint", "waypoints") and dst == target:
+                wps: str | list[str] = "waypoint" if mode == "waypoint" else \
+                    [f"waypoint-{i}" for i in range(WAYPOINT_REPLICAS)]
+                need(wps, f"http.{INBOUND_STAT}.downstream_rq_total", n, f"{hop} (waypoint HCM)")
+                need(wps, f"cluster.{waypoint_cluster_name(dst)}.upstream_rq_total", n,
                      f"{hop} (waypoint -> {dst})")
-                need("waypoint", "cluster.connect_originate;.upstream_rq_total", 1,
+                need(wps, "cluster.connect_originate;.upstream_rq_total", 1,
                      f"{hop} (waypoint -> {dst}'s node, HBONE)", total=True)
-                need("waypoint", "cluster.connect_originate;.upstream_cx_tx_bytes_total", n * MIN_REQUEST_BYTES,
+                need(wps, "cluster.connect_originate;.upstream_cx_tx_bytes_total", n * MIN_REQUEST_BYTES,
                      f"{hop} (waypoint -> {dst}'s node, bytes)")
             need(f"node-{dst}", "http.inbound_hbone.downstream_rq_total", 1, f"{hop} (callee's node proxy, HBONE)",
                  total=True)

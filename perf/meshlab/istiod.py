@@ -12,7 +12,11 @@ cluster addresses. For a run of a topology:
 - waypoint: the node proxies standing in for ztunnel stay hand-written (perf/meshlab/configs.py);
   the waypoint is `pilot-agent proxy waypoint` for a Gateway of class istio-waypoint, the loaded
   Service labelled `istio.io/use-waypoint`, its pod marked as ambient; the throttle a WasmPlugin
-  with `targetRefs: Service`.
+  with `targetRefs: Service`;
+- 2 waypoint replicas: the same on the nodes `waypoint` and `waypoint2`, the rule in cluster
+  scope; the engine (k8s/engine's manifests applied with kubectl: Redis and one ratelimit pod, run
+  by harness/kubelet.py on nodes of their own) and the shipped `istio/engine-waypoint` EnvoyFilter,
+  so that istiod gives the waypoints the engine's cluster.
 
 Everything upstream Envoy forces is harness/meshpatches.py's, as in `make istio-e2e`; for the
 lab, every proxy also keeps the counters the hop check reads (ProxyConfig `proxyStatsMatcher`:
@@ -22,23 +26,28 @@ Istio's default inclusion list drops them). PeerAuthentication STRICT: every hop
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from typing import Any
+
+import yaml
 
 from harness import meshpatches
 from harness.controlplane import ISTIOD_HOST, SERVICE_CIDR, ControlPlane
 from harness.kubelet import Kubelet, Pod
+from harness.mesh import LOCAL_ENGINE_DIGEST
 from harness.net import wait_until
-from harness.procs import WASM
+from harness.procs import ROOT, WASM
 from perf.bookinfo.services import PORT, SERVICES
-from perf.meshlab.lab import CP_ADDR, NAMESPACE, Lab, service_host
-from tools import wasm_image
+from perf.meshlab.lab import CP_ADDR, NAMESPACE, Lab, Node, service_host
+from tools import engine_image, wasm_image
 
 # The counters the hop check reads (perf/meshlab/hops.py), kept by every proxy of the lab.
 STATS_INCLUSION = {"inclusionPrefixes": ["cluster.outbound|", "cluster.inbound-vip|", "http.inbound_",
                                          "http.outbound_", "http.connect_terminate", "cluster.connect_originate",
                                          "cluster.main_internal"]}
 WAYPOINT = "waypoint"
+ENGINE_NAMESPACE = "throttle-engine"
 
 
 class IstiodProxy:
@@ -88,6 +97,7 @@ class LabMesh:
         self.image_url = ""
         self.image_sha256 = ""
         self.started_s = 0.0
+        self.engine: list[Pod] = []
 
     def start(self) -> LabMesh:
         t0 = time.monotonic()
@@ -126,7 +136,7 @@ class LabMesh:
             for pod in self.pods.values():
                 if pod.proxy is not None:
                     self.kubelet.stop_sidecar(pod)
-            for pod in [p for p in self.kubelet.pods.values() if p.mode == "waypoint"]:
+            for pod in [p for p in self.kubelet.pods.values() if p.mode == "waypoint"] + self.engine:
                 self.kubelet.stop_pod(pod, delete=False)
         self.cp.stop()
 
@@ -227,6 +237,62 @@ class LabMesh:
             stop_waypoint()
             raise
         return proxy
+
+    def start_engine(self) -> list[Pod]:
+        """The engine of k8s/engine, once for the lab: its manifests (a copy with a stand-in image
+        digest, as harness/mesh.py does) applied with kubectl, Redis and one ratelimit pod run by the
+        kubelet (each on a node of its own, not in the mesh)."""
+        assert self.kubelet is not None
+        if self.engine:
+            return self.engine
+        copy = self.lab.dir / "manifests" / "k8s"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(ROOT / "k8s" / "engine", copy / "engine", ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+        engine_image.set_digest(LOCAL_ENGINE_DIGEST, env=copy / "engine" / "image.env")
+        self.cp.kube.apply_k(copy / "engine")
+        self.engine = [*self.kubelet.start_deployment(ENGINE_NAMESPACE, "redis", 1),
+                       *self.kubelet.start_deployment(ENGINE_NAMESPACE, "ratelimit", 1)]
+        self.cp.log(f"the engine: {[(p.name, p.ip) for p in self.engine]}")
+        return self.engine
+
+    def waypoints(self, target: str, plugin: dict[str, Any] | None, nodes: list[Node]) -> list[IstiodProxy]:
+        """The waypoint for `target`'s Service at len(`nodes`) replicas, one per node, the throttle's
+        cluster-scope rule on them if `plugin` (then with the engine, and the shipped
+        istio/engine-waypoint EnvoyFilter giving them its cluster)."""
+        assert self.kubelet is not None
+        kube, kubelet = self.cp.kube, self.kubelet
+        engine_filter = yaml.safe_load((ROOT / "istio" / "engine-waypoint" / "envoyfilter.yaml").read_text())
+        engine_filter["metadata"]["namespace"] = NAMESPACE
+        if plugin is not None:
+            self.start_engine()
+            kube.apply([engine_filter])
+        self.lab.set_hosts(self.hosts({target}))
+        kube.run("label", "service", target, "-n", NAMESPACE, "--overwrite", f"istio.io/use-waypoint={WAYPOINT}")
+        kube.run("annotate", "pod", self.pods[target].name, "-n", NAMESPACE, "--overwrite",
+                 "ambient.istio.io/redirection=enabled")
+        self._apply_plugin(target, plugin, on_waypoint=True)
+        started: list[Pod] = []
+
+        def stop_waypoints() -> None:
+            for pod in started:
+                kubelet.stop_pod(pod)
+            started.clear()
+            kube.run("label", "service", target, "-n", NAMESPACE, "istio.io/use-waypoint-")
+            kube.run("annotate", "pod", self.pods[target].name, "-n", NAMESPACE, "ambient.istio.io/redirection-")
+            kube.delete("envoyfilter", engine_filter["metadata"]["name"], NAMESPACE)
+
+        try:
+            started.extend(kubelet.start_waypoints(NAMESPACE, WAYPOINT, len(nodes), nodes=nodes))
+            proxies = [IstiodProxy(f"{WAYPOINT}-{i}", pod, stop_waypoints if i == 0 else (lambda: None))
+                       for i, pod in enumerate(started)]
+            self._wait_acked(started)
+            if plugin is not None:
+                for proxy in proxies:
+                    self._wait_configured(proxy, plugin)
+        except BaseException:
+            stop_waypoints()
+            raise
+        return proxies
 
     def reset_names(self) -> None:
         """Every name back to its node's address (no mesh, ambient L4)."""

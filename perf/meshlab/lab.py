@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 SUBNET = "10.254.7"  # /24, only inside the lab's namespaces
 # One node per workload, as with one pod per node and anti-affinity; the waypoint has its own node.
 NODE_ADDRS = {"client": f"{SUBNET}.1", "productpage": f"{SUBNET}.2", "details": f"{SUBNET}.3",
-              "reviews": f"{SUBNET}.4", "ratings": f"{SUBNET}.5", "waypoint": f"{SUBNET}.6"}
+              "reviews": f"{SUBNET}.4", "ratings": f"{SUBNET}.5", "waypoint": f"{SUBNET}.6",
+              "waypoint2": f"{SUBNET}.8"}
 ALL_NODES = tuple(NODE_ADDRS)
 CP_ADDR = f"{SUBNET}.7"  # the control plane's node (perf/meshlab/istiod.py), when there is one
+FIRST_POD_ADDR = 20  # nodes added later without an address (the engine's pods) get .20, .21, ...
 NAMESPACE = "default"  # the Kubernetes namespace of the services: their names and SPIFFE identities
 
 
@@ -159,12 +161,16 @@ class Lab:
             self.add(name, NODE_ADDRS[name])
         self.set_hosts({service_host(n): NODE_ADDRS[n] for n in ALL_NODES})
 
-    def add(self, name: str, addr: str) -> Node:
-        """One more node at `addr` (the control plane's, perf/meshlab/istiod.py)."""
+    def add(self, name: str, addr: str | None = None) -> Node:
+        """One more node at `addr` (the control plane's, perf/meshlab/istiod.py), or at the next free
+        address from .FIRST_POD_ADDR (pods the kubelet runs in the lab: the engine's)."""
+        if addr is None:
+            used = {n.addr for n in self.nodes.values()}
+            addr = next(a for a in (f"{SUBNET}.{i}" for i in range(FIRST_POD_ADDR, 255)) if a not in used)
         sw = f"{self.prefix}sw"
         node = Node(self, name, addr)
         ns = self._add_ns(name)
-        port = f"p-{name}"[:15]
+        port = f"p{addr.rsplit('.', 1)[1]}-{name}"[:15]  # unique by address
         # Created inside the switch namespace: nothing appears in the host namespace.
         _ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
         _ip("-n", sw, "link", "set", port, "master", "br0")
@@ -180,6 +186,15 @@ class Lab:
         at each new connection."""
         for node in self.nodes.values():
             node.set_hosts(hosts)
+
+    def remove(self, name: str) -> None:
+        """Removes one node's namespace (its processes stopped first), and with it its veth pair: a
+        pod the kubelet stopped."""
+        node = self.nodes.pop(name)
+        subprocess.run(["ip", "netns", "del", node.ns], capture_output=True)
+        shutil.rmtree(netns.NETNS_ETC / node.ns, ignore_errors=True)
+        if node.ns in self.created:
+            self.created.remove(node.ns)
 
     def down(self) -> None:
         """Stops every process the lab started (by PID) and removes only the namespaces it created."""

@@ -74,7 +74,7 @@ def _resources(rows: list[dict]) -> str:
             " + ".join(r["proxies"]) or "none", f"{r['proxy_cpu_s']:.2f}",
             f"{1000 * 1000 * r['proxy_cpu_s'] / n:.1f}" if has else "",
             f"{r['proxy_rss_mb']:.1f}" if has else "",
-            f"{r.get('proxy_rss_mb_ztunnel_est', 0.0):.1f}" if has and r["topology"] in ("ambient", "waypoint") else "",
+            f"{r.get('proxy_rss_mb_ztunnel_est', 0.0):.1f}" if has and r["topology"] in ("ambient", "waypoint", "waypoints") else "",
             thr])
     return markdown(head, body)
 
@@ -135,7 +135,8 @@ def _added_latency(cases: list[tuple[dict, list[dict]]]) -> str:
     topology without it, in ms (medians)."""
     body = []
     for case, med in cases:
-        for key, where in (("sidecar", f"{case['target']} sidecar inbound"), ("waypoint", f"{case['target']}'s waypoint")):
+        for key, where in (("sidecar", f"{case['target']} sidecar inbound"), ("waypoint", f"{case['target']}'s waypoint"),
+                           ("waypoints", f"{case['target']}'s {topologies.WAYPOINT_REPLICAS} waypoints, cluster scope")):
             a, b = _by_topology(med, key, "above"), _by_topology(med, key)
             if a and b:
                 body.append([case["name"], where, *(f"{a[k] - b[k]:+.3f}" for k in METRICS),
@@ -232,7 +233,7 @@ def _header(meta: dict) -> list[str]:
           f"- app: {APP_LABEL}; Fortio loads `details` alone (`/details/0`) or the whole fan-out through productpage "
           "(`/api/v1/products/0/page`: details, then reviews -> ratings)",
           "- nodes: one network namespace per workload (client, productpage, details, reviews, ratings) and one "
-          "for the waypoint" + (", one for the control plane" if meta.get("istiod") else "")
+          "for each waypoint replica" + (", one for the control plane" if meta.get("istiod") else "")
           + ", joined by veth to a bridge; Fortio on the client node",
           f"- Envoy {meta['envoy']}, `--concurrency 2` per proxy; Fortio {meta['fortio']} with `-r "
           f"{meta.get('fortio_resolution_s', '0.001')}` (10 µs histogram buckets); {meta['cpus']} CPUs, {load} "
@@ -256,7 +257,10 @@ def _header(meta: dict) -> list[str]:
           "- throttle: the filter as a WasmPlugin (pulled by pilot-agent from the registry), one rule, rate below "
           "(0.5x, burst 0) or above (2x, burst = connections, since Fortio's connections fire in step) the offered "
           "load, max_queue_delay 1s; on the loaded service's sidecar inbound (`selector`, `match: SERVER`), or on "
-          "its waypoint (`targetRefs: Service`), where istiod puts it",
+          "its waypoint (`targetRefs: Service`), where istiod puts it; on the waypoint with "
+          f"{topologies.WAYPOINT_REPLICAS} replicas the rule has cluster scope (one rate for the Service across "
+          "them, through envoyproxy/ratelimit + Redis run as pods of the lab, `istio/engine-waypoint` giving the "
+          "waypoints the engine's cluster)",
           "- rows with the throttle *below* the offered load are paced by design: their latency is mostly the "
           "wait in the throttle's queue, and their achieved qps is the throttle rate",
           "- proxy CPU: utime+stime (10 ms resolution) of every proxy of the topology during the measured run; RSS: "

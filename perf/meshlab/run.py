@@ -39,6 +39,11 @@ STUDY_SHAPES = ((1000, 100), (4000, 400))  # productpage: the study's RPS / conn
 SATURATION_CONNS = 16
 SATURATION_HEADROOM = 0.8  # the larger scaled shape is at most this share of the lowest saturation
 SATURATION_PASSES = 3
+# A cluster-scope rule's first seconds on fresh proxies are not its steady state: until a proxy
+# has been granted slots and seen its share a few times, it may refuse requests whose turn it cannot
+# reckon yet (the filter of 8adcb21: 13 answers 429 in the lab test's first 3 s at 50/s, none after
+# 3 s of load). Its rows are measured after at least this much load, as make istio-e2e's are.
+CLUSTER_WARMUP_S = 3.0
 # The Bookinfo-shaped app's runtimes, as `<runtime> --version` says.
 RUNTIMES = {"ruby": ["ruby", "-v"], "node": ["node", "--version"], "java": ["java", "-version"],
             "python": [sys.executable, "--version"]}
@@ -113,8 +118,9 @@ def measure(lab: Lab, app: BookinfoApp, certs: dict, topo: topologies.Topology, 
     dep = topologies.deploy(lab, topo, case.target, certs, case.qps, case.conns)
     try:
         app.reset_pools()  # no pooled connection of the previous topology is reused
-        if warmup_s:
-            fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, warmup_s)
+        warm = max(warmup_s, CLUSTER_WARMUP_S) if topo.cluster_scope and topo.throttle else warmup_s
+        if warm:
+            fortio_load(lab, dep.url, case.qps, case.conns, case.keepalive, warm)
         pids = proxy_pids(dep)
         thr0 = throttle_stats(dep)
         before = snapshot(app, dep)
@@ -127,10 +133,11 @@ def measure(lab: Lab, app: BookinfoApp, certs: dict, topo: topologies.Topology, 
         throttle = {k: v - (0 if k == "held" else thr0.get(k, 0)) for k, v in throttle_stats(dep).items()}
     finally:
         dep.stop()
-    hop_problems = hops.check(topo.key, case.target, before, after, s.requests)
+    # Every answer 200 went through every hop; a 429 (the throttle's) went through none past it.
+    hop_problems = hops.check(topo.key, case.target, before, after, s.requests - s.codes.get(429, 0))
     return {
         "case": case.name, "target": case.target, "scale": case.scale, "run": run, "topology": topo.key,
-        "throttle": topo.throttle, "rate": topo.rate(case.qps), "burst": topo.burst(case.conns),
+        "throttle": topo.throttle, "cluster_scope": topo.cluster_scope, "rate": topo.rate(case.qps), "burst": topo.burst(case.conns),
         "label": topo.label(case.qps, case.conns, case.target), "tool": "fortio",
         "conns": case.conns, "offered_qps": case.qps, "keepalive": case.keepalive, "duration_s": duration_s,
         "achieved_qps": s.qps, "errors": s.errors, "codes": s.codes, "requests": s.requests, "avg": s.avg_ms,
@@ -294,16 +301,28 @@ def check(rows: list[dict]) -> list[str]:
     for r in rows:
         what = f"{r['case']} | {r['label']} (run {r['run']})"
         problems += [f"{what}: {p}" for p in r.get("hop_problems", [])]
-        if r["errors"]:
+        requests = r.get("requests", sum(r["codes"].values()))
+        refused = r["codes"].get(429, 0) if r.get("cluster_scope") and r["throttle"] == "below" else 0
+        if r["errors"] - refused:
             problems.append(f"{what}: errors {r['codes']}")
+        # Cluster scope refuses at arrival a request whose turn it cannot reckon within
+        # max_queue_delay less its margin (engine/README.md, "the line"): at a few slots a second per
+        # replica (10/s over 2 here, max_queue_delay 1 s) that is, now and then, the second of two
+        # waiting requests while the replica owns no slot ahead, where one process's exact schedule
+        # would have held it (a known cost, issue 29's note; short runs saw 3-15 of 30-45). Up to
+        # half of the answers.
+        if refused > 0.5 * max(requests, 1):
+            problems.append(f"{what}: {refused} of {requests} answered 429 at the cluster rule")
         if not r["throttle"]:
             if r["achieved_qps"] < 0.9 * r["offered_qps"]:
                 problems.append(f"{what}: {r['achieved_qps']:.1f} of {r['offered_qps']} qps")
         elif r["throttle"] == "below":
             # Tolerance 20%: short CI runs at low rates see Fortio's start and the schedule's first
             # request; the report gives the precise figure.
-            if abs(r["achieved_qps"] - r["rate"]) > 0.2 * r["rate"]:
-                problems.append(f"{what}: {r['achieved_qps']:.1f} qps with the throttle at {r['rate']}/s")
+            # The paced rate is that of the answers 200 (a 429 comes back at once).
+            paced = r["achieved_qps"] * r["codes"].get(200, 0) / max(requests, 1)
+            if abs(paced - r["rate"]) > 0.2 * r["rate"]:
+                problems.append(f"{what}: {paced:.1f} qps answered 200 with the throttle at {r['rate']}/s")
             if not (r.get("throttle_stats") or {}).get("queued"):
                 problems.append(f"{what}: the throttle held no request (queued = 0) below the offered load")
     return problems

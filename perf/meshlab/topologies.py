@@ -15,6 +15,10 @@ each calling node's namespace, as Istio does (Istio's own rules for sidecars).
 - ambient + waypoint: as ambient, and calls to the target's Service go through its waypoint, an
   istiod-configured `pilot-agent proxy waypoint` on its own node (HBONE in, HTTP filters: the
   throttle as a WasmPlugin, HBONE out to the target's node proxy).
+- ambient + 2 waypoint replicas: the same waypoint at 2 replicas on two nodes, the callers' node
+  proxies taking them in turn per connection; the throttle's rule in cluster scope (one rate for
+  the Service across both, through the engine: envoyproxy/ratelimit + Redis from k8s/engine, run
+  as pods of the lab), as istio/wasmplugin-waypoint-cluster and istio/engine-waypoint ship it.
 """
 
 from __future__ import annotations
@@ -32,16 +36,25 @@ AMBIENT_NOTE = "Envoy as HBONE node proxy, not ztunnel"
 CLIENT = "client"
 
 
+WAYPOINT_REPLICAS = 2  # the replicated waypoint's
+
+
 @dataclass(frozen=True)
 class Topology:
-    key: str          # stable id: nomesh, sidecar, ambient, waypoint
+    key: str          # stable id: nomesh, sidecar, ambient, waypoint, waypoints (replicated, cluster scope)
     throttle: str     # "", "below", "above"
 
     @property
     def base_label(self) -> str:
         return {"nomesh": "no mesh", "sidecar": "sidecar (istiod)",
                 "ambient": f"ambient L4 ({AMBIENT_NOTE})",
-                "waypoint": f"ambient + waypoint (istiod) ({AMBIENT_NOTE})"}[self.key]
+                "waypoint": f"ambient + waypoint (istiod) ({AMBIENT_NOTE})",
+                "waypoints": f"ambient + {WAYPOINT_REPLICAS} waypoint replicas (istiod) ({AMBIENT_NOTE})"}[self.key]
+
+    @property
+    def cluster_scope(self) -> bool:
+        """The throttle's rule holds one rate across the proxies (the replicated waypoint)."""
+        return self.key == "waypoints"
 
     def rate(self, offered_qps: float) -> int | None:
         """Throttle rate: half the offered load (below) or twice it (above)."""
@@ -57,20 +70,30 @@ class Topology:
     def label(self, offered_qps: float, conns: int, target: str = "details") -> str:
         if not self.throttle:
             return self.base_label
-        where = f"{target} sidecar inbound" if self.key == "sidecar" else f"{target}'s waypoint"
+        where = {"sidecar": f"{target} sidecar inbound", "waypoint": f"{target}'s waypoint",
+                 "waypoints": f"{target}'s {WAYPOINT_REPLICAS} waypoints, cluster scope"}[self.key]
         burst = self.burst(conns)
         b = f" burst {burst}" if burst else ""
         return f"{self.base_label} + throttle in {where} {self.rate(offered_qps)}/s{b} ({self.throttle} offered)"
 
 
 ALL = (Topology("nomesh", ""), Topology("sidecar", ""), Topology("sidecar", "below"), Topology("sidecar", "above"),
-       Topology("ambient", ""), Topology("waypoint", ""), Topology("waypoint", "below"), Topology("waypoint", "above"))
+       Topology("ambient", ""), Topology("waypoint", ""), Topology("waypoint", "below"), Topology("waypoint", "above"),
+       Topology("waypoints", ""), Topology("waypoints", "below"), Topology("waypoints", "above"))
 SHORT = (Topology("nomesh", ""), Topology("sidecar", ""), Topology("sidecar", "below"), Topology("ambient", ""),
-         Topology("waypoint", ""), Topology("waypoint", "below"))
+         Topology("waypoint", ""), Topology("waypoint", "below"), Topology("waypoints", "below"))
+# The engine's HTTP port as istiod names its cluster (istio/wasmplugin-waypoint-cluster).
+ENGINE_CLUSTER = "outbound|8080||ratelimit.throttle-engine.svc.cluster.local"
 
 
-def plugin(rate: int, burst: int = 0) -> dict:
-    return {"rules": [{"name": "default", "rate": f"{rate}/s", "burst": burst, "max_queue_delay": "1s"}]}
+def plugin(rate: int, burst: int = 0, cluster: bool = False) -> dict:
+    """The throttle's configuration: one rule, `default`; in cluster scope as the shipped waypoint
+    plugin has it (the engine's cluster, its 50 ms timeout, `expected_replicas` = the replicas)."""
+    rule: dict = {"name": "default", "rate": f"{rate}/s", "burst": burst, "max_queue_delay": "1s"}
+    if not cluster:
+        return {"rules": [rule]}
+    rule.update({"scope": "cluster", "expected_replicas": WAYPOINT_REPLICAS, "on_engine_failure": "local_share"})
+    return {"engine": {"cluster": ENGINE_CLUSTER, "timeout": "50ms"}, "rules": [rule]}
 
 
 def edges(target: str) -> list[tuple[str, str]]:
@@ -133,16 +156,18 @@ def render(topo: Topology, target: str, lab_dir: Path, certs: dict, addrs: dict[
     out: list[tuple[str, str, dict]] = []
     if topo.key in ("nomesh", "sidecar"):
         return out
-    if topo.key in ("ambient", "waypoint"):
-        wp = topo.key == "waypoint"
+    if topo.key in ("ambient", "waypoint", "waypoints"):
+        wp = topo.key in ("waypoint", "waypoints")
         if wp and not vips:
             raise ValueError("a waypoint topology needs the Services' addresses (vips)")
+        waypoints: str | list[str] = addrs["waypoint"] if topo.key == "waypoint" else \
+            [addrs[n] for n in waypoint_nodes(WAYPOINT_REPLICAS)]
         for node in involved(target):
-            routes = {}
+            routes: dict[str, tuple[str, str | list[str], str]] = {}
             for c in calls.get(node, []):
                 if wp and c == target:
                     assert vips is not None
-                    routes[c] = (vips[c], addrs["waypoint"], certs["waypoint"]["san"])
+                    routes[c] = (vips[c], waypoints, certs["waypoint"]["san"])
                 else:
                     routes[c] = (addrs[c], addrs[c], certs[c]["san"])
             name = f"node-{node}"
@@ -153,14 +178,19 @@ def render(topo: Topology, target: str, lab_dir: Path, certs: dict, addrs: dict[
     raise KeyError(topo.key)
 
 
+def waypoint_nodes(replicas: int) -> list[str]:
+    """The lab nodes the waypoint's replicas run on: `waypoint`, `waypoint2`, ..."""
+    return ["waypoint" if i == 0 else f"waypoint{i + 1}" for i in range(replicas)]
+
+
 def deploy(lab: Lab, topo: Topology, target: str, certs: dict, offered_qps: float, conns: int,
            concurrency: int = 2) -> Deployed:
     mesh = lab.mesh
-    if mesh is None and topo.key in ("sidecar", "waypoint"):
+    if mesh is None and topo.key in ("sidecar", "waypoint", "waypoints"):
         raise RuntimeError(f"topology {topo.key} needs the lab's control plane (perf/meshlab/istiod.py)")
-    addrs = {name: lab.nodes[name].addr for name in ("client", *CALLS, "waypoint")}
+    addrs = {name: lab.nodes[name].addr for name in ("client", *CALLS, *waypoint_nodes(WAYPOINT_REPLICAS))}
     rate = topo.rate(offered_qps)
-    thr = plugin(rate, topo.burst(conns)) if rate else None
+    thr = plugin(rate, topo.burst(conns), cluster=topo.cluster_scope) if rate else None
     dep = Deployed(f"http://{service_host(target)}:{PORT}{PATHS[target]}", [])
     try:
         if mesh is not None and topo.key in ("nomesh", "ambient"):
@@ -178,9 +208,12 @@ def deploy(lab: Lab, topo: Topology, target: str, certs: dict, offered_qps: floa
         if topo.key == "waypoint":
             assert mesh is not None
             dep.proxies.append(mesh.waypoint(target, thr))
+        if topo.key == "waypoints":
+            assert mesh is not None
+            dep.proxies.extend(mesh.waypoints(target, thr, [lab[n] for n in waypoint_nodes(WAYPOINT_REPLICAS)]))
         if topo.key != "nomesh":
             for node in calls_of(target):  # every calling node, the client's included
-                lab[node].capture(OUTBOUND_PORT, extra=(SERVICE_CIDR,) if topo.key == "waypoint" else ())
+                lab[node].capture(OUTBOUND_PORT, extra=(SERVICE_CIDR,) if topo.key in ("waypoint", "waypoints") else ())
                 dep.captured.append(lab[node])
     except BaseException:
         dep.stop()

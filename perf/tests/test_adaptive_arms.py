@@ -49,6 +49,10 @@ def test_throttle_arms_carry_their_rule():
      "scenarios.yaml: arms.none: either `filter` with its `config`, or `throttle`, or neither"),
     (lambda s: s["arms"]["throttle-low"]["throttle"].update(rate=100),
      "scenarios.yaml: arms['throttle-low'].throttle.rate: 100 is not of type 'string'"),
+    (lambda s: s["scenarios"]["A503"]["attack"].update(to=99),
+     "scenarios.yaml: scenarios.A503.attack: from < to <= the duration (30 s)"),
+    (lambda s: s["scenarios"]["A503"]["attack"].update(path="/work"),
+     r"scenarios.yaml: scenarios.A503.attack.path: '/work' does not match '^/_fail/\\d{3}(\\?retry_after=\\d+)?$'"),
 ])
 def test_a_bad_data_file_is_refused_naming_the_field(tmp_path, change, message):
     spec = yaml.safe_load(SPEC.read_text())
@@ -58,3 +62,12 @@ def test_a_bad_data_file_is_refused_naming_the_field(tmp_path, change, message):
     with pytest.raises(SpecError) as e:
         load_spec(bad)
     assert str(e.value) == message
+
+
+def test_the_first_cut_after_each_change_is_read_from_the_learners_log():
+    from perf.adaptive.run import first_cuts
+    lines = ["   3.000 'api': adaptive rate 250.0/s -> 300.0/s (probe; ...)",
+             "  15.340 'api': adaptive rate 250.0/s -> 110.0/s (queue; ...)",
+             "  16.000 'api': adaptive rate 110.0/s -> 90.0/s (shed, retry_after; ...)"]
+    phases = [{"at": 0}, {"at": 15}, {"at": 30}]
+    assert first_cuts(lines, phases) == {"15": 0.34, "30": None}

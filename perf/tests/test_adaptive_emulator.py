@@ -57,3 +57,18 @@ def test_the_internal_limit_answers_429_with_retry_after():
 def test_capacity_is_workers_over_service_time_or_the_limit():
     assert Settings(workers=25, service_ms=100).capacity() == 250
     assert Settings(workers=25, service_ms=100, limit=100).capacity() == 100
+
+
+def test_a_failing_endpoint_answers_at_once_whatever_the_load_and_apart_from_the_work():
+    async def main() -> tuple[list[tuple[int, dict]], dict]:
+        b = Backend(Settings(workers=0, service_ms=100.0), [])  # no worker: work would wait
+        b.start()
+        answers = [b.fail("/_fail/503"), b.fail("/_fail/429?retry_after=3600"), b.fail("/_fail/x")]
+        return answers, b.record()
+
+    answers, record = asyncio.run(main())
+    assert answers == [(503, {"x-emulator": "fail"}),
+                       (429, {"x-emulator": "fail", "retry-after": "3600"}),
+                       (500, {"x-emulator": "fail"})]
+    w = record["windows"]
+    assert sum(x["failed"] for x in w) == 3 and sum(x["arrivals"] for x in w) == 0

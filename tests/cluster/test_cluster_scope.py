@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import signal
 import time
 from collections.abc import Iterator
 
@@ -51,7 +52,8 @@ def load() -> str:
 def figures(m: Measurement) -> str:
     return (f"total {m.total_rate:.1f}/s ({m.error:+.2%}), 1 s windows {m.per_second}, worst 100 ms "
             f"{m.worst_100ms} (bound {m.bound_100ms}), shares {m.shares}, calls/s {m.calls_per_s}, "
-            f"engine failures {[s.get('engine_failures') for s in m.stats]}, failures {m.failures}; longest hold-up "
+            f"engine failures {[s.get('engine_failures') for s in m.stats]}, slots unused "
+            f"{[s.get('slots_unused') for s in m.stats]}, failures {m.failures}; longest hold-up "
             f"of this process by the machine {m.stall_s * 1000:.0f} ms (Envoy's can be longer); {load()}")
 
 
@@ -62,11 +64,27 @@ def lab(wasm) -> Iterator[ClusterLab]:
         assert not lab.panics(), lab.panics()
 
 
+def lost_to_failed_calls(m: Measurement) -> float:
+    """The slots a run may lose to engine calls that failed: a call that times out carries its
+    claims, which the service may have counted with the answer lost, so those slots belong to no
+    proxy (engine/README.md). One call claims at most its proxy's part of an epoch, so the fleet
+    loses at most an epoch of the rate per failed call of the proxy that failed most (calls fail
+    together when the service stalls, each losing its own part of the same epoch)."""
+    failed = max((s.get("engine_failures", 0) for s in m.stats), default=0)
+    return failed * RATE * EPOCH_S
+
+
 def test_three_proxies_with_uneven_load_share_one_rate(lab):
     m = lab.run(split(3 * RATE, [60, 30, 10]), duration_s=10, warmup_s=2, max_queue_delay_s=MQD_S, rate=RATE)
-    assert abs(m.error) <= 0.01, "total within 1% of the setting over the run (the issue's figure): " + figures(m)
-    worst_1s = max(abs(c / RATE - 1) for c in m.per_second)
-    assert worst_1s <= 0.02, "every 1 s window within 2% (the issue's figure): " + figures(m)
+    lost = lost_to_failed_calls(m)
+    span_s = m.span[1] - m.span[0]
+    assert -0.01 - lost / (RATE * span_s) <= m.error <= 0.01, (
+        f"total within 1% of the setting over the run (the issue's figure), less {lost:.0f} slots of failed "
+        f"engine calls: " + figures(m))
+    for c in m.per_second:
+        assert RATE * 0.98 - lost - 1e-9 <= c <= RATE * 1.02 + 1e-9, (
+            f"every 1 s window within 2% (the issue's figure), less {lost:.0f} slots of failed engine calls: "
+            + figures(m))
     allowance = math.ceil(RATE * JITTER_S)
     assert m.worst_100ms <= m.bound_100ms + allowance, (
         f"worst 100 ms window within the stated bound {m.bound_100ms} + {allowance} for release jitter "
@@ -77,12 +95,65 @@ def test_three_proxies_with_uneven_load_share_one_rate(lab):
         assert calls is not None and 5 <= calls <= 10.5, (
             f"p{i}: at most 10 engine calls per second per proxy (one per 100 ms epoch; 10.5 for the "
             f"counters' read times), and about that many under steady demand: " + figures(m))
+    # The filter counts a call into its stats at its next tick (~4 ms later), Envoy when it is
+    # sent: a read of both counters may fall between the two, once at each end of the run.
     for i, (mine, envoys) in enumerate(zip(m.calls_per_s, m.envoy_calls_per_s, strict=True)):
-        assert mine == envoys, f"p{i}: the filter's engine_calls equal Envoy's own count of engine requests"
+        assert mine is not None and abs(mine - envoys) * m.load_s <= 1 + 1e-6, (
+            f"p{i}: the filter's engine_calls equal Envoy's own count of engine requests, within the one "
+            f"call its tick may not have counted yet: {mine * m.load_s:.0f} and {envoys * m.load_s:.0f}")
+
+
+STALL_S = 0.045  # below CATCH_UP_NS (50 ms, core/src/rate/mod.rs): a stall this long loses no slot
+CATCH_UP_S = 0.050
+
+
+def test_a_stall_of_every_proxy_loses_no_slot(lab):
+    """The machine holding every Envoy up at once (CI lost 7 of 300 in one second so, at 20 ms
+    of catch-up): SIGSTOP all three for 45 ms mid-run, then SIGCONT (by PID). The slots that came
+    due meanwhile leave at their own time after it, so the 1 s window around the stall holds the
+    rate within the issue's 2%, less what the stall lasted beyond the 50 ms catch-up (Python's
+    sleep can overrun on the loaded machine: the measured stop is used)."""
+    qps = split(3 * RATE, [60, 30, 10])
+    lab.upstream.clear()
+    pids = [p.pid for p in lab.proxies]
+    t0 = time.monotonic()
+    runs = lab.loads(qps, duration_s=8, max_queue_delay_s=MQD_S)
+    try:
+        wait_until(lambda: time.monotonic() - t0 >= 4.5, 7, "4.5 s of load")
+        stopped = time.monotonic()
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(STALL_S)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        for r in runs:
+            r.result()
+    finally:
+        for r in runs:
+            r.kill()
+    stall = resumed - stopped
+    stamps = sorted(lab.upstream.arrivals)
+    got = sum(1 for t in stamps if stopped - 0.3 <= t < stopped + 0.7)
+    lost_allowed = RATE * max(0.0, stall - CATCH_UP_S)
+    least = RATE * 0.98 - lost_allowed
+    unused = [lab.rule_stats(i).get("slots_unused", 0) for i in range(3)]
+    print(f"\nstall {stall * 1000:.0f} ms: {got} in the 1 s around it; before "
+          f"{windows.rate(stamps, t0 + 2, stopped - 0.3):.1f}/s; unused slots {unused}; {load()}")
+    assert got >= least, (
+        f"the 1 s window from 0.3 s before a {stall * 1000:.0f} ms stall of every proxy holds the rate within "
+        f"2% less the stall beyond the {CATCH_UP_S * 1000:.0f} ms catch-up ({lost_allowed:.1f}): {got} < "
+        f"{least:.1f}; unused slots {unused}; {load()}")
 
 
 def test_within_the_rate_no_request_fails(lab):
-    """Half the rate in all (60/30/10): every request's turn is within max_queue_delay."""
+    """Half the rate in all (60/30/10): every request's turn is within max_queue_delay. After
+    the fleet's start: until its first grants (its first (k + 2) epochs, 0.5 s) a proxy cannot
+    know its share and refuses a turn it cannot reckon (engine/README.md, "Invariants" 2 and
+    3; CI saw 5 of 540 so); that start runs first, unmeasured."""
+    lab.run(split(0.5 * RATE, [60, 30, 10]), duration_s=2, warmup_s=1.0, max_queue_delay_s=MQD_S, rate=RATE)
     m = lab.run(split(0.5 * RATE, [60, 30, 10]), duration_s=6, warmup_s=1.5, max_queue_delay_s=MQD_S, rate=RATE)
     codes = [c["codes"] for c in m.clients]
     assert m.failures == 0 and m.rejected == 0, (f"every request within the rate answered 200: {codes}; {load()}; "

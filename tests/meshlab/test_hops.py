@@ -28,24 +28,28 @@ def _snapshots(mode: str, n: int = N) -> tuple[dict, dict]:
             after["proxies"].setdefault(f"sidecar-{src}", {})[out] = 3 + n
             before["proxies"].setdefault(f"sidecar-{dst}", {})[inb] = 3
             after["proxies"].setdefault(f"sidecar-{dst}", {})[inb] = 3 + n
-        elif mode in ("ambient", "waypoint"):
+        elif mode in ("ambient", "waypoint", "waypoints"):
             for name, stat, grow in ((f"node-{src}", f"tcp.outbound_{dst}.downstream_cx_total", 0),
                                      (f"node-{src}", f"tcp.outbound_{dst}.downstream_cx_rx_bytes_total", 90 * n),
                                      (f"node-{dst}", "http.inbound_hbone.downstream_rq_total", 0),
                                      (f"node-{dst}", "cluster.inbound_app.upstream_cx_tx_bytes_total", 90 * n)):
                 before["proxies"].setdefault(name, {})[stat] = 2
                 after["proxies"].setdefault(name, {})[stat] = 2 + grow
-            if mode == "waypoint" and dst == "productpage":
-                for stat, a, b in ((f"http.{hops.INBOUND_STAT}.downstream_rq_total", 5, 5 + n),
-                                   (f"cluster.{hops.waypoint_cluster_name(dst)}.upstream_rq_total", 5, 5 + n),
-                                   ("cluster.connect_originate;.upstream_rq_total", 2, 2),
-                                   ("cluster.connect_originate;.upstream_cx_tx_bytes_total", 0, 90 * n)):
-                    before["proxies"].setdefault("waypoint", {})[stat] = a
-                    after["proxies"].setdefault("waypoint", {})[stat] = b
+            if mode in ("waypoint", "waypoints") and dst == "productpage":
+                # One waypoint carries all; two replicas 70/30 (each counts its own).
+                shares = {"waypoint": 1.0} if mode == "waypoint" else {"waypoint-0": 0.7, "waypoint-1": 0.3}
+                for wp, share in shares.items():
+                    m = round(share * n)
+                    for stat, a, b in ((f"http.{hops.INBOUND_STAT}.downstream_rq_total", 5, 5 + m),
+                                       (f"cluster.{hops.waypoint_cluster_name(dst)}.upstream_rq_total", 5, 5 + m),
+                                       ("cluster.connect_originate;.upstream_rq_total", 2, 2),
+                                       ("cluster.connect_originate;.upstream_cx_tx_bytes_total", 0, 90 * m)):
+                        before["proxies"].setdefault(wp, {})[stat] = a
+                        after["proxies"].setdefault(wp, {})[stat] = b
     return before, after
 
 
-@pytest.mark.parametrize("mode", ["nomesh", "sidecar", "ambient", "waypoint"])
+@pytest.mark.parametrize("mode", ["nomesh", "sidecar", "ambient", "waypoint", "waypoints"])
 def test_a_complete_run_passes(mode):
     before, after = _snapshots(mode)
     assert hops.check(mode, "productpage", before, after, N) == []
@@ -106,3 +110,19 @@ def test_a_service_that_served_too_few_is_named():
     after["apps"]["ratings"]["requests"] = 7 + N - 10
     (problem,) = hops.check("nomesh", "productpage", before, after, N)
     assert problem == f"hop reviews -> ratings: ratings served {N - 10} requests, expected >= {N}"
+
+
+
+def test_waypoint_replicas_are_checked_together():
+    """With two waypoint replicas the requests are counted over both: one replica carrying all of
+    them passes (few connections may land on one), and too few over both is named."""
+    one, _ = _snapshots("waypoint")
+    before, after = _snapshots("waypoints")
+    growth = {k: v - one["proxies"]["waypoint"][k] for k, v in _snapshots("waypoint")[1]["proxies"]["waypoint"].items()}
+    after["proxies"]["waypoint-0"] = {k: v + growth[k] for k, v in before["proxies"]["waypoint-0"].items()}
+    after["proxies"]["waypoint-1"] = dict(before["proxies"]["waypoint-1"])
+    assert hops.check("waypoints", "productpage", before, after, N) == []
+    stat = f"http.{hops.INBOUND_STAT}.downstream_rq_total"
+    after["proxies"]["waypoint-0"][stat] -= 1
+    (problem,) = hops.check("waypoints", "productpage", before, after, N)
+    assert "waypoint-0 + waypoint-1" in problem and "(waypoint HCM)" in problem, problem

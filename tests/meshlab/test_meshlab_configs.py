@@ -15,7 +15,7 @@ from perf.meshlab import run, study_data, topologies
 from perf.meshlab.lab import NODE_ADDRS
 
 Topology = topologies.Topology
-CASES = [(t, target) for t in topologies.ALL if t.key in ("ambient", "waypoint") and not t.throttle
+CASES = [(t, target) for t in topologies.ALL if t.key in ("ambient", "waypoint", "waypoints") and not t.throttle
          for target in ("details", "productpage")]
 # Service addresses as the API server would give them (the waypoint's node proxies route by them).
 VIPS = {"productpage": "10.96.0.20", "details": "10.96.0.30", "reviews": "10.96.0.40", "ratings": "10.96.0.50"}
@@ -117,9 +117,33 @@ def test_waypoint_topology_sends_the_targets_service_to_the_waypoint(certs, tmp_
         topologies.render(Topology("waypoint", ""), "productpage", tmp_path, certs, NODE_ADDRS)
 
 
+def test_the_replicated_waypoint_takes_both_replicas_and_the_rule_in_cluster_scope(certs, tmp_path):
+    """With 2 waypoint replicas, the callers' node proxies send the target's Service to both (taken in
+    turn per connection), each checked for the waypoint's identity; the throttle's rule is the
+    shipped cluster-scope one (the engine's cluster, one rate for the Service)."""
+    proxies = _rendered(Topology("waypoints", ""), certs, tmp_path, "productpage")
+    client = proxies["node-client"][1]
+    (cluster,) = [c for c in client["static_resources"]["clusters"] if c["name"] == "hbone_productpage"]
+    hosts = [e["endpoint"]["address"]["socket_address"]["address"]
+             for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert hosts == [NODE_ADDRS["waypoint"], NODE_ADDRS["waypoint2"]]
+    assert cluster["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"][
+        "match_typed_subject_alt_names"] == [{"san_type": "URI", "matcher": {"exact": certs["waypoint"]["san"]}}]
+    below = Topology("waypoints", "below")
+    rate = below.rate(40)
+    assert rate == 20
+    cfg = topologies.plugin(rate, below.burst(4), cluster=below.cluster_scope)
+    (rule,) = cfg["rules"]
+    assert cfg["engine"]["cluster"] == "outbound|8080||ratelimit.throttle-engine.svc.cluster.local"
+    assert (rule["scope"], rule["rate"], rule["expected_replicas"]) == ("cluster", "20/s", topologies.WAYPOINT_REPLICAS)
+    assert topologies.plugin(20, 0) == {"rules": [{"name": "default", "rate": "20/s", "burst": 0,
+                                                   "max_queue_delay": "1s"}]}
+    assert "productpage's 2 waypoints, cluster scope 20/s (below offered)" in below.label(40, 4, "productpage")
+
+
 def test_labels_say_the_node_proxies_are_not_ztunnel():
     for t in topologies.ALL:
-        if t.key in ("ambient", "waypoint"):
+        if t.key in ("ambient", "waypoint", "waypoints"):
             assert "(Envoy as HBONE node proxy, not ztunnel)" in t.label(100, 10)
 
 
@@ -191,3 +215,32 @@ def test_check_flags_errors_unpaced_throttles_and_missing_hops():
     assert run.check([{**paced, "achieved_qps": 99.0}])
     assert run.check([{**paced, "throttle_stats": {"queued": 0}}]) == [
         "c | x (run 1): the throttle held no request (queued = 0) below the offered load"]
+
+
+# A throttle below the load paces the answers 200 at its rate; a cluster-scope rule may refuse at
+# arrival up to half of the requests (the line's reckoning, engine/README.md), process scope none.
+def _paced_row(*, cluster: bool, ok: int, refused: int, rate: float = 10.0, duration_s: float = 4.0) -> dict:
+    requests = ok + refused
+    return {"case": "ci", "label": "waypoints" if cluster else "waypoint", "run": 1, "throttle": "below",
+            "cluster_scope": cluster, "rate": rate, "offered_qps": 20, "requests": requests,
+            "achieved_qps": requests / duration_s, "errors": refused, "codes": {200: ok, 429: refused},
+            "hop_problems": [], "throttle_stats": {"queued": ok}}
+
+
+def test_cluster_scope_may_refuse_at_arrival_within_half() -> None:
+    assert run.check([_paced_row(cluster=True, ok=40, refused=15)]) == []
+
+
+def test_cluster_scope_refusing_more_than_half_fails() -> None:
+    problems = run.check([_paced_row(cluster=True, ok=40, refused=41)])
+    assert any("answered 429 at the cluster rule" in p for p in problems), problems
+
+
+def test_process_scope_may_not_refuse() -> None:
+    problems = run.check([_paced_row(cluster=False, ok=40, refused=1)])
+    assert any("errors" in p for p in problems), problems
+
+
+def test_the_paced_rate_is_that_of_the_answers_200() -> None:
+    problems = run.check([_paced_row(cluster=True, ok=60, refused=2)])  # 15/s answered 200 for a 10/s rule
+    assert any("answered 200 with the throttle at 10.0/s" in p for p in problems), problems

@@ -8,7 +8,8 @@ from perf.meshlab import report, run, topologies
 
 
 def _row(case: run.Case, topo: topologies.Topology, rn: int, p50: float) -> dict:
-    rss = {f"node-{n}": 66.0 for n in topologies.involved(case.target)} if topo.key in ("ambient", "waypoint") \
+    rss = {f"node-{n}": 66.0 for n in topologies.involved(case.target)} if topo.key in ("ambient", "waypoint",
+                                                                                         "waypoints") \
         else {f"sidecar-{n}": 60.0 for n in topologies.involved(case.target)} if topo.key == "sidecar" else {}
     hops_ok = not (topo.key == "sidecar" and rn == 3)
     return {"case": case.name, "target": case.target, "scale": case.scale, "run": rn, "topology": topo.key,
@@ -25,7 +26,7 @@ def _row(case: run.Case, topo: topologies.Topology, rn: int, p50: float) -> dict
 
 
 def test_report_sets_the_study_beside_the_lab(tmp_path):
-    base = {"nomesh": 1.0, "sidecar": 2.0, "ambient": 1.5, "waypoint": 1.8}
+    base = {"nomesh": 1.0, "sidecar": 2.0, "ambient": 1.5, "waypoint": 1.8, "waypoints": 1.9}
     cases = (run.DETAILS_CASES[0], run.productpage_cases(0.05)[1])
     rows = [_row(c, t, rn, base[t.key] * (1 + 0.1 * rn) + (0.3 if t.throttle == "above" else 0))
             for rn in (1, 2, 3) for c in cases for t in topologies.ALL]
@@ -49,6 +50,7 @@ def test_report_sets_the_study_beside_the_lab(tmp_path):
     assert "| 132.0 | 34.0 |" in md
     assert "## The throttle's added latency per topology" in md
     assert "| details, 100 RPS / 10 connections | details sidecar inbound | +0.330 | +0.300 |" in md
+    assert "| details, 100 RPS / 10 connections | details's 2 waypoints, cluster scope | +0.330 | +0.300 |" in md
     assert "MISSING: hop client -> details (x): outbound/9080//details missing" in md  # pipes kept out of the table
     assert md.count("every hop seen") >= 6
     page = (tmp_path / "report.html").read_text()

@@ -22,9 +22,9 @@ XDS_TYPES = ("cluster", "listener", "route", "endpoint", "extensionconfig")
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 
 
-def _load(url: str, qps: float, connections: int, duration: str) -> Load:
+def _load(url: str, qps: float, connections: int, duration: str, std_client: bool = False) -> Load:
     return Load(url, connections=connections, qps=qps, duration_s=float(duration.removesuffix("s")),
-                allow_initial_errors=True)
+                allow_initial_errors=True, std_client=std_client)
 
 
 def load(pod: Pod, url: str, *, qps: float, connections: int, duration: str, timeout: float = 120) -> dict[str, Any]:
@@ -38,10 +38,11 @@ def load(pod: Pod, url: str, *, qps: float, connections: int, duration: str, tim
 class Background:
     """A Fortio run from a pod in the background (several clients at once)."""
 
-    def __init__(self, pod: Pod, url: str, *, qps: float, connections: int, duration: str):
+    def __init__(self, pod: Pod, url: str, *, qps: float, connections: int, duration: str,
+                 std_client: bool = False):
         self.pod = pod
         self.start = time.time()
-        self.running = _load(url, qps, connections, duration).start(prefix=pod.node.argv([]))
+        self.running = _load(url, qps, connections, duration, std_client).start(prefix=pod.node.argv([]))
 
     def result(self, timeout: float = 120) -> dict[str, Any]:
         result = self.running.result(timeout)
@@ -167,6 +168,49 @@ def http_filter_names(pod: Pod, listener_match: str) -> list[list[str]]:
                 if "http_filters" in hcm:
                     out.append([h["name"] for h in hcm["http_filters"]])
     return out
+
+
+def rule_stats(pod: Pod, rule: str) -> dict[str, int]:
+    """A rule's counters and gauges from the pod's Envoy admin (wasmcustom.throttle.rule.<rule>.<stat>)."""
+    status, body = pod.admin(f"/stats?filter=^wasmcustom\\.throttle\\.rule\\.{rule}\\.")
+    assert status == 200, body[:500]
+    out = {}
+    for line in body.splitlines():
+        name, _, value = line.partition(": ")
+        if value.strip().lstrip("-").isdigit():
+            out[name.rsplit(".", 1)[1]] = int(value)
+    return out
+
+
+def cluster_hosts(pod: Pod, cluster: str) -> list[str] | None:
+    """The addresses of a cluster's hosts in the pod's Envoy (admin /clusters), None without it."""
+    status, body = pod.admin("/clusters?format=json")
+    assert status == 200, body[:500]
+    for c in json.loads(body)["cluster_statuses"]:
+        if c["name"] == cluster:
+            return sorted(h["address"]["socket_address"]["address"] for h in c.get("host_statuses", [])
+                          if "socket_address" in h.get("address", {}))
+    return None
+
+
+def cluster_endpoints(pod: Pod, cluster: str) -> list[str] | None:
+    """A cluster's hosts in the pod's Envoy: `ip` for an address, `<listener>|<endpoint id>` for an
+    internal address (Istio's HBONE endpoints: connect_originate with the target as id); None
+    without the cluster."""
+    status, body = pod.admin("/clusters?format=json")
+    assert status == 200, body[:500]
+    for c in json.loads(body)["cluster_statuses"]:
+        if c["name"] == cluster:
+            out = []
+            for h in c.get("host_statuses", []):
+                addr = h.get("address", {})
+                if "socket_address" in addr:
+                    out.append(addr["socket_address"]["address"])
+                elif "envoy_internal_address" in addr:
+                    internal = addr["envoy_internal_address"]
+                    out.append(f"{internal.get('server_listener_name', '')}|{internal.get('endpoint_id', '')}")
+            return sorted(out)
+    return None
 
 
 def syncz_for(cp: Any, proxy_ids: list[str]) -> dict[str, dict[str, Any]]:

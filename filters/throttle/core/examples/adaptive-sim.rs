@@ -3,15 +3,43 @@
 //! time to adapt, share of 1 s windows within ±10% of the target, goodput,
 //! p99, upstream 429s after 2 s, errors.
 //!
-//! cargo run -p throttle-core --release --example adaptive-sim --features testing [-- SEEDS]
+//! cargo run -p throttle-core --release --example adaptive-sim --features testing [-- SEEDS [adaptive] [NAMES...]]
+//!
+//! `adaptive`: the learner only (not the static and unlimited arms); NAMES:
+//! only these scenarios (of the anchors' and `sim::more`'s).
 
-use throttle_core::adaptive::sim::{anchors, learner, Mode, Pacer};
+use throttle_core::adaptive::sim::{anchors, learner, more, Mode, Pacer};
 
 fn main() {
-    let seeds: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("trace") {
+        // trace NAME SEED: every 100 ms of one run of the learner.
+        let name = args.get(1).cloned().unwrap_or_default();
+        let seed = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
+        let pacer = learner(500.0, Mode::Enforce);
+        let Some(s) = anchors(pacer, seed)
+            .into_iter()
+            .chain(more(pacer, seed))
+            .find(|s| s.name == name)
+        else {
+            eprintln!("no scenario {name}");
+            return;
+        };
+        let (r, _) = s.run();
+        println!("t s | capacity | arrivals | sent | ok | 429 local | 504 | backlog | rate | in flight | ahead ms | reasons");
+        for (i, b) in r.buckets.iter().enumerate() {
+            let reasons: Vec<&str> = b.reasons.iter().map(|x| x.name()).collect();
+            println!(
+                "{:5.1} | {:4.0} | {:3} | {:3} | {:3} | {:3} | {:3} | {:4} | {:6.1} | {:4} | {:4} | {}",
+                i as f64 / 10.0, b.capacity_per_s, b.arrivals, b.sent, b.ok, b.local_429, b.gateway_504,
+                b.backlog, b.rate_per_s, b.in_flight, b.ahead_ms, reasons.join(",")
+            );
+        }
+        return;
+    }
+    let seeds: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(6);
+    let only_adaptive = args.iter().any(|a| a == "adaptive");
+    let names: Vec<&String> = args.iter().skip(1).filter(|a| *a != "adaptive").collect();
     println!("| scenario | phase | target /s | seed | time to adapt s | within ±10% | range | goodput | p99 ms | upstream 429 after 2 s | timeouts or 504 | throttle 429s |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (label, pacer) in [
@@ -20,8 +48,12 @@ fn main() {
         ("static 200/s", Pacer::Static { rate_per_s: 200.0 }),
         ("no limiter", Pacer::None),
     ] {
+        if only_adaptive && label != "adaptive" {
+            break;
+        }
         for seed in 1..=seeds {
-            for s in anchors(pacer, seed) {
+            let all = anchors(pacer, seed).into_iter().chain(more(pacer, seed));
+            for s in all.filter(|s| names.is_empty() || names.iter().any(|n| **n == s.name)) {
                 let (_, phases) = s.run();
                 for p in phases {
                     let f = p.figures;

@@ -83,6 +83,7 @@ fn trace(sc: &Scenario, rule: usize) {
     };
     let start = sc.start_ns();
     let ms = |x: u64| x.saturating_sub(start) as f64 / 1e6;
+    let interval_ns = sc.rules.get(rule).map_or(1, |r| r.interval_ns());
     let mut rows: Vec<_> = t.records.iter().filter(|r| r.rule == rule).collect();
     rows.sort_by_key(|r| r.arrived);
     for r in rows {
@@ -96,7 +97,8 @@ fn trace(sc: &Scenario, rule: usize) {
                 "released {:.1}{}{}{}",
                 ms(at),
                 if held { " after a hold" } else { "" },
-                slot.map(|s| format!(" slot {s}")).unwrap_or_default(),
+                slot.map(|s| format!(" slot {s} (due {:.1})", ms(s * interval_ns)))
+                    .unwrap_or_default(),
                 if credit { " on credit" } else { "" }
             ),
             End::Refused {

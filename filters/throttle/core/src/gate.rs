@@ -108,6 +108,18 @@ pub struct Waiter {
     pub since: u64,
 }
 
+impl crate::queue::Room for GateWaiters {
+    fn len(&self) -> usize {
+        GateWaiters::len(self)
+    }
+    fn contains(&self, context_id: u32) -> bool {
+        GateWaiters::contains(self, context_id)
+    }
+    fn needs_ticks(&self) -> bool {
+        GateWaiters::needs_ticks(self)
+    }
+}
+
 impl GateWaiters {
     pub fn new() -> Self {
         Self::default()

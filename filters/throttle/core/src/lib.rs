@@ -17,12 +17,15 @@
 //! | a configuration field | [`config::spec`] (the table), `config/validate.rs`, [`Rule`] | `config/tests.rs` |
 //! | a statistic | one row of the [`stats`] table (name, kind, feature, doc), and the stage or tick that counts it | `stream/tests.rs`, `wasm/src/tests.rs` (each rule kind) |
 //! | a step of the request's decision | one stage file in `stream/`, one line in [`Stream::on_request`] | `stream/tests.rs` |
-//! | what a tick does | [`worker`] | `stream/tests.rs`, `tests/properties.rs` |
+//! | what a tick does | [`worker`] (a waiting room: [`queue::Room`]) | `stream/tests.rs`, `tests/properties.rs` |
+//! | where a rule's slots come from | [`rate`] (one [`rate::RateSource`] per kind) | `classes/tests.rs`, the stream and cluster tests |
 //! | cluster scope, its engine | [`cluster`] (one file per engine beside `wire.rs`) | `cluster/tests.rs`, `tests/cluster_properties.rs` (the simulation) |
 //!
-//! Floors: `clock`, `store`, `stats`, `reply`, `queue`, `path`, `units`
-//! (and `testing`) < `schedule`, `gate`, `matcher`, `keys`, `ratelimit` <
-//! `config` < `cluster` < `stream`, `worker`.
+//! Floors, from the ground up (held by `tests/floors.rs`: no arrow up a
+//! floor, no circle): `clock`, `units`, `store`, `stats`, `reply`, `path`,
+//! `lease` (and `testing`) < `schedule`, `queue`, `gate`, `matcher`, `keys`,
+//! `ratelimit` < `config` < `adaptive`, `cluster` < `rate` (where a rule's
+//! slots come from), `classes` (its lines) < `worker` < `stream`.
 
 #![cfg_attr(
     test,

@@ -7,6 +7,34 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+/// A worker's waiting room: the requests it holds for one reason (a rate's
+/// turn, [`HeldQueue`]; a concurrency slot, `gate::GateWaiters`; a ticket
+/// of a rule's line, `classes::ClassWaiters`). The worker asks every room
+/// alike; a new room is one more in `Worker::rooms`.
+pub trait Room {
+    /// Requests waiting here now.
+    fn len(&self) -> usize;
+    /// Whether nobody waits here.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Whether `context_id` waits here.
+    fn contains(&self, context_id: u32) -> bool;
+    /// Whether the room needs the worker's tick.
+    fn needs_ticks(&self) -> bool {
+        self.len() > 0
+    }
+}
+
+impl Room for HeldQueue {
+    fn len(&self) -> usize {
+        HeldQueue::len(self)
+    }
+    fn contains(&self, context_id: u32) -> bool {
+        HeldQueue::contains(self, context_id)
+    }
+}
+
 /// A held request, as handed back when it is due or cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
@@ -144,12 +172,12 @@ impl HeldQueue {
 
     /// A faster rate for rule `rule` (interval `old` -> `new`, shorter) at
     /// `now`: its held requests come forward by `new / old`, in order, never
-    /// later than they were due (`adaptive::learner::retime`). Whether any moved.
+    /// later than they were due ([`crate::schedule::retime`]). Whether any moved.
     pub fn retime(&mut self, rule: usize, now: u64, old: u64, new: u64) -> bool {
         let mut moved = false;
         for (_, held) in self.live.values_mut() {
             if held.rule == rule {
-                let at = crate::adaptive::learner::retime(held.release_at, now, old, new);
+                let at = crate::schedule::retime(held.release_at, now, old, new);
                 moved |= at != held.release_at;
                 held.release_at = at;
             }

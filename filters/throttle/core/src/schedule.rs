@@ -11,7 +11,8 @@
 //! compare-and-swap ([`SharedCell`]), so the rate holds for the whole process.
 
 use crate::clock::NS_PER_S;
-use crate::store::{KeyTable, SharedCell, MAX_CAS_ATTEMPTS};
+use crate::keys::{Bucket, Candidates, Place};
+use crate::store::{KeyTable, SharedBlob, SharedCell, MAX_CAS_ATTEMPTS};
 
 /// Parameters of one schedule, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +151,18 @@ fn decide(
     }
 }
 
+/// A time of the schedule re-timed at `now` for a change of interval from
+/// `old` to a shorter `new`: what lies ahead comes forward by `new / old`
+/// (order kept). Never later than it was; unchanged for a longer interval.
+pub fn retime(at: u64, now: u64, old: u64, new: u64) -> u64 {
+    if at <= now || old == 0 || new >= old {
+        return at;
+    }
+    let ahead = u128::from(at - now) * u128::from(new) / u128::from(old);
+    now.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX))
+        .min(at)
+}
+
 /// Admits one request at `now` against a rule's shared schedule.
 pub fn admit<C: SharedCell>(
     cell: &mut C,
@@ -205,55 +218,70 @@ pub fn admit_paced<C: SharedCell>(
 }
 
 /// Admits one request of key `fingerprint` (non-zero) against a per-key rule's
-/// table: the candidate slot holding this key's schedule; else a candidate
-/// whose schedule lies in the past (the same as a fresh one); else the first
-/// candidate, shared with the key that holds it.
+/// table ([`crate::keys`]): the entry holding this key's schedule in either
+/// candidate bucket; else a free one ([`Bucket::place`]); else the schedule
+/// that ends soonest, shared with the key that holds it. Reads one bucket
+/// when the key's entry is in the first (most keys), two otherwise; writes
+/// the one it changed.
 pub fn admit_keyed<T: KeyTable>(
     table: &mut T,
     fingerprint: u64,
-    slots: (u32, u32),
+    at: Candidates,
     schedule: &Schedule,
     now: u64,
     can_hold: bool,
 ) -> Admission {
-    let mut a = table.cell(slots.0);
-    let mut b = (slots.0 != slots.1).then(|| table.cell(slots.1));
-    let own = |v: Option<[u64; 2]>| v.is_some_and(|[fp, _]| fp == fingerprint);
-    let free = |v: Option<[u64; 2]>| v.is_none_or(|[_, tat]| tat <= now);
-    let tat = |v: Option<[u64; 2]>| v.map(|[_, t]| t);
+    let mut a = table.bucket(at.first);
+    let mut b = (at.first != at.second).then(|| table.bucket(at.second));
     for _ in 0..MAX_CAS_ATTEMPTS {
         let Ok((va, ta)) = a.load() else {
             return Admission::Contention;
         };
-        // Which cell, and what it holds: (use b, fingerprint to keep, stored tat).
-        let mut tb = None;
-        let (use_b, fp, stored) = if own(va) {
-            (false, fingerprint, tat(va))
-        } else {
-            let vb = match b.as_mut().map(|b| b.load()) {
-                None => None,
-                Some(Ok((vb, token))) => {
-                    tb = Some(token);
-                    vb
+        let mut first = Bucket::decode(va.as_deref(), at.ways);
+        // Which bucket, which entry, and the fingerprint it keeps.
+        let (in_second, entry, fp, mut second, tb) = match first.find(fingerprint) {
+            Some(i) => (false, i, fingerprint, None, None),
+            None => {
+                let (second, tb) = match b.as_mut().map(|b| b.load()) {
+                    None => (None, None),
+                    Some(Ok((vb, token))) => {
+                        (Some(Bucket::decode(vb.as_deref(), at.ways)), Some(token))
+                    }
+                    Some(Err(_)) => return Admission::Contention,
+                };
+                match second.as_ref().and_then(|s| s.find(fingerprint)) {
+                    Some(j) => (true, j, fingerprint, second, tb),
+                    None => match Bucket::place(&first, second.as_ref(), now) {
+                        Place::Free { second: s, entry } => (s, entry, fingerprint, second, tb),
+                        Place::Share { second: s, entry } => {
+                            let holder = if s { second.as_ref() } else { Some(&first) };
+                            let f = holder
+                                .and_then(|h| h.get(entry))
+                                .map_or(fingerprint, |[f, _]| f);
+                            (s, entry, f, second, tb)
+                        }
+                    },
                 }
-                Some(Err(_)) => return Admission::Contention,
-            };
-            if tb.is_some() && own(vb) {
-                (true, fingerprint, tat(vb))
-            } else if free(va) {
-                (false, fingerprint, None)
-            } else if tb.is_some() && free(vb) {
-                (true, fingerprint, None)
-            } else {
-                // Both candidates are busy with other keys: share the first.
-                (false, va.map_or(fingerprint, |[f, _]| f), tat(va))
             }
         };
+        let bucket = if in_second {
+            second.as_mut()
+        } else {
+            Some(&mut first)
+        };
+        let Some(bucket) = bucket else {
+            return Admission::Contention;
+        };
+        // The entry's schedule: its own or the one it shares (a free
+        // entry's past schedule is the same as none).
+        let stored = bucket.get(entry).filter(|[f, _]| *f == fp).map(|[_, t]| t);
         let (admission, new) = decide(schedule, fp, stored, now, can_hold);
         let Some(new) = new else { return admission };
-        let result = match (use_b, b.as_mut(), tb) {
-            (true, Some(b), Some(tb)) => b.store(new, tb),
-            _ => a.store(new, ta),
+        bucket.set(entry, new);
+        let bytes = bucket.encode();
+        let result = match (in_second, b.as_mut(), tb) {
+            (true, Some(b), Some(tb)) => b.store(bytes, tb),
+            _ => a.store(bytes, ta),
         };
         match result {
             Ok(true) => return admission,
@@ -279,7 +307,7 @@ pub fn admit_with_quota<C: SharedCell, T: KeyTable>(
     shared: &mut C,
     table: &mut T,
     fingerprint: u64,
-    slots: (u32, u32),
+    at: Candidates,
     schedule: &Schedule,
     quota: &Schedule,
     now: u64,
@@ -289,7 +317,7 @@ pub fn admit_with_quota<C: SharedCell, T: KeyTable>(
         shared,
         table,
         fingerprint,
-        slots,
+        at,
         (schedule, false),
         quota,
         now,
@@ -304,7 +332,7 @@ pub fn admit_with_quota_paced<C: SharedCell, T: KeyTable>(
     shared: &mut C,
     table: &mut T,
     fingerprint: u64,
-    slots: (u32, u32),
+    at: Candidates,
     (schedule, learned): (&Schedule, bool),
     quota: &Schedule,
     now: u64,
@@ -323,7 +351,7 @@ pub fn admit_with_quota_paced<C: SharedCell, T: KeyTable>(
     if matches!(peek, Admission::Reject { .. }) {
         return peek;
     }
-    match admit_keyed(table, fingerprint, slots, quota, now, true) {
+    match admit_keyed(table, fingerprint, at, quota, now, true) {
         Admission::Now { .. } | Admission::Hold { .. } => {
             admit_paced(shared, schedule, learned, now, can_hold, &mut || None)
         }
@@ -703,7 +731,8 @@ mod tests {
 mod keyed_tests {
     use super::*;
     use crate::clock::NS_PER_MS;
-    use crate::store::{CellId, Store};
+    use crate::keys::WAYS;
+    use crate::store::{BlobId, Store};
     use crate::testing::{MemCell as SingleCell, MemCells, MemStore};
     use std::cell::RefCell;
 
@@ -723,15 +752,28 @@ mod keyed_tests {
     }
 
     impl KeyTable for Table {
-        type Cell = crate::store::Cell<MemStore<'static>>;
-        fn cell(&mut self, slot: u32) -> Self::Cell {
-            MemStore(self.cells).cell(CellId::Slot(0, slot))
+        type Bucket = crate::store::Blob<MemStore<'static>>;
+        fn bucket(&mut self, n: u32) -> Self::Bucket {
+            MemStore(self.cells).blob(BlobId::Bucket(0, n))
         }
     }
 
     impl Table {
-        fn get(&self, slot: u32) -> Option<[u64; 2]> {
-            self.cells.borrow().get(CellId::Slot(0, slot))
+        /// The first entry of bucket `n` (these tests use buckets of one
+        /// entry, as single slots: the choices between two candidates).
+        fn get(&self, n: u32) -> Option<[u64; 2]> {
+            let c = self.cells.borrow();
+            let (bytes, _) = c.blobs.get(&BlobId::Bucket(0, n))?;
+            Bucket::decode(Some(bytes), 1).get(0)
+        }
+    }
+
+    /// Candidate buckets `a` and `b` of one entry each.
+    fn c(a: u32, b: u32) -> Candidates {
+        Candidates {
+            first: a,
+            second: b,
+            ways: 1,
         }
     }
 
@@ -753,19 +795,19 @@ mod keyed_tests {
         let now = 100 * MS;
         // Key 11 in slots (0, 1), key 22 in slots (2, 3): both start at once.
         assert_eq!(
-            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            release(admit_keyed(&mut t, 11, c(0, 1), &s500(), now, true), now),
             now
         );
         assert_eq!(
-            release(admit_keyed(&mut t, 22, (2, 3), &s500(), now, true), now),
+            release(admit_keyed(&mut t, 22, c(2, 3), &s500(), now, true), now),
             now
         );
         assert_eq!(
-            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            release(admit_keyed(&mut t, 11, c(0, 1), &s500(), now, true), now),
             now + 2 * MS
         );
         assert_eq!(
-            release(admit_keyed(&mut t, 22, (2, 3), &s500(), now, true), now),
+            release(admit_keyed(&mut t, 22, c(2, 3), &s500(), now, true), now),
             now + 2 * MS
         );
         assert_eq!(t.get(0), Some([11, now + 4 * MS]));
@@ -777,12 +819,12 @@ mod keyed_tests {
         let mut t = Table::default();
         let now = 100 * MS;
         // Slot 0 is busy with key 33; key 11 takes slot 1.
-        admit_keyed(&mut t, 33, (0, 9), &s500(), now, true);
-        admit_keyed(&mut t, 11, (0, 1), &s500(), now, true);
+        admit_keyed(&mut t, 33, c(0, 9), &s500(), now, true);
+        admit_keyed(&mut t, 11, c(0, 1), &s500(), now, true);
         assert_eq!(t.get(1), Some([11, now + 2 * MS]));
         // Later, key 11 finds its own schedule in slot 1, not a fresh one in 0.
         assert_eq!(
-            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            release(admit_keyed(&mut t, 11, c(0, 1), &s500(), now, true), now),
             now + 2 * MS
         );
     }
@@ -790,12 +832,12 @@ mod keyed_tests {
     #[test]
     fn a_slot_whose_schedule_is_past_is_taken_over_losslessly() {
         let mut t = Table::default();
-        admit_keyed(&mut t, 33, (0, 1), &s500(), 100 * MS, true);
-        admit_keyed(&mut t, 44, (1, 0), &s500(), 100 * MS, true);
+        admit_keyed(&mut t, 33, c(0, 1), &s500(), 100 * MS, true);
+        admit_keyed(&mut t, 44, c(1, 0), &s500(), 100 * MS, true);
         // 10 ms later both schedules are in the past: key 11 takes slot 0.
         let now = 110 * MS;
         assert_eq!(
-            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            release(admit_keyed(&mut t, 11, c(0, 1), &s500(), now, true), now),
             now
         );
         assert_eq!(t.get(0), Some([11, now + 2 * MS]));
@@ -805,11 +847,11 @@ mod keyed_tests {
     fn when_both_slots_are_busy_keys_share_a_rate_never_exceed_it() {
         let mut t = Table::default();
         let now = 100 * MS;
-        admit_keyed(&mut t, 33, (0, 5), &s500(), now, true); // slot 0 busy until +2ms
-        admit_keyed(&mut t, 44, (1, 5), &s500(), now, true); // slot 1 busy until +2ms
-                                                             // Key 11 (slots 0, 1): shares slot 0 with key 33, which keeps the slot.
+        admit_keyed(&mut t, 33, c(0, 5), &s500(), now, true); // slot 0 busy until +2ms
+        admit_keyed(&mut t, 44, c(1, 5), &s500(), now, true); // slot 1 busy until +2ms
+                                                              // Key 11 (slots 0, 1): shares slot 0 with key 33, which keeps the slot.
         assert_eq!(
-            release(admit_keyed(&mut t, 11, (0, 1), &s500(), now, true), now),
+            release(admit_keyed(&mut t, 11, c(0, 1), &s500(), now, true), now),
             now + 2 * MS
         );
         assert_eq!(t.get(0), Some([33, now + 4 * MS]));
@@ -823,13 +865,13 @@ mod keyed_tests {
         let mut shared = SingleCell::default();
         let mut t = Table::default();
         let now = 10_000 * MS;
-        let go = |t: &mut Table, shared: &mut SingleCell, fp: u64, slots| {
-            admit_with_quota(shared, t, fp, slots, &shared_s, &quota, now, true)
+        let go = |t: &mut Table, shared: &mut SingleCell, fp: u64, at| {
+            admit_with_quota(shared, t, fp, at, &shared_s, &quota, now, true)
         };
         // Key A sends 20 at once: its quota admits 3 (at 0, 0.5 s, 1 s of its
         // own schedule), which take the first 3 shared places, 100 ms apart.
         let a: Vec<Admission> = (0..20)
-            .map(|_| go(&mut t, &mut shared, 11, (0, 1)))
+            .map(|_| go(&mut t, &mut shared, 11, c(0, 1)))
             .collect();
         assert_eq!(
             a.iter()
@@ -844,7 +886,7 @@ mod keyed_tests {
         );
         // Key B still finds room: its 3 go right after A's.
         let b: Vec<Admission> = (0..3)
-            .map(|_| go(&mut t, &mut shared, 22, (2, 3)))
+            .map(|_| go(&mut t, &mut shared, 22, c(2, 3)))
             .collect();
         assert_eq!(
             b.iter().map(|x| release(*x, now) - now).collect::<Vec<_>>(),
@@ -866,7 +908,7 @@ mod keyed_tests {
                 &mut shared,
                 &mut t,
                 11,
-                (0, 1),
+                c(0, 1),
                 &shared_s,
                 &quota,
                 now,
@@ -879,7 +921,7 @@ mod keyed_tests {
                 &mut shared,
                 &mut t,
                 22,
-                (2, 3),
+                c(2, 3),
                 &shared_s,
                 &quota,
                 now,
@@ -888,5 +930,50 @@ mod keyed_tests {
             Admission::Reject { .. }
         ));
         assert_eq!(t.get(2), None, "the rejected key's quota is untouched");
+    }
+
+    #[test]
+    fn sixteen_entries_in_two_buckets_before_a_key_shares() {
+        let s = Schedule::new(100 * MS, 0, 0); // no queue: sharing is a 429
+        let mut t = Table::default();
+        let now = 1_000 * MS;
+        let both = Candidates {
+            first: 0,
+            second: 1,
+            ways: WAYS,
+        };
+        // Sixteen keys with the same two buckets all start at once.
+        for fp in 1..=16u64 {
+            assert!(
+                matches!(
+                    admit_keyed(&mut t, fp, both, &s, now, true),
+                    Admission::Now { .. }
+                ),
+                "key {fp}"
+            );
+        }
+        // Both buckets fill before anyone shares.
+        let free = |t: &Table, n| {
+            let c = t.cells.borrow();
+            let bytes = c.blobs.get(&BlobId::Bucket(0, n)).map(|(v, _)| v.clone());
+            Bucket::decode(bytes.as_deref(), WAYS).free(now)
+        };
+        assert_eq!((free(&t, 0), free(&t, 1)), (0, 0));
+        // A seventeenth shares a schedule: rejected, nothing taken.
+        assert!(matches!(
+            admit_keyed(&mut t, 17, both, &s, now, true),
+            Admission::Reject { .. }
+        ));
+        // Each of the sixteen finds its own schedule (one interval on).
+        for fp in 1..=16u64 {
+            assert!(matches!(
+                admit_keyed(&mut t, fp, both, &s, now, true),
+                Admission::Reject { .. }
+            ));
+            assert!(matches!(
+                admit_keyed(&mut t, fp, both, &s, now + 100 * MS, true),
+                Admission::Now { .. }
+            ));
+        }
     }
 }

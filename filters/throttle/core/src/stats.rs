@@ -255,11 +255,11 @@ stats! {
     AdaptiveRate: "adaptive_rate", Gauge, Adaptive,
         "Adaptive: the rate paced at (in observe mode, the rate it would pace at), in requests per second x 1000; set by the learning VM every ~100 ms.";
     AdaptiveShed: "adaptive_shed", Counter, Adaptive,
-        "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance.";
+        "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance: sheds spread over the rule's paths and clients (a client's or an endpoint's own do not count).";
     AdaptiveFailed: "adaptive_failed", Counter, Adaptive,
-        "Adaptive: cuts because of 5xx other than 503 and 504, or resets, beyond the tolerance (a 504 counts as latency).";
+        "Adaptive: cuts because of 5xx other than 503 and 504, or resets, beyond the tolerance, spread over the rule's paths and clients (a 504 counts as a queue).";
     AdaptiveQueue: "adaptive_queue", Counter, Adaptive,
-        "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind).";
+        "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind), a queue stood, or the load's answers came beyond the route's timeout (504).";
     AdaptiveDrained: "adaptive_drained", Counter, Adaptive,
         "Adaptive: drains ended (the queue a cut found is gone): back to the capacity measured.";
     AdaptiveProbe: "adaptive_probe", Counter, Adaptive,
@@ -267,7 +267,7 @@ stats! {
     AdaptiveKept: "adaptive_kept", Counter, Adaptive,
         "Adaptive: probes the upstream delivered (their rate kept).";
     AdaptiveRetryAfter: "adaptive_retry_after", Counter, Adaptive,
-        "Adaptive: rounds in which the upstream's `Retry-After` held probes back.";
+        "Adaptive: cuts for sheds of the load whose `Retry-After` held probes back (at most 60 s).";
 }
 
 impl Stat {
@@ -293,21 +293,21 @@ stats! {
     /// One statistic of a rule's priority class, named
     /// `throttle.rule.<rule>.class.<class>.<stat>` (Prometheus:
     /// `throttle_class_<stat>{throttle_rule, throttle_class}`). Bounded: at
-    /// most [`crate::classes::MAX`] classes per rule. Its feature is the
+    /// most [`MAX_CLASSES`] classes per rule. Its feature is the
     /// rule's besides `classes`.
     enum ClassStat, table CLASS_TABLE, count CLASS_COUNT;
     Admitted: "admitted", Counter, Core,
         "Requests of the class continued at once.";
     Queued: "queued", Counter, Core,
         "Requests of the class held, waiting for a release (under dry-run: that would have been held).";
-    Released: "released", Counter, Enforce,
-        "Held requests of the class resumed at their turn.";
+    Released: "released", Counter, Core,
+        "Held requests of the class resumed at their turn (under dry-run: the tickets of those that would have been held, granted).";
     Rejected: "rejected", Counter, Core,
         "Requests of the class rejected at once: estimated turn beyond the class's `max_queue_delay`, full worker queue, over the key's quota, or contention (under dry-run: that would have been rejected).";
-    Displaced: "displaced", Counter, Enforce,
-        "Held requests of the class rejected later: pushed back by higher classes, their turn moved past the class's `max_queue_delay` (they also count in the rule's `rejected`).";
-    WaitMs: "wait_ms", Histogram, Enforce,
-        "Time released requests of the class were held, in milliseconds.";
+    Displaced: "displaced", Counter, Core,
+        "Held requests of the class rejected later: pushed back by higher classes, their turn moved past the class's `max_queue_delay` (they also count in the rule's `rejected`; under dry-run: tickets that would have been, counted `would_queue` at arrival).";
+    WaitMs: "wait_ms", Histogram, Core,
+        "Time released requests of the class were held, in milliseconds (under dry-run: the time they would have been held).";
 }
 
 impl ClassStat {
@@ -318,8 +318,12 @@ impl ClassStat {
     }
 }
 
+/// Most priority classes of a rule (`config::spec::MAX_CLASSES` is this:
+/// defined here, on the ground floor, since the counts are sized by it).
+pub const MAX_CLASSES: usize = 8;
+
 /// Most classes counted per rule.
-const CLASSES: usize = crate::classes::MAX;
+const CLASSES: usize = MAX_CLASSES;
 
 /// Changes to a rule's statistics (and its classes'), returned with every
 /// decision so the glue can apply them (and tests can assert them exactly):
@@ -535,16 +539,21 @@ pub fn reference_table() -> String {
     let class_count = |f: Feature| CLASS_TABLE.iter().filter(|s| s.feature == f).count();
     let plain = count(Feature::Core) + count(Feature::Enforce);
     let dry = count(Feature::Core) + count(Feature::DryRun);
+    let dry_classes = class_count(Feature::Core) + class_count(Feature::DryRun);
+    let under_dry_run = if dry_classes == CLASS_COUNT {
+        " (under `dry_run` too)".to_string()
+    } else {
+        format!(" ({dry_classes} under `dry_run`)")
+    };
     let mut out = format!(
         "A rule defines only the stats of its features (Envoy keeps each metric defined, for every \
          rule on every pod): a process-scope rule with a rate and nothing else has {plain}, a \
          `dry_run` one {dry}; `concurrency` adds {}, `scope: \"cluster\"` {}, `adaptive` {}, and \
-         `classes` {} for each class ({} under `dry_run`).\n",
+         `classes` {} for each class{under_dry_run}.\n",
         count(Feature::Concurrency),
         count(Feature::Cluster),
         count(Feature::Adaptive),
         CLASS_COUNT,
-        class_count(Feature::Core) + class_count(Feature::DryRun),
     );
     let header = "| name | type | description |\n|---|---|---|\n";
     for f in Feature::ALL {

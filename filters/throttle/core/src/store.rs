@@ -2,7 +2,7 @@
 //! with compare-and-swap, by identity, and where each one lives.
 //!
 //! * [`SharedCell`] (16 bytes) and [`SharedBlob`] (variable size): one value
-//!   with a version token; [`KeyTable`]: a per-key rule's cells by slot.
+//!   with a version token; [`KeyTable`]: a per-key rule's buckets of entries.
 //! * [`Store`]: every cell and blob of one configuration, by [`CellId`] and
 //!   [`BlobId`]. The glue maps them to proxy-wasm shared data; tests use
 //!   `testing::MemStore` (feature `testing`).
@@ -14,8 +14,8 @@
 /// a plain value in tests. `load` returns the value and a version token;
 /// `store` succeeds only if the value has not changed since that token was read.
 ///
-/// Rate cells hold `[fingerprint, tat]` (for unkeyed cells, 0 or the interval
-/// an adaptive rule's learner keeps there); gate cells hold `[next, done]`.
+/// Rate cells hold `[0, tat]` (or the interval an adaptive rule's learner
+/// keeps there: `[interval, tat]`); gate cells hold `[next, done]`.
 pub trait SharedCell {
     /// Version token of a loaded value.
     type Token: Copy;
@@ -37,11 +37,12 @@ pub trait SharedBlob {
     fn store(&mut self, value: &[u8], token: Self::Token) -> Result<bool, StoreError>;
 }
 
-/// The cells of a per-key rule's key table, by slot.
+/// The buckets of a per-key rule's key table (`crate::keys::Bucket`: up to
+/// 8 entries `[fingerprint, tat]` each), by number.
 pub trait KeyTable {
-    type Cell: SharedCell;
-    /// The cell of `slot`.
-    fn cell(&mut self, slot: u32) -> Self::Cell;
+    type Bucket: SharedBlob;
+    /// Bucket `n`.
+    fn bucket(&mut self, n: u32) -> Self::Bucket;
 }
 
 /// The store could not be read or written.
@@ -59,8 +60,6 @@ pub enum CellId {
     /// A rule's unkeyed rate schedule (`[0, tat]`; an adaptive rule keeps
     /// its learned interval in the first word: `[interval, tat]`).
     Rate(usize),
-    /// Slot `n` of a rule's key table (`[fingerprint, tat]`).
-    Slot(usize, u32),
     /// A rule's concurrency gate (`[next, done]`).
     Gate(usize),
     /// Cluster scope: a rule's cursor over its owned grid slots and its count
@@ -73,8 +72,13 @@ pub enum CellId {
     Ahead(usize),
     /// Cluster scope: which VM of the process calls the engine (`[holder, until]`).
     Caller,
-    /// Adaptive rules: which VM of the process learns their rates (`[holder, until]`).
-    Learner,
+    /// Adaptive: which VM of the process learns a rule's rate (`[holder,
+    /// until]`; a newer configuration's holder takes it at once).
+    Learner(usize),
+    /// Adaptive: a fingerprint of the settings the rule's rate was learned
+    /// under (`[fingerprint, 0]`): a configuration that changes them
+    /// starts again at `rate`.
+    Learned(usize),
 }
 
 /// Which shared variable-size value.
@@ -88,6 +92,8 @@ pub enum BlobId {
     /// Adaptive: what the workers saw of a rule's answers since the learner
     /// last took it (`adaptive::Tally` as little-endian words).
     Tally(usize),
+    /// Bucket `n` of a rule's key table (`crate::keys::Bucket`).
+    Bucket(usize, u32),
 }
 
 /// Shared 16-byte cells with compare-and-swap, addressed by [`CellId`]. A
@@ -161,9 +167,9 @@ pub struct Table<S> {
 }
 
 impl<S: Store> KeyTable for Table<S> {
-    type Cell = Cell<S>;
-    fn cell(&mut self, slot: u32) -> Cell<S> {
-        self.store.cell(CellId::Slot(self.rule, slot))
+    type Bucket = Blob<S>;
+    fn bucket(&mut self, n: u32) -> Blob<S> {
+        self.store.blob(BlobId::Bucket(self.rule, n))
     }
 }
 
@@ -274,12 +280,13 @@ impl CellId {
     pub fn rule(self) -> Option<usize> {
         match self {
             CellId::Rate(i)
-            | CellId::Slot(i, _)
             | CellId::Gate(i)
             | CellId::Cursor(i)
             | CellId::Fallback(i)
-            | CellId::Ahead(i) => Some(i),
-            CellId::Caller | CellId::Learner => None,
+            | CellId::Ahead(i)
+            | CellId::Learner(i)
+            | CellId::Learned(i) => Some(i),
+            CellId::Caller => None,
         }
     }
 
@@ -289,7 +296,6 @@ impl CellId {
     pub fn key(self, rule_name: &str, config_hash: u64) -> Option<Key> {
         match self {
             CellId::Rate(_) => rule_key(rule_name, "r"),
-            CellId::Slot(_, n) => rule_key(rule_name, "k")?.number(n.into(), false),
             CellId::Gate(_) => rule_key(rule_name, "g"),
             CellId::Cursor(_) => rule_key(rule_name, "c"),
             CellId::Fallback(_) => rule_key(rule_name, "f"),
@@ -298,10 +304,8 @@ impl CellId {
                 .push(KEY_ROOT.as_bytes())?
                 .push(b"caller/")?
                 .number(config_hash, true),
-            CellId::Learner => Key::new()
-                .push(KEY_ROOT.as_bytes())?
-                .push(b"learner/")?
-                .number(config_hash, true),
+            CellId::Learner(_) => rule_key(rule_name, "l"),
+            CellId::Learned(_) => rule_key(rule_name, "s"),
         }
     }
 }
@@ -310,7 +314,7 @@ impl BlobId {
     /// The rule the value belongs to.
     pub fn rule(self) -> usize {
         match self {
-            BlobId::Grants(i) | BlobId::Classes(i) | BlobId::Tally(i) => i,
+            BlobId::Grants(i) | BlobId::Classes(i) | BlobId::Tally(i) | BlobId::Bucket(i, _) => i,
         }
     }
 
@@ -320,6 +324,9 @@ impl BlobId {
             BlobId::Grants(_) => rule_key(rule_name, "G"),
             BlobId::Classes(_) => rule_key(rule_name, "C"),
             BlobId::Tally(_) => rule_key(rule_name, "T"),
+            // Buckets of 8 entries (layout v3 had one 16-byte slot per
+            // entry under `k<n>`: another name, so the two never meet).
+            BlobId::Bucket(_, n) => rule_key(rule_name, "b")?.number(n.into(), false),
         }
     }
 }
@@ -347,23 +354,17 @@ mod tests {
         assert_eq!(id, "1D4HXr-Q1oG");
         let cells = [
             (CellId::Rate(3), format!("t3/{id}/r")),
-            (CellId::Slot(3, 0), format!("t3/{id}/k0")),
-            (CellId::Slot(3, 4095), format!("t3/{id}/k4095")),
-            (CellId::Slot(3, 999_999), format!("t3/{id}/k999999")),
-            (CellId::Slot(3, u32::MAX), format!("t3/{id}/k4294967295")),
             (CellId::Gate(3), format!("t3/{id}/g")),
             (CellId::Cursor(3), format!("t3/{id}/c")),
             (CellId::Fallback(3), format!("t3/{id}/f")),
             (CellId::Ahead(3), format!("t3/{id}/a")),
             (CellId::Caller, "throttle/v3/caller/00000000000000ab".into()),
-            (
-                CellId::Learner,
-                "throttle/v3/learner/00000000000000ab".into(),
-            ),
+            (CellId::Learner(3), format!("t3/{id}/l")),
+            (CellId::Learned(3), format!("t3/{id}/s")),
         ];
         for (id, want) in cells {
             assert_eq!(id.key(name, 0xab).unwrap().as_str(), want, "{id:?}");
-            let per_process = matches!(id, CellId::Caller | CellId::Learner);
+            let per_process = matches!(id, CellId::Caller);
             assert_eq!(id.rule(), (!per_process).then_some(3));
         }
         assert_eq!(
@@ -385,6 +386,18 @@ mod tests {
             format!("t3/{id}/T")
         );
         assert_eq!(BlobId::Tally(3).rule(), 3);
+        for (n, want) in [
+            (0, "b0"),
+            (511, "b511"),
+            (124_999, "b124999"),
+            (u32::MAX, "b4294967295"),
+        ] {
+            assert_eq!(
+                BlobId::Bucket(3, n).key(name).unwrap().as_str(),
+                format!("t3/{id}/{want}")
+            );
+        }
+        assert_eq!(BlobId::Bucket(3, 1).rule(), 3);
         for k in [SEED_KEY, WAKE_KEY, WAKE_QUEUE_PREFIX] {
             assert!(k.starts_with(KEY_ROOT));
         }
@@ -392,11 +405,10 @@ mod tests {
 
     #[test]
     fn every_key_a_request_touches_stays_inline_in_envoys_strings() {
-        // key_slots is at most 1,000,000: slots up to 999,999.
+        // key_slots is at most 1,000,000: buckets up to 124,999.
         for name in ["a", &"n".repeat(64)] {
             for id in [
                 CellId::Rate(0),
-                CellId::Slot(0, 999_999),
                 CellId::Gate(0),
                 CellId::Cursor(0),
                 CellId::Fallback(0),
@@ -405,7 +417,11 @@ mod tests {
                 let k = id.key(name, 0).unwrap();
                 assert!(k.as_str().len() <= INLINE_KEY_BYTES, "{k:?}");
             }
-            for id in [BlobId::Grants(0), BlobId::Classes(0)] {
+            for id in [
+                BlobId::Grants(0),
+                BlobId::Classes(0),
+                BlobId::Bucket(0, 124_999),
+            ] {
                 assert!(id.key(name).unwrap().as_str().len() <= INLINE_KEY_BYTES);
             }
         }

@@ -97,6 +97,17 @@ pub struct MemCells {
     /// by cell or blob: where two writers can both win. [`MemCells::configured`]
     /// clears it after the cells created at configure.
     pub unconditional: BTreeMap<String, u32>,
+    /// Another worker's writes, landing just before the next write of this
+    /// value (so that write loses its race and reads again): to test the
+    /// interleavings of two workers step by step ([`MemCells::interleave`]).
+    pub before_write: Option<(BlobId, Snapshot)>,
+}
+
+/// Every cell and value of a [`MemCells`] at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub cells: BTreeMap<CellId, ([u64; 2], u32)>,
+    pub blobs: BTreeMap<BlobId, (Vec<u8>, u32)>,
 }
 
 impl MemCells {
@@ -110,14 +121,53 @@ impl MemCells {
         self.unconditional.clear();
     }
 
-    /// The unguarded writes since configure, but a key table's slots (written
-    /// with token 0 by design: the slot's fingerprint guards them).
+    /// The unguarded writes since configure, but a key table's buckets: they
+    /// are created on a key's first request, not at configure (up to 125,000
+    /// per rule), so two workers creating one bucket at once may both write
+    /// it and one key's new entry is lost. That can happen once per bucket in
+    /// a process's life, and costs that key a fresh schedule (its held
+    /// requests keep their times); every later write is guarded.
     pub fn unguarded_writes(&self) -> Vec<(String, u32)> {
         self.unconditional
             .iter()
-            .filter(|(k, _)| !k.starts_with("Slot("))
+            .filter(|(k, _)| !k.starts_with("Bucket("))
             .map(|(k, n)| (k.clone(), *n))
             .collect()
+    }
+
+    /// Every cell and value now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            cells: self.cells.clone(),
+            blobs: self.blobs.clone(),
+        }
+    }
+
+    /// Puts the cells and values back as `s` had them.
+    pub fn restore(&mut self, s: &Snapshot) {
+        self.cells = s.cells.clone();
+        self.blobs = s.blobs.clone();
+    }
+
+    /// `later` (what another worker made of the store) lands just before
+    /// the next write of `blob`: every value it changed gets a new version.
+    pub fn interleave(&mut self, blob: BlobId, later: Snapshot) {
+        self.before_write = Some((blob, later));
+    }
+
+    fn land(&mut self, s: Snapshot) {
+        for (id, (v, version)) in s.cells {
+            if self.cells.get(&id).is_none_or(|(_, now)| *now != version) {
+                self.next_version += 1;
+                self.cells.insert(id, (v, self.next_version));
+            }
+        }
+        for (id, (v, version)) in s.blobs {
+            if self.blobs.get(&id).is_none_or(|(_, now)| *now != version) {
+                self.next_version += 1;
+                self.blobs.insert(id, (v, self.next_version));
+            }
+        }
     }
 
     fn note(&mut self, what: String, current: Option<u32>, token: u32) {
@@ -179,6 +229,11 @@ impl Store for MemStore<'_> {
         if c.broken {
             return Err(StoreError(10));
         }
+        if c.before_write.as_ref().is_some_and(|(b, _)| *b == id) {
+            if let Some((_, later)) = c.before_write.take() {
+                c.land(later);
+            }
+        }
         let current = c.blobs.get(&id).map(|(_, v)| *v);
         if !host_writes(current, token) {
             return Ok(false);
@@ -188,5 +243,19 @@ impl Store for MemStore<'_> {
         let version = c.next_version;
         c.blobs.insert(id, (value.to_vec(), version));
         Ok(true)
+    }
+}
+
+/// How far a simulated host's monotonic clock runs behind the true time:
+/// Envoy's steady clock counts from boot, not from 1970, so code that mixes
+/// it with the wall clock fails in a simulation as it would in Envoy.
+pub const MONO_BEHIND_NS: u64 = 1_700_000_000 * crate::clock::NS_PER_S;
+
+/// A simulated host's clocks at true time `t`, its wall clock `skew_ns` off
+/// the true time and its monotonic clock [`MONO_BEHIND_NS`] behind it.
+pub fn host_clocks(t: u64, skew_ns: i64) -> crate::clock::Fixed {
+    crate::clock::Fixed {
+        mono: t.saturating_sub(MONO_BEHIND_NS),
+        wall: t.saturating_add_signed(skew_ns),
     }
 }

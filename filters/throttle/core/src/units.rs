@@ -28,6 +28,23 @@ impl RateWindow {
     }
 }
 
+/// A rate given by its interval, for people: per second when it is at least
+/// 1/s, else per minute, else per hour, with at most two decimals
+/// (`10000000` ns → `100/s`, 3600 s → `1/h`, 1.5 s → `40/m`).
+pub fn rate_for_people(interval_ns: u64) -> String {
+    let per_s = NS_PER_S as f64 / interval_ns.max(1) as f64;
+    let (n, unit) = if per_s >= 0.995 {
+        (per_s, "s")
+    } else if per_s * 60.0 >= 0.995 {
+        (per_s * 60.0, "m")
+    } else {
+        (per_s * 3600.0, "h")
+    };
+    let text = format!("{n:.2}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}/{unit}")
+}
+
 fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
@@ -181,6 +198,17 @@ pub fn describe(value: &serde_json::Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn rates_for_people() {
+        assert_eq!(rate_for_people(10_000_000), "100/s");
+        assert_eq!(rate_for_people(3_000_000), "333.33/s");
+        assert_eq!(rate_for_people(2 * NS_PER_S), "30/m");
+        assert_eq!(rate_for_people(3_600 * NS_PER_S), "1/h");
+        assert_eq!(rate_for_people(1_800 * NS_PER_S), "2/h");
+        assert_eq!(rate_for_people(1_000), "1000000/s");
+        assert_eq!(rate_for_people(0), "1000000000/s");
+    }
 
     #[test]
     fn rates() {

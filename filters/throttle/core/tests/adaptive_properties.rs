@@ -11,10 +11,10 @@ fn tally() -> impl Strategy<Value = Tally> {
     (
         (0u64..5_000, 0u64..5_000, 0u64..5_000, 0u64..500),
         (0u64..500, 0u64..50, 0u64..50, 0u64..120),
-        (0u64..10_000_000, any::<bool>()),
+        (0u64..10_000_000, any::<bool>(), any::<u64>()),
     )
         .prop_map(
-            |((arrivals, sent, good, shed), (failed, late, cancelled, ra), (lat, huge))| {
+            |((arrivals, sent, good, shed), (failed, late, cancelled, ra), (lat, huge, seed))| {
                 let timed = good + late + cancelled;
                 Tally {
                     arrivals,
@@ -35,6 +35,13 @@ fn tally() -> impl Strategy<Value = Tally> {
                         (lat / 1000).pow(2).saturating_mul(timed)
                     },
                     retry_after_s: ra,
+                    // Origins: any counts, even ones that do not add up.
+                    bad_by: std::array::from_fn(|p| {
+                        std::array::from_fn(|g| seed.rotate_left((p * 8 + g) as u32) % 64)
+                    }),
+                    sampled_by: std::array::from_fn(|p| {
+                        std::array::from_fn(|g| seed.rotate_right((p * 8 + g) as u32) % 32)
+                    }),
                 }
             },
         )

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
 use throttle_core::config;
-use throttle_core::keys::candidate_slots;
+use throttle_core::keys::{candidates, Bucket};
 use throttle_core::schedule::{admit, admit_keyed, admit_with_quota, Admission, Schedule, Step};
 use throttle_core::store::{SharedCell, StoreError};
 use throttle_core::testing::{MemCells, MemStore};
@@ -474,8 +474,8 @@ proptest! {
     /// size, every decision respects max_queue_delay, and each key that always
     /// found a slot of its own respects the per-key rate.
     ///
-    /// Found by this property (not fixed here, reported): a key whose two
-    /// candidate slots were both busy shares the first one's schedule, which
+    /// Found by this property (not fixed here, reported): a key whose
+    /// candidate entries were all busy shares another key's schedule, which
     /// stays stored under the other key's fingerprint; when one of its
     /// candidates then frees up, the key starts a fresh schedule there and can
     /// pass again within one interval. Minimal case found (7 slots, interval
@@ -488,7 +488,7 @@ proptest! {
     fn per_key_schedules_respect_the_rate_for_every_key(
         (interval, burst, max_delay) in schedule_params(),
         arrivals in prop::collection::vec((0u64..20, prop_oneof![3 => Just(0u64), 2 => 0u64..10 * MS]), 1..300),
-        slots in 1u32..8,
+        slots in 1u32..24,
     ) {
         let s = Schedule::new(interval, burst, max_delay);
         let cells = RefCell::new(MemCells::default());
@@ -499,7 +499,8 @@ proptest! {
         for (key, gap) in arrivals {
             now += gap;
             let fp = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1; // non-zero fingerprint
-            let passed = match admit_keyed(&mut table, fp, candidate_slots(fp, slots), &s, now, true) {
+            let at = candidates(fp, slots);
+            let passed = match admit_keyed(&mut table, fp, at, &s, now, true) {
                 Admission::Now { .. } => Some(now),
                 Admission::Hold { release_at, .. } => {
                     prop_assert!(release_at > now && release_at - now <= max_delay);
@@ -514,12 +515,17 @@ proptest! {
             if let Some(t) = passed {
                 passes.entry(key).or_default().push(t);
                 // Did it pass on a schedule of its own, or on another key's?
-                let own = cells.borrow().cells.values().any(|([f, _], _)| *f == fp);
+                let own = cells.borrow().blobs.values().any(|(bytes, _)| {
+                    Bucket::decode(Some(bytes), at.ways).find(fp).is_some()
+                });
                 if !own {
                     shared.insert(key);
                 }
             }
-            prop_assert!(cells.borrow().cells.len() <= slots as usize);
+            // Memory: at most ceil(slots / ways) buckets of `ways` entries.
+            let c = cells.borrow();
+            prop_assert!(c.blobs.len() as u32 <= slots.div_ceil(at.ways));
+            prop_assert!(c.blobs.values().all(|(b, _)| b.len() <= 16 * at.ways as usize));
         }
         for (key, times) in passes.iter_mut() {
             if !shared.contains(key) {
@@ -547,7 +553,7 @@ proptest! {
             now += gap;
             shared.now = now;
             let fp = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            match admit_with_quota(&mut shared, &mut table, fp, candidate_slots(fp, 16), &s, &quota, now, true) {
+            match admit_with_quota(&mut shared, &mut table, fp, candidates(fp, 16), &s, &quota, now, true) {
                 Admission::Now { .. } => passes.push(now),
                 Admission::Hold { release_at, .. } => {
                     prop_assert!(release_at > now && release_at - now <= max_delay);

@@ -145,8 +145,14 @@ impl<H: Host> HttpStream<H> {
                     .then(|| host.response_header("retry-after"))
                     .flatten()
                     .and_then(|v| retry_after_s(&v, host.wall_ns() / NS_PER_S));
+                // Where it came from (every bad answer, one in eight others):
+                // errors that stay with some paths or clients are theirs.
+                let origin = self.stream.wants_origin(&mut w, status).then(|| {
+                    self.stream
+                        .origin(env, &mut Facts::new(HostRequest::new(host)))
+                });
                 self.stream
-                    .on_answer(&mut w, host.monotonic_ns(), status, retry_after);
+                    .on_answer(&mut w, host.monotonic_ns(), status, retry_after, origin);
             }
         }
         let out =

@@ -14,11 +14,12 @@ use throttle_core::stream::Env;
 use throttle_core::worker::{TickAction, TickPlan};
 
 use crate::caller::Calls;
-use crate::host::{Host, Level};
+use crate::host::{Host, HostClock, Level};
 use crate::http::HttpStream;
 use crate::plugin::Plugin;
 use crate::shared::{add_wake_queue, shared_seed, SharedStore};
 use crate::worker::WorkerGlue;
+use throttle_core::clock::Clock;
 
 /// The glue of one root context.
 pub struct Root<H: Host> {
@@ -104,7 +105,15 @@ impl<H: Host> Root<H> {
         if self.calls.is_some() {
             self.worker.tick_for_calls(self.host);
         }
-        self.learners = Learners::new(&plugin.config, me);
+        // A newer configuration takes the learner leases of its rules at
+        // once: its generation is when it was applied (ms, wrapping; the
+        // clock is read only for adaptive rules).
+        self.learners = if plugin.config.rules.iter().any(|r| r.adaptive.is_some()) {
+            let generation = (self.host.monotonic_ns() / 1_000_000) as u32;
+            Learners::new(&plugin.config, me as u32, generation)
+        } else {
+            None
+        };
         if self.learners.is_some() {
             self.worker.tick_for_learner(self.host);
         }
@@ -148,10 +157,13 @@ impl<H: Host> Root<H> {
             self.host.set_tick_period_ms(0);
             return;
         };
-        let now = self.host.monotonic_ns();
+        // Both clocks as the core reads them everywhere (`HostClock`: in the
+        // test-clock build, the moved wall clock, as the calling side sees it).
+        let mut host_clock = HostClock(self.host);
+        let now = host_clock.mono();
         let mut clock = throttle_core::clock::Fixed {
             mono: now,
-            wall: self.host.wall_ns(),
+            wall: host_clock.wall(),
         };
         let plan = match self.worker.core.try_borrow_mut() {
             Ok(mut w) => w.plan_tick(&plugin.config, self.store(&plugin), &mut clock),

@@ -70,7 +70,7 @@ impl Keys {
             CellId::Cursor(i) => (i, 2),
             CellId::Fallback(i) => (i, 3),
             CellId::Ahead(i) => (i, 4),
-            CellId::Slot(..) | CellId::Caller | CellId::Learner => return None,
+            CellId::Caller | CellId::Learner(_) | CellId::Learned(_) => return None,
         };
         self.cells
             .get(rule)

@@ -1237,10 +1237,15 @@ fn each_rule_defines_the_stats_of_its_features_and_counts_no_other() {
         ("key quota", vec![rate, keyed], 11),
         ("classes", vec![rate, classes], 11 + 2 * 6),
         ("classes, key quota", vec![rate, classes, keyed], 11 + 2 * 6),
-        ("classes, dry-run", vec![rate, classes, dry], 5 + 2 * 3),
+        ("classes, dry-run", vec![rate, classes, dry], 5 + 2 * 6),
         ("cluster", vec![rate, cluster], 27),
         ("cluster, dry-run", vec![rate, cluster, dry], 21),
         ("cluster, classes", vec![rate, cluster, classes], 27 + 2 * 6),
+        (
+            "cluster, classes, dry-run",
+            vec![rate, cluster, classes, dry],
+            21 + 2 * 6,
+        ),
         ("adaptive", vec![rate, adaptive], 19),
         ("adaptive, observe", vec![rate, observe], 19),
         ("adaptive, key quota", vec![rate, adaptive, keyed], 19),
@@ -1249,6 +1254,11 @@ fn each_rule_defines_the_stats_of_its_features_and_counts_no_other() {
             "adaptive, classes",
             vec![rate, adaptive, classes],
             19 + 2 * 6,
+        ),
+        (
+            "adaptive, classes, dry-run",
+            vec![rate, adaptive, classes, dry],
+            13 + 2 * 6,
         ),
     ];
     for (what, fields, want) in cases {
@@ -1295,4 +1305,54 @@ fn each_rule_defines_the_stats_of_its_features_and_counts_no_other() {
             state.metrics
         );
     }
+}
+
+/// An adaptive rule learns where an answer came from, so that errors of
+/// some paths or clients are told from the upstream's overload: the
+/// request's `:path` with the request (Envoy keeps no request headers for
+/// the response's callbacks: measured, `:path` and `request.path` read
+/// there are absent), one call when the rule's match did not read it; its
+/// client's address (a connection property) only for every bad answer and
+/// one in eight of the others; the answer's `:status` always.
+#[test]
+fn adaptive_rules_read_an_answers_origin_when_it_is_bad_and_one_in_eight_others() {
+    let host = Fake::new();
+    let config = r#"{"rules": [{"name": "api", "rate": "1000/s", "max_queue_delay": "1s",
+        "match": {"path_prefix": "/"},
+        "adaptive": {"min_rate": "10/s", "max_rate": "10000/s"}}]}"#;
+    let mut w = Worker::new(host, 1, config);
+    let answer = |w: &mut Worker, id: u32, ms: u64, status: &str| {
+        w.at_both(ms);
+        assert_eq!(w.request(id, &[]), Flow::Continue);
+        host.state().upstream.insert(
+            id,
+            vec![
+                (":status".to_string(), status.as_bytes().to_vec()),
+                ("retry-after".to_string(), b"5".to_vec()),
+            ],
+        );
+        w.respond(id, true);
+        w.done(id);
+    };
+    answer(&mut w, 1, 0, "200");
+    host.state().hostcalls.clear();
+    for i in 0..80 {
+        answer(&mut w, 100 + i, 10 + u64::from(i), "200");
+    }
+    let calls = host.state().hostcalls.clone();
+    assert_eq!(
+        (calls.get("get_header_map_value"), calls.get("get_property")),
+        (Some(&160), Some(&10)),
+        "80 paths and statuses, and 10 addresses: {calls:?}"
+    );
+    host.state().hostcalls.clear();
+    for i in 0..10 {
+        answer(&mut w, 200 + i, 100 + u64::from(i), "503");
+    }
+    let calls = host.state().hostcalls.clone();
+    assert_eq!(
+        (calls.get("get_header_map_value"), calls.get("get_property")),
+        (Some(&30), Some(&10)),
+        "each 503: its path, its status, its Retry-After, its address: {calls:?}"
+    );
 }

@@ -1,27 +1,35 @@
 //! The learner as it runs in the filter, all but the host calls.
 //!
 //! Every worker adds what it saw of an adaptive rule's traffic into the
-//! rule's shared tally ([`add_tally`], on its tick). One VM per process
-//! holds the learner lease (`CellId::Learner`, as the cluster caller's) and,
-//! every [`ROUND_NS`], for each adaptive rule: takes the tally (swapping it
-//! for zeros), reads how far the rule's schedule reaches, updates the rule's
-//! [`Controller`], and, in enforce mode, writes the interval to pace at into
-//! the first word of the rule's schedule cell (`[interval, tat]`), where
-//! every admission reads it at no extra cost. A faster rate also moves the
-//! schedule's end forward ([`retime`]), as each worker does with what it
-//! holds, so a higher rate shows at once; a slower one applies to new
-//! admissions (a held request keeps the time it was promised).
+//! rule's shared tally ([`add_tally`], on its tick). For each adaptive rule
+//! one VM of the process holds the rule's learner lease
+//! (`CellId::Learner`, renewed on each of its rounds, taken over 300 ms
+//! after it lapses, and at once by a newer configuration) and, every
+//! [`ROUND_NS`]: takes the tally (swapping it for zeros), reads how far the
+//! rule's schedule reaches, updates the rule's [`Controller`], and, in
+//! enforce mode, writes the interval to pace at into the first word of the
+//! rule's schedule cell (`[interval, tat]`), where every admission reads it
+//! at no extra cost. A faster rate also moves the schedule's end forward
+//! ([`crate::schedule::retime`]), as each worker does with what it holds, so a higher rate
+//! shows at once; a slower one applies to new admissions (a held request
+//! keeps the time it was promised).
 //!
-//! A VM that takes the lease over starts each rule's controller afresh from
-//! the interval in the cell: the rate does not jump; what it learned of
-//! latency and capacity is learned again within seconds.
+//! A VM that takes a rule's lease starts its controller afresh from the
+//! interval in the cell: the rate does not jump; what it learned of latency
+//! and capacity is learned again within seconds. Unless the rule's settings
+//! changed (`rate`, the `adaptive` block: `CellId::Learned` keeps their
+//! fingerprint): a configuration that changes them starts at its `rate`.
+//! A configuration change that leaves them alone (another rule, the
+//! rule's `max_queue_delay`, ...) keeps the rate learned: the capacity
+//! behind did not change with it. While the old configuration's listener
+//! drains, its VM no longer learns the rule (the newer one holds it).
 
 use super::controller::{rate_of_interval, Controller, Reason, Tuning};
 use super::tally::{Tally, TALLY_WORDS};
 use super::Mode;
 use crate::clock::NS_PER_MS;
 use crate::config::Config;
-use crate::lease;
+use crate::lease::LEASE_NS;
 use crate::schedule::Schedule;
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, SharedBlob, SharedCell, Store, MAX_CAS_ATTEMPTS};
@@ -82,20 +90,8 @@ pub fn take_tally<B: SharedBlob>(blob: &mut B) -> Option<Tally> {
     None
 }
 
-/// A time of the schedule re-timed at `now` for a change of interval from
-/// `old` to a shorter `new`: what lies ahead comes forward by `new / old`
-/// (order kept). Never later than it was; unchanged for a longer interval.
-pub fn retime(at: u64, now: u64, old: u64, new: u64) -> u64 {
-    if at <= now || old == 0 || new >= old {
-        return at;
-    }
-    let ahead = u128::from(at - now) * u128::from(new) / u128::from(old);
-    now.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX))
-        .min(at)
-}
-
 /// Writes `interval` into the first word of a rule's schedule cell (a
-/// faster one also moves the schedule's end forward, see [`retime`]).
+/// faster one also moves the schedule's end forward, see [`crate::schedule::retime`]).
 /// Returns the interval in force before; None if the cell could not be
 /// updated (the next round tries again).
 pub fn write_interval<C: SharedCell>(
@@ -111,7 +107,10 @@ pub fn write_interval<C: SharedCell>(
         if old == interval {
             return Some(old);
         }
-        match cell.store([interval, retime(tat, now, old, interval)], token) {
+        match cell.store(
+            [interval, crate::schedule::retime(tat, now, old, interval)],
+            token,
+        ) {
             Ok(true) => return Some(old),
             Ok(false) => continue,
             Err(_) => return None,
@@ -139,12 +138,16 @@ struct Learned {
     min_interval_ns: u64,
     max_interval_ns: u64,
     mode: Mode,
+    /// Of the settings it learns under (see `CellId::Learned`).
+    settings: u64,
     controller: Option<Controller>,
 }
 
 /// The learning side of one configuration in one VM.
 #[derive(Debug)]
 pub struct Learners {
+    /// Its lease token: the configuration's generation (newer wins) and
+    /// the VM's random tag.
     me: u64,
     rules: Vec<Learned>,
     last_round: Option<u64>,
@@ -165,27 +168,41 @@ fn stat_of(r: Reason) -> Stat {
 }
 
 impl Learners {
-    /// The learners of `config`'s adaptive rules (None: it has none). `me`:
-    /// this VM's lease token (not 0).
-    pub fn new(config: &Config, me: u64) -> Option<Learners> {
+    /// The learners of `config`'s adaptive rules (None: it has none). `tag`:
+    /// this VM's random tag; `generation`: when the configuration was
+    /// applied (monotonic ms: a newer configuration takes the leases).
+    pub fn new(config: &Config, tag: u32, generation: u32) -> Option<Learners> {
         let rules: Vec<Learned> = config
             .rules
             .iter()
             .enumerate()
             .filter_map(|(index, r)| {
                 let a = r.adaptive?;
+                let schedule = r.schedule?;
+                let settings = [
+                    schedule.interval_ns,
+                    a.min_interval_ns,
+                    a.max_interval_ns,
+                    u64::from(a.mode == Mode::Enforce),
+                ]
+                .iter()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, w| {
+                    (h ^ w).wrapping_mul(0x0100_0000_01b3).rotate_left(23)
+                })
+                .max(1);
                 Some(Learned {
                     index,
-                    schedule: r.schedule?,
+                    schedule,
                     min_interval_ns: a.min_interval_ns,
                     max_interval_ns: a.max_interval_ns,
                     mode: a.mode,
+                    settings,
                     controller: None,
                 })
             })
             .collect();
         (!rules.is_empty()).then_some(Learners {
-            me: me.max(1),
+            me: (u64::from(generation) << 32 | u64::from(tag)).max(1),
             rules,
             last_round: None,
             tune: Tuning::default(),
@@ -208,21 +225,24 @@ impl Learners {
             return Vec::new();
         }
         self.last_round = Some(now);
-        if !lease::hold(&mut store.cell(CellId::Learner), self.me, now) {
-            for r in &mut self.rules {
-                r.controller = None;
-            }
-            return Vec::new();
-        }
         let tune = self.tune;
+        let me = self.me;
         let mut out = Vec::new();
         for r in &mut self.rules {
+            if !hold(&mut store.cell(CellId::Learner(r.index)), me, now) {
+                r.controller = None;
+                continue;
+            }
             let mut cell = store.cell(CellId::Rate(r.index));
+            let configured = r.schedule.interval_ns;
+            if r.controller.is_none() && !same_settings(store, r) {
+                // New settings for the rule: start again at its `rate`.
+                let _ = write_interval(&mut cell, configured, configured, now);
+            }
             let Ok((value, _)) = cell.load() else {
                 continue;
             };
             let [first, tat] = value.unwrap_or([0, 0]);
-            let configured = r.schedule.interval_ns;
             let current = if first == 0 { configured } else { first };
             let Some(tally) = take_tally(&mut store.blob(BlobId::Tally(r.index))) else {
                 continue;
@@ -240,7 +260,7 @@ impl Learners {
             let before = rate_of_interval(current);
             let change = (u.interval_ns != current || !why.is_empty()).then(|| {
                 format!(
-                    "adaptive rate {:.1}/s -> {:.1}/s ({}; {} sent, {} good, {} shed, {} failed, {} late, in flight {}, {} ms latency, reference {} ms){}",
+                    "adaptive rate {:.1}/s -> {:.1}/s ({}; {} sent, {} good, {} shed, {} failed, {} late ({} of those the load's), in flight {}, {} ms latency, reference {} ms){}",
                     before as f64 / super::MICRO as f64,
                     u.rate as f64 / super::MICRO as f64,
                     if why.is_empty() { "phase".to_string() } else { why.join(", ") },
@@ -249,6 +269,7 @@ impl Learners {
                     tally.shed,
                     tally.failed,
                     tally.late,
+                    tally.load_bad(),
                     c.in_flight(),
                     tally.mean_latency_us().unwrap_or(0) / 1_000,
                     c.reference_latency_ns() / NS_PER_MS,
@@ -279,6 +300,52 @@ impl Learners {
     }
 }
 
+/// Whether `me` holds the learner lease of a rule at `now`: renews it, or
+/// takes it if nobody holds it, its holder's lapsed ([`LEASE_NS`]), or its
+/// holder is of an older configuration (the upper 32 bits: the
+/// generation; wrapping, compared as a signed difference). False also if
+/// the cell cannot be read or updated (nobody learns rather than two).
+fn hold<C: SharedCell>(cell: &mut C, me: u64, now: u64) -> bool {
+    let generation = |token: u64| (token >> 32) as u32;
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let Ok((value, token)) = cell.load() else {
+            return false;
+        };
+        let [holder, until] = value.unwrap_or([0, 0]);
+        let older = (generation(me).wrapping_sub(generation(holder)) as i32) > 0;
+        if holder != me && holder != 0 && until > now && !older {
+            return false;
+        }
+        match cell.store([me, now.saturating_add(LEASE_NS)], token) {
+            Ok(true) => return true,
+            Ok(false) => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Whether the rule's rate was learned under its current settings; if not,
+/// records them (the caller then starts again at `rate`).
+fn same_settings<S: Store>(store: S, r: &Learned) -> bool {
+    let mut cell = store.cell(CellId::Learned(r.index));
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let Ok((value, token)) = cell.load() else {
+            return true;
+        };
+        let [stored, _] = value.unwrap_or([0, 0]);
+        if stored == r.settings {
+            return true;
+        }
+        match cell.store([r.settings, 0], token) {
+            Ok(true) => return stored == 0,
+            Ok(false) => continue,
+            Err(_) => return true,
+        }
+    }
+    true
+}
+
 /// The interval a rule's schedule paces at, from its cell's first word.
 pub fn interval_in(first: u64, configured: u64) -> u64 {
     if first == 0 {
@@ -296,6 +363,7 @@ pub fn per_second(interval_ns: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::retime;
     use crate::stream::create_initial;
     use crate::testing::{MemBlob, MemCell, MemCells, MemStore};
     use std::cell::RefCell;
@@ -327,7 +395,10 @@ mod tests {
 
     #[test]
     fn a_faster_rate_moves_the_schedule_forward_a_slower_one_does_not() {
-        assert_eq!(retime(1_000 * MS, 600 * MS, 10 * MS, 5 * MS), 800 * MS);
+        assert_eq!(
+            crate::schedule::retime(1_000 * MS, 600 * MS, 10 * MS, 5 * MS),
+            800 * MS
+        );
         assert_eq!(retime(1_000 * MS, 600 * MS, 5 * MS, 10 * MS), 1_000 * MS);
         assert_eq!(
             retime(500 * MS, 600 * MS, 10 * MS, 5 * MS),
@@ -376,8 +447,8 @@ mod tests {
         let config = adaptive_config("enforce");
         let cells = initialised(&config);
         let store = MemStore(cells);
-        let mut a = Learners::new(&config, 7).unwrap();
-        let mut b = Learners::new(&config, 9).unwrap();
+        let mut a = Learners::new(&config, 7, 1).unwrap();
+        let mut b = Learners::new(&config, 9, 1).unwrap();
         let shed = Tally {
             arrivals: 30,
             sent: 20,
@@ -405,7 +476,7 @@ mod tests {
         assert!(first > 10 * MS, "cut below 100/s: interval {first}");
         assert!(a.rate_milli(0).unwrap() < 100_000);
         // a stops ticking: b takes over after the lease lapses, from the cell.
-        now += lease::LEASE_NS + ROUND_NS;
+        now += LEASE_NS + ROUND_NS;
         b.on_tick(store, now);
         assert!(b.learning());
         assert_eq!(b.rate_milli(0).unwrap(), rate_of_interval(first) / 1_000);
@@ -416,7 +487,7 @@ mod tests {
         let config = adaptive_config("observe");
         let cells = initialised(&config);
         let store = MemStore(cells);
-        let mut a = Learners::new(&config, 7).unwrap();
+        let mut a = Learners::new(&config, 7, 1).unwrap();
         let shed = Tally {
             arrivals: 30,
             sent: 20,
@@ -437,8 +508,65 @@ mod tests {
         assert_eq!(store.load(CellId::Rate(0)).unwrap().0, Some([0, 0]));
         assert!(Learners::new(
             &crate::config::parse(br#"{"rules": [{"name": "a", "rate": 1}]}"#).unwrap(),
+            1,
             1
         )
         .is_none());
+    }
+
+    fn config_with(rate: &str, delay: &str) -> Config {
+        crate::config::parse(
+            format!(
+                r#"{{"rules": [{{"name": "api", "rate": "{rate}", "max_queue_delay": "{delay}",
+                   "adaptive": {{"min_rate": "10/s", "max_rate": "1000/s"}}}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    /// Red team 3, finding 8: after a configuration change the learner was
+    /// said to start at `rate`, and two configurations' learners (the new
+    /// one, and the old one while its listener drained) could both write
+    /// the rule's rate. Now the newer configuration takes the rule's lease
+    /// at once and the older stops; it keeps the rate learned when the
+    /// rule's `rate` and `adaptive` block are unchanged, and starts at its
+    /// `rate` when they changed.
+    #[test]
+    fn a_new_configuration_takes_over_and_restarts_only_when_the_rule_changed() {
+        let old = config_with("100/s", "300ms");
+        let cells = initialised(&old);
+        let store = MemStore(cells);
+        let mut a = Learners::new(&old, 7, 1_000).unwrap();
+        let mut now = 1_000 * MS;
+        a.on_tick(store, now);
+        // It learned 40/s.
+        let _ = write_interval(&mut store.cell(CellId::Rate(0)), 10 * MS, 25 * MS, now);
+        // Another max_queue_delay only: the newer configuration takes the
+        // lease at once and keeps 40/s; the old one stops learning.
+        let mqd = config_with("100/s", "301ms");
+        let mut b = Learners::new(&mqd, 9, 2_000).unwrap();
+        now += ROUND_NS;
+        b.on_tick(store, now);
+        assert!(b.learning());
+        assert_eq!(b.rate_milli(0), Some(40_000));
+        now += ROUND_NS;
+        assert!(a.on_tick(store, now).is_empty() && !a.learning());
+        // A new rate: the next configuration starts there.
+        let rate = config_with("150/s", "301ms");
+        let mut c = Learners::new(&rate, 11, 3_000).unwrap();
+        now += ROUND_NS;
+        c.on_tick(store, now);
+        // (150/s is an interval of 6,666,667 ns: 149.999/s.)
+        assert_eq!(c.rate_milli(0), Some(149_999));
+        let [first, _] = store.load(CellId::Rate(0)).unwrap().0.unwrap();
+        assert!(first.abs_diff(6_666_667) <= 1, "{first}");
+        // An older configuration never takes a newer one's lease back
+        // while it is renewed.
+        for _ in 0..5 {
+            now += ROUND_NS;
+            c.on_tick(store, now);
+            assert!(b.on_tick(store, now).is_empty() && !b.learning());
+        }
     }
 }

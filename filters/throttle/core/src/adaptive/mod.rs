@@ -18,26 +18,10 @@ pub mod sim;
 #[cfg(test)]
 mod tests;
 
-/// Whether the learned rate paces, or is only reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Pace at the learned rate.
-    Enforce,
-    /// Learn and report it, pace at the configured `rate`.
-    Observe,
-}
-
-/// A rule's validated `adaptive` block: the bounds as intervals (the
-/// interval of `max_rate` is the shortest), and the mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settings {
-    pub min_interval_ns: u64,
-    pub max_interval_ns: u64,
-    pub mode: Mode,
-}
+pub use crate::config::adaptive::{Mode, Settings};
 
 pub use controller::{
     interval_of_rate, rate_of_interval, Controller, Reason, Reasons, Tuning, Update, MICRO,
 };
 pub use learner::{add_tally, take_tally, Learners, Round, ROUND_NS};
-pub use tally::{Class, Observation, Outcome, Tally};
+pub use tally::{Class, Observation, Origin, Outcome, Tally};

@@ -15,7 +15,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use super::controller::{rate_of_interval, Controller, Reason, Reasons, Tuning, MICRO};
-use super::tally::{Observation, Outcome, Tally};
+use super::tally::{Observation, Origin, Outcome, Tally, SAMPLE_EVERY};
 use crate::schedule::{Schedule, Step};
 use crate::{NS_PER_MS, NS_PER_S};
 
@@ -84,6 +84,21 @@ pub struct World {
     /// schedule's backlog (today's schedule, decided at admission). A lower
     /// rate always applies to new admissions only.
     pub retime: bool,
+    /// A client of the same rule whose own requests the backend answers
+    /// with an error at once, whatever its load.
+    pub attack: Option<Attack>,
+}
+
+/// A client that asks for something the backend answers badly (a broken
+/// endpoint, its own bad requests or quota), from one address to one path,
+/// at a constant rate between two times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attack {
+    pub from_ns: u64,
+    pub to_ns: u64,
+    pub per_s: u64,
+    pub status: u16,
+    pub retry_after_s: Option<u64>,
 }
 
 impl World {
@@ -101,6 +116,7 @@ impl World {
             seed: 1,
             tune: Tuning::default(),
             retime: true,
+            attack: None,
         }
     }
 }
@@ -119,8 +135,9 @@ pub struct Bucket {
     pub arrivals: u64,
     /// Sent upstream.
     pub sent: u64,
-    /// Answers the client got: 2xx, 2xx within the SLO (1 s), the
-    /// backend's 429s, the throttle's own 429s; attempts the client gave up on.
+    /// Answers the (well-behaved) clients got: 2xx, 2xx within the SLO
+    /// (1 s), the backend's 429s, the throttle's own 429s; attempts the
+    /// clients gave up on. The attacker's are counted apart.
     pub ok: u64,
     pub ok_in_slo: u64,
     pub upstream_429: u64,
@@ -144,6 +161,9 @@ pub struct Bucket {
     /// reach beyond now (ms), at the bucket's end.
     pub in_flight: u64,
     pub ahead_ms: u64,
+    /// The attacker's requests that arrived, and that went upstream.
+    pub attack_arrivals: u64,
+    pub attack_sent: u64,
 }
 
 /// The outcome of a run.
@@ -194,6 +214,9 @@ struct Req {
     deadline: u64,
     retries_left: u32,
     sent_at: u64,
+    /// Where it comes from: the attacker's, or one of the others'.
+    attack: bool,
+    origin: Origin,
 }
 
 /// Runs the world.
@@ -218,6 +241,10 @@ struct Sim<'a> {
     queue: VecDeque<u64>,
     busy: BinaryHeap<Reverse<(u64, u64)>>,
     shed: BinaryHeap<Reverse<(u64, u64)>>,
+    /// The status and `Retry-After` of each answer given at once.
+    fast: HashMap<u64, (u16, Option<u64>)>,
+    /// Answers that were not bad, for the sample of origins.
+    answers_seen: u64,
     tokens: f64,
     tokens_at: u64,
     /// Deadlines of requests upstream: the client's (a client that gives
@@ -266,6 +293,8 @@ impl<'a> Sim<'a> {
             queue: VecDeque::new(),
             busy: BinaryHeap::new(),
             shed: BinaryHeap::new(),
+            fast: HashMap::new(),
+            answers_seen: 0,
             tokens: 0.0,
             tokens_at: 0,
             upstream_deadlines: BinaryHeap::new(),
@@ -322,6 +351,7 @@ impl<'a> Sim<'a> {
     fn run(mut self) -> Report {
         let w = self.w;
         let mut next_arrival = 0u64;
+        let mut next_attack = w.attack.map_or(u64::MAX, |a| a.from_ns);
         let mut next_round = ROUND_NS;
         let mut t = 0u64;
         while t < w.duration_ns {
@@ -332,7 +362,7 @@ impl<'a> Sim<'a> {
                 next_arrival = next_arrival.max(t.saturating_sub(gap));
                 while next_arrival < end {
                     let at = next_arrival.max(t);
-                    self.arrive(at, w.retries);
+                    self.arrive(at, w.retries, false);
                     next_arrival += gap;
                 }
             } else {
@@ -344,7 +374,13 @@ impl<'a> Sim<'a> {
                 due
             };
             for (at, left) in due {
-                self.arrive(at.max(t), left);
+                self.arrive(at.max(t), left, false);
+            }
+            if let Some(a) = w.attack.filter(|a| a.per_s > 0) {
+                while next_attack < end && next_attack < a.to_ns {
+                    self.arrive(next_attack.max(t), 0, true);
+                    next_attack += NS_PER_S / a.per_s;
+                }
             }
             // The tick: release what is due.
             while let Some(&Reverse((release_at, id))) = self.held.peek() {
@@ -371,16 +407,35 @@ impl<'a> Sim<'a> {
         self.report
     }
 
-    fn arrive(&mut self, at: u64, retries_left: u32) {
+    fn arrive(&mut self, at: u64, retries_left: u32, attack: bool) {
         let id = self.next_id;
         self.next_id += 1;
         self.tally.arrived();
-        self.bucket(at).arrivals += 1;
+        if attack {
+            self.bucket(at).attack_arrivals += 1;
+        } else {
+            self.bucket(at).arrivals += 1;
+        }
+        // The others: 20 clients on 4 paths; the attacker: its own of each.
+        let (path, client) = if attack {
+            (1000, 1000)
+        } else {
+            ((id / 20) % 4, id % 20)
+        };
+        let mix = |x: u64| {
+            let mut z = x
+                .wrapping_add(self.w.seed)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z ^ (z >> 27)
+        };
         let r = Req {
             arrived: at,
             deadline: at.saturating_add(self.w.client_timeout_ns),
             retries_left,
             sent_at: 0,
+            attack,
+            origin: Origin::new(mix(path), mix(client ^ 0xABCD)),
         };
         let Some(interval) = self.pacing_interval() else {
             self.send(at, id, r);
@@ -401,7 +456,9 @@ impl<'a> Sim<'a> {
                 self.held_reqs.insert(id, r);
             }
             Step::Reject { .. } => {
-                self.bucket(at).local_429 += 1;
+                if !r.attack {
+                    self.bucket(at).local_429 += 1;
+                }
                 self.client_failed(at, r, Fail::Rejected);
             }
         }
@@ -411,6 +468,9 @@ impl<'a> Sim<'a> {
         r.sent_at = at;
         self.tally.sent();
         self.bucket(at).sent += 1;
+        if r.attack {
+            self.bucket(at).attack_sent += 1;
+        }
         self.report.upstream_arrivals += 1;
         let route = self
             .w
@@ -419,6 +479,13 @@ impl<'a> Sim<'a> {
         self.upstream_deadlines
             .push(Reverse((r.deadline.min(route), id)));
         let p = self.phase(at);
+        if let Some(a) = self.w.attack.filter(|_| r.attack) {
+            // Answered at once, whatever the load.
+            self.shed.push(Reverse((at + NS_PER_MS, id)));
+            self.fast.insert(id, (a.status, a.retry_after_s));
+            self.upstream.insert(id, r);
+            return;
+        }
         if let Some(limit) = p.limit_per_s {
             let burst = (limit as f64 / 10.0).max(1.0);
             let elapsed = at.saturating_sub(self.tokens_at) as f64 / NS_PER_S as f64;
@@ -426,6 +493,7 @@ impl<'a> Sim<'a> {
             self.tokens_at = at;
             if self.tokens < 1.0 {
                 self.shed.push(Reverse((at + NS_PER_MS, id)));
+                self.fast.insert(id, (429, Some(1)));
                 self.upstream.insert(id, r);
                 return;
             }
@@ -489,22 +557,26 @@ impl<'a> Sim<'a> {
                 }
                 continue;
             }
-            let (status, retry_after) = if next_shed == Some(at) {
-                (429, Some(1))
-            } else {
-                (200, None)
-            };
-            let popped = if status == 429 {
+            let fast = next_shed == Some(at);
+            let popped = if fast {
                 self.shed.pop()
             } else {
                 self.busy.pop()
             };
+            let mut status = 200;
             if let Some(Reverse((_, id))) = popped {
+                let retry_after = if fast {
+                    let (s, ra) = self.fast.remove(&id).unwrap_or((429, Some(1)));
+                    status = s;
+                    ra
+                } else {
+                    None
+                };
                 if let Some(r) = self.upstream.remove(&id) {
                     self.answer(id, r, at, status, retry_after);
                 }
             }
-            if status == 200 {
+            if !fast {
                 let p = self.phase(at);
                 self.start_work(at, p);
             }
@@ -523,6 +595,9 @@ impl<'a> Sim<'a> {
                 retry_after_s,
             },
         );
+        if r.attack {
+            return;
+        }
         let b = self.bucket(at);
         if status == 200 {
             let took = at.saturating_sub(r.arrived);
@@ -537,12 +612,26 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// What the filter records of an answer: its origin for every bad one
+    /// and one in [`SAMPLE_EVERY`] of the others, as the glue reads it.
     fn observe(&mut self, r: Req, at: u64, outcome: Outcome) {
+        let (mut origin, mut sampled) = (None, false);
+        if let Outcome::Answered { status, .. } = outcome {
+            if status == 429 || (500..600).contains(&status) {
+                origin = Some(r.origin);
+            } else {
+                self.answers_seen += 1;
+                sampled = self.answers_seen % SAMPLE_EVERY == 0;
+                origin = sampled.then_some(r.origin);
+            }
+        }
         self.tally.record(&Observation {
             sent_at: r.sent_at,
             done_at: at,
             outcome,
             deadline_ns: None,
+            origin,
+            sampled,
         });
     }
 
@@ -934,6 +1023,87 @@ pub fn anchors(pacer: Pacer, seed: u64) -> Vec<Scenario> {
             what: "offered 350/s = 70% of 500/s, nothing changes",
             world: world(vec![step(0, 50, 100, None, 350)], 60, 300),
             changes: vec![(0.0, 350.0)],
+        },
+    ]
+}
+
+/// Beyond the anchors: a client of the same rule whose own requests the
+/// backend always answers badly (20% of the rule's traffic; 350/s of the
+/// others against a capacity of 500/s, so the rule's rate is never what
+/// limits them), from 20 s to 40 s: `A503`, `A500`, `A429` (with
+/// `Retry-After: 3600`); `A503-drop`: the same attacker from 10 s on while
+/// the capacity halves at 30 s (a real drop must still be cut at once);
+/// `S1-stall`: S1 behind a backend that answers nothing for its first 1.5 s
+/// (a stalled start: its first answers carry a queue).
+pub fn more(pacer: Pacer, seed: u64) -> Vec<Scenario> {
+    let attacked = |status: u16, retry_after_s: Option<u64>, from_s: u64, phases: Vec<Phase>| {
+        let mut w = World::new(phases, 60, pacer);
+        w.max_queue_delay_ns = 300 * NS_PER_MS;
+        w.route_timeout_ns = Some(1_500 * NS_PER_MS);
+        w.seed = seed;
+        w.attack = Some(Attack {
+            from_ns: from_s * NS_PER_S,
+            to_ns: if from_s == 20 { 40 } else { 60 } * NS_PER_S,
+            per_s: 88,
+            status,
+            retry_after_s,
+        });
+        w
+    };
+    let steady = || vec![step(0, 50, 100, None, 350)];
+    let mut stall = anchors(pacer, seed)
+        .into_iter()
+        .find(|s| s.name == "S1")
+        .map(|s| s.world)
+        .unwrap_or_else(|| World::new(Vec::new(), 60, pacer));
+    stall.phases.insert(
+        0,
+        Phase {
+            at_ns: 0,
+            workers: 0,
+            service_us: 100_000,
+            limit_per_s: None,
+            offered_per_s: 400,
+        },
+    );
+    if let Some(p) = stall.phases.get_mut(1) {
+        p.at_ns = 1_500 * NS_PER_MS;
+    }
+    vec![
+        Scenario {
+            name: "A503",
+            what: "steady, 350/s of 500/s; an attacker's 88/s answered 503, 20-40 s",
+            world: attacked(503, None, 20, steady()),
+            changes: vec![(0.0, 350.0), (20.0, 350.0), (40.0, 350.0)],
+        },
+        Scenario {
+            name: "A500",
+            what: "the same, answered 500",
+            world: attacked(500, None, 20, steady()),
+            changes: vec![(0.0, 350.0), (20.0, 350.0), (40.0, 350.0)],
+        },
+        Scenario {
+            name: "A429",
+            what: "the same, answered 429 with Retry-After: 3600",
+            world: attacked(429, Some(3600), 20, steady()),
+            changes: vec![(0.0, 350.0), (20.0, 350.0), (40.0, 350.0)],
+        },
+        Scenario {
+            name: "A503-drop",
+            what: "the 503 attacker from 10 s; W 50->20 at 30 s (capacity 500->200)",
+            world: attacked(
+                503,
+                None,
+                10,
+                vec![step(0, 50, 100, None, 350), step(30, 20, 100, None, 350)],
+            ),
+            changes: vec![(0.0, 350.0), (10.0, 350.0), (30.0, 200.0)],
+        },
+        Scenario {
+            name: "S1-stall",
+            what: "S1 after a backend stalled for its first 1.5 s",
+            world: stall,
+            changes: vec![(0.0, 400.0), (20.0, 200.0), (40.0, 400.0)],
         },
     ]
 }

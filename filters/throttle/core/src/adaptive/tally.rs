@@ -1,8 +1,9 @@
 //! What the filter saw of a rule's traffic during one round (one learner
-//! tick): requests that arrived, requests sent upstream, and how each answer
-//! came back. A [`Tally`] is a handful of counters, so workers can add theirs
-//! into one process-wide tally (shared data, compare-and-swap) and the
-//! learner can take it as a whole ([`Tally::to_words`] / [`Tally::from_words`]).
+//! tick): requests that arrived, requests sent upstream, how each answer
+//! came back, and where the bad answers came from (by [`Origin`]). A
+//! [`Tally`] is counters only, so workers can add theirs into one
+//! process-wide tally (shared data, compare-and-swap) and the learner can
+//! take it as a whole ([`Tally::to_words`] / [`Tally::from_words`]).
 
 /// How one request sent upstream ended, as the filter sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +34,53 @@ pub struct Observation {
     /// `x-envoy-expected-rq-timeout-ms`), if it carried one: an answer later
     /// than this is not good.
     pub deadline_ns: Option<u64>,
+    /// Where it came from: read for every bad answer (shed, failed, late)
+    /// and for one in [`SAMPLE_EVERY`] of the others (`sampled`).
+    pub origin: Option<Origin>,
+    pub sampled: bool,
+}
+
+/// Groups of each partition of the answers by origin.
+pub const GROUPS: usize = 8;
+/// Partitions: three hashes of the path, three of the client.
+pub const PARTITIONS: usize = 6;
+/// One answer in this many (that is not bad) carries its origin: enough to
+/// know how the traffic spreads over the groups, at a fraction of the host
+/// calls (the path and the client are read only for those).
+pub const SAMPLE_EVERY: u64 = 8;
+
+/// Where a request came from, as groups: its path in three partitions and
+/// its client (the rule's key value, else the source address) in three
+/// more, each under the process's secret seed, so that no client can choose
+/// whose group it shares. Errors that stay within a few groups of either
+/// kind while the others are answered well are the clients' or the paths'
+/// own, not the upstream's overload (see [`Tally::load_bad`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Origin {
+    groups: [u8; PARTITIONS],
+}
+
+impl Origin {
+    /// The groups of a request from `client` to `path`, given their
+    /// fingerprints (secret-seeded hashes).
+    pub fn new(path_fp: u64, client_fp: u64) -> Origin {
+        let mut groups = [0u8; PARTITIONS];
+        for (i, g) in groups.iter_mut().enumerate() {
+            let (fp, row) = if i < PARTITIONS / 2 {
+                (path_fp, i)
+            } else {
+                (client_fp, i - PARTITIONS / 2)
+            };
+            // Three bits per row: independent groups of one good hash.
+            *g = ((fp >> (8 * row + 3)) % GROUPS as u64) as u8;
+        }
+        Origin { groups }
+    }
+
+    /// Its group in each partition.
+    pub fn groups(&self) -> [u8; PARTITIONS] {
+        self.groups
+    }
 }
 
 /// What an answer says about the upstream's capacity.
@@ -100,6 +148,10 @@ pub struct Tally {
     /// Largest `Retry-After` on a shed answer (0: none), seconds, at most
     /// [`MAX_RETRY_AFTER_S`].
     pub retry_after_s: u64,
+    /// By partition and group: the bad answers (shed, failed, late), and
+    /// the sampled others.
+    pub bad_by: [[u64; GROUPS]; PARTITIONS],
+    pub sampled_by: [[u64; GROUPS]; PARTITIONS],
 }
 
 impl Default for Tally {
@@ -109,7 +161,7 @@ impl Default for Tally {
 }
 
 /// Number of words of [`Tally::to_words`].
-pub const TALLY_WORDS: usize = 10;
+pub const TALLY_WORDS: usize = 10 + 2 * PARTITIONS * GROUPS;
 
 impl Tally {
     /// Nothing seen.
@@ -124,6 +176,8 @@ impl Tally {
         latency_us: 0,
         latency_sq_ms2: 0,
         retry_after_s: 0,
+        bad_by: [[0; GROUPS]; PARTITIONS],
+        sampled_by: [[0; GROUPS]; PARTITIONS],
     };
 
     /// A request of the rule arrived.
@@ -162,6 +216,99 @@ impl Tally {
             Class::Cancelled => &mut self.cancelled,
         };
         *n = n.saturating_add(1);
+        if let Some(origin) = o.origin {
+            let bad = matches!(class, Class::Shed | Class::Failed | Class::Late);
+            let by = if bad {
+                &mut self.bad_by
+            } else if o.sampled {
+                &mut self.sampled_by
+            } else {
+                return;
+            };
+            for (row, g) in by.iter_mut().zip(origin.groups) {
+                if let Some(n) = row.get_mut(usize::from(g)) {
+                    *n = n.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    /// Answers that say "too much" or "too slow": shed, failed or late.
+    pub fn bad(&self) -> u64 {
+        self.overload().saturating_add(self.late)
+    }
+
+    /// Of `n` bad answers of one kind, how many the load's ([`Tally::load_bad`]).
+    pub fn load_part(&self, n: u64) -> u64 {
+        let bad = self.bad();
+        if bad == 0 {
+            return 0;
+        }
+        u64::try_from(u128::from(n) * u128::from(self.load_bad()) / u128::from(bad)).unwrap_or(n)
+    }
+
+    /// Of the bad answers (shed, failed, late), how many come from the load: the
+    /// share of bad answers in the better-answered half of the traffic, in
+    /// the partition where it is lowest, times the answers. Overload sheds
+    /// and fails requests of every path and client alike, so every half of
+    /// the traffic shows it; errors of some clients or paths (a broken
+    /// endpoint, one client's bad requests or quota) leave the other groups
+    /// answered well, and count for nothing. The traffic of each group is its
+    /// bad answers plus the rest in proportion to the sampled ones (evenly
+    /// when none were sampled); bad answers without an origin form a group
+    /// of their own; a tally with no origins at all counts every bad answer.
+    pub fn load_bad(&self) -> u64 {
+        let done = self.done().saturating_sub(self.cancelled);
+        let bad = self.bad();
+        if bad == 0 || done == 0 {
+            return 0;
+        }
+        let others = done.saturating_sub(bad) as f64;
+        let mut lowest = f64::MAX;
+        for (bad_row, sampled_row) in self.bad_by.iter().zip(&self.sampled_by) {
+            let sampled: u64 = sampled_row.iter().sum();
+            let known: u64 = bad_row.iter().sum();
+            if sampled == 0 && known == 0 {
+                // Nothing known of where the answers came from: as spread.
+                lowest = lowest.min(bad as f64 / done as f64);
+                continue;
+            }
+            // (bad, traffic) of each group, and of the answers without an origin.
+            let mut groups: Vec<(f64, f64)> = bad_row
+                .iter()
+                .zip(sampled_row)
+                .map(|(&b, &s)| {
+                    let rest = if sampled > 0 {
+                        others * s as f64 / sampled as f64
+                    } else {
+                        others / GROUPS as f64
+                    };
+                    (b as f64, b as f64 + rest)
+                })
+                .collect();
+            groups.push((
+                bad.saturating_sub(known) as f64,
+                bad.saturating_sub(known) as f64,
+            ));
+            groups.retain(|(_, n)| *n > 0.0);
+            groups.sort_by(|a, b| (a.0 * b.1).total_cmp(&(b.0 * a.1)));
+            let total: f64 = groups.iter().map(|(_, n)| n).sum();
+            let (mut b_half, mut n_half) = (0.0, 0.0);
+            for (b, n) in groups {
+                if n_half >= total / 2.0 {
+                    break;
+                }
+                b_half += b;
+                n_half += n;
+            }
+            if n_half > 0.0 {
+                lowest = lowest.min(b_half / n_half);
+            }
+        }
+        if lowest == f64::MAX {
+            return bad;
+        }
+        ((lowest * done as f64).round() as u64).min(bad)
     }
 
     /// Requests that ended (whatever the outcome).
@@ -216,12 +363,21 @@ impl Tally {
         add(&mut self.latency_us, o.latency_us);
         add(&mut self.latency_sq_ms2, o.latency_sq_ms2);
         self.retry_after_s = self.retry_after_s.max(o.retry_after_s);
+        for (mine, theirs) in [
+            (&mut self.bad_by, &o.bad_by),
+            (&mut self.sampled_by, &o.sampled_by),
+        ] {
+            for (a, b) in mine.iter_mut().flatten().zip(theirs.iter().flatten()) {
+                add(a, *b);
+            }
+        }
     }
 
     /// The counters as words (for shared data: fixed size, little-endian
     /// when stored as bytes).
     pub fn to_words(&self) -> [u64; TALLY_WORDS] {
-        [
+        let mut w = [0u64; TALLY_WORDS];
+        let head = [
             self.arrivals,
             self.sent,
             self.good,
@@ -232,7 +388,12 @@ impl Tally {
             self.latency_us,
             self.latency_sq_ms2,
             self.retry_after_s,
-        ]
+        ];
+        let groups = self.bad_by.iter().chain(&self.sampled_by).flatten();
+        for (slot, v) in w.iter_mut().zip(head.iter().chain(groups)) {
+            *slot = *v;
+        }
+        w
     }
 
     /// The counters from words; missing words read as 0, `retry_after_s`
@@ -250,6 +411,10 @@ impl Tally {
             latency_us: g(7),
             latency_sq_ms2: g(8),
             retry_after_s: g(9).min(MAX_RETRY_AFTER_S),
+            bad_by: std::array::from_fn(|p| std::array::from_fn(|i| g(10 + p * GROUPS + i))),
+            sampled_by: std::array::from_fn(|p| {
+                std::array::from_fn(|i| g(10 + (PARTITIONS + p) * GROUPS + i))
+            }),
         }
     }
 }
@@ -267,6 +432,8 @@ mod tests {
                 retry_after_s: Some(3),
             },
             deadline_ns: deadline_ms.map(|d| d * 1_000_000),
+            origin: None,
+            sampled: false,
         }
     }
 
@@ -342,7 +509,72 @@ mod tests {
         a.merge(&b);
         assert_eq!(a.arrivals, u64::MAX, "saturates");
         assert_eq!((a.sent, a.good, a.shed, a.retry_after_s), (4, 3, 1, 2));
+        a.bad_by[5][7] = 9;
+        a.sampled_by[0][1] = 3;
         assert_eq!(Tally::from_words(&a.to_words()), a);
         assert_eq!(Tally::from_words(&[7]).arrivals, 7, "short input reads 0");
+    }
+
+    /// `n` answers from `paths` x `clients` origins, of which those for
+    /// which `bad` says so are 503; every origin sampled.
+    fn answers(paths: u64, clients: u64, per: u64, bad: impl Fn(u64, u64) -> bool) -> Tally {
+        let mut t = Tally::EMPTY;
+        for p in 0..paths {
+            for c in 0..clients {
+                let origin = Origin::new(
+                    (p + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    (c + 1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
+                );
+                for i in 0..per {
+                    let mut o = answered(if bad(p, c) { 503 } else { 200 }, 5, None);
+                    o.origin = Some(origin);
+                    o.sampled = i % SAMPLE_EVERY == 0;
+                    t.record(&o);
+                }
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn errors_of_some_paths_or_clients_are_not_the_loads() {
+        // One path of ten fails for everyone: 10% of the answers, none the load's.
+        let t = answers(10, 5, 16, |p, _| p == 3);
+        assert_eq!((t.overload(), t.load_bad()), (80, 0));
+        // One client of five fails on every path.
+        let t = answers(10, 5, 16, |_, c| c == 2);
+        assert_eq!((t.overload(), t.load_bad()), (160, 0));
+        // One path, one client (all the traffic): the upstream is down.
+        let t = answers(1, 1, 100, |_, _| true);
+        assert_eq!(t.load_bad(), 100);
+    }
+
+    #[test]
+    fn overload_spread_over_every_path_and_client_counts() {
+        // Every fourth answer of every origin is shed.
+        let mut t = Tally::EMPTY;
+        for p in 0..10u64 {
+            for c in 0..5u64 {
+                let origin = Origin::new(
+                    p.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+                    c.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) | 1,
+                );
+                for i in 0..16u64 {
+                    let mut o = answered(if i % 4 == 0 { 503 } else { 200 }, 5, None);
+                    o.origin = Some(origin);
+                    o.sampled = i % SAMPLE_EVERY == 1;
+                    t.record(&o);
+                }
+            }
+        }
+        let (bad, load) = (t.overload(), t.load_bad());
+        assert_eq!(bad, 200);
+        assert!(load >= 150, "{load} of {bad} read as the load's");
+        // Bad answers without an origin (none sampled either) count as spread.
+        let mut t = Tally::EMPTY;
+        for i in 0..40 {
+            t.record(&answered(if i % 2 == 0 { 503 } else { 200 }, 5, None));
+        }
+        assert_eq!(t.load_bad(), 20);
     }
 }

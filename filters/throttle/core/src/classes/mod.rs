@@ -17,11 +17,13 @@
 //! * **Grants**: on its tick, any worker with waiters of the rule takes every
 //!   due slot and grants it ([`choose`]): slot `i` goes to class `c` if it is
 //!   one of `c`'s **floor slots** and `c` has requests waiting, else to the
-//!   highest class with requests waiting. Slot `i` is a floor slot of `c` when
-//!   `frac(i * phi)` lies in `c`'s interval of the classes' cumulative
-//!   `min_share` ([`floor_of`]): a low-discrepancy sequence, so over any run of
-//!   `n` slots a class gets `min_share * n` of them give or take a few
-//!   ([`floor_slots_at_most`]). A grant is to the class's next ticket, wherever
+//!   highest class with requests waiting. The floor slots are a Beatty
+//!   sequence of the classes' summed `min_share` (any run of `n` slots holds
+//!   that share of `n`, rounded down or up), split among the classes with a
+//!   floor the same way, one after the other ([`floor_of`]): over any run of
+//!   `n` slots a class gets `min_share * n` of them, less less than one when
+//!   it is the only class with a floor, give or take a few when several
+//!   have one ([`floor_slots_at_most`]). A grant is to the class's next ticket, wherever
 //!   it waits: the worker holding it resumes it at its own next tick. So no
 //!   worker waits for another to tick before the schedule moves on, and a
 //!   critical request held by one worker leaves before a batch request held by
@@ -46,12 +48,11 @@
 //!
 //! The per-worker side (which tickets this worker holds) is
 //! [`waiters::ClassWaiters`]; the stage that admits a request is
-//! `stream/class.rs`; the tick's part is in [`crate::worker`].
+//! `stream/class.rs`; the tick's part is `worker/lines.rs`.
 
 pub mod estimate;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
-mod tick;
 pub mod tickets;
 pub mod waiters;
 
@@ -64,21 +65,54 @@ use crate::config::Class;
 /// Most classes of a rule (the shared value always holds this many).
 pub const MAX: usize = crate::config::spec::MAX_CLASSES;
 
-/// `2^64 / phi`: slot `i`'s point in `[0, 1)` is `i * GOLDEN mod 2^64`.
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-
 pub use crate::rate::CATCH_UP_NS;
 
 /// The class whose floor slot `slot` is, if that class has requests waiting.
+///
+/// Two steps, each a pure function of the slot's index (the same sequence
+/// on every proxy): whether `slot` is a floor slot at all, and whose. The
+/// floor slots are a Beatty sequence of the classes' summed `min_share` `P`
+/// (slot `i` is one when `floor((i + 1) P) > floor(i P)`), so any `n`
+/// consecutive slots hold `floor(n P)` or `ceil(n P)` of them: a single
+/// class with a floor gets its share of every run of slots, less less than
+/// one (until 2026-11-29 `frac(i phi)` in the class's interval, which
+/// strayed by 2 in 300 slots: 58 of 60 in one second at 300/s). Several
+/// classes with floors split the floor slots the same way, one after the
+/// other: the first takes its part of them as a Beatty sequence, the next
+/// its part of the rest, and so on (each step strays by less than one more).
 pub fn floor_of(slot: u64, classes: &[Class], waiting: &[u64; MAX]) -> Option<usize> {
-    let point = u128::from(slot.wrapping_mul(GOLDEN)) * 1_000_000;
-    let mut lo: u128 = 0;
+    let total: u128 = classes.iter().map(|c| u128::from(c.min_share_ppm)).sum();
+    if total == 0 {
+        return None;
+    }
+    let total = total.min(1_000_000);
+    let before = u128::from(slot) * total / 1_000_000;
+    let after = (u128::from(slot) + 1) * total / 1_000_000;
+    if after == before {
+        return None;
+    }
+    // Whose: the `k`-th floor slot goes to the first class with a floor if
+    // it is one of that class's Beatty sequence over the floor slots (its
+    // part of `P`), else on to the next class, over the floor slots the
+    // first did not take, and so on.
+    let mut k = before;
+    let mut rest = total;
     for (c, class) in classes.iter().enumerate() {
-        let hi = lo + u128::from(class.min_share_ppm);
-        if point >= lo << 64 && point < hi << 64 {
+        let ppm = u128::from(class.min_share_ppm);
+        if ppm == 0 {
+            continue;
+        }
+        let ppm = ppm.min(rest);
+        let (lo, hi) = (k * ppm / rest, (k + 1) * ppm / rest);
+        if hi > lo || ppm == rest {
             return (waiting.get(c).copied().unwrap_or(0) > 0).then_some(c);
         }
-        lo = hi;
+        // Its index among the floor slots this class did not take.
+        k -= lo;
+        rest -= ppm;
+        if rest == 0 {
+            break;
+        }
     }
     None
 }

@@ -38,6 +38,16 @@ fn waiting(w: &[u64]) -> [u64; MAX] {
     out
 }
 
+/// A small reproducible generator for the exhaustive floor checks.
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 #[test]
 fn floor_slots_come_at_the_class_share_over_any_window() {
     let classes = vec![class("a", 0), class("b", 250_000), class("c", 100_000)];
@@ -64,13 +74,7 @@ fn floor_slots_come_at_the_class_share_over_any_window() {
 /// up to 40,000 slots from many starts and shares.
 #[test]
 fn the_floor_bound_holds_for_long_windows() {
-    let mut seed = 0x1234_5678_u64;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x1234_5678_u64);
     for _ in 0..40 {
         let before = (next() % 500_000) as u32;
         let ppm = (next() % 500_000) as u32 + 1;
@@ -515,4 +519,85 @@ fn displacement_only_when_the_turn_cannot_come_in_time() {
     let b = backlog(&classes, &t, now + 20 * MS, now);
     assert!(cannot_make_it(&b, 0, 1, now + 10 * MS));
     assert!(!cannot_make_it(&b, 0, 1, now + 20 * MS));
+}
+
+/// Invariant 6 (engine/README.md) asks a class that waits throughout for its
+/// floor less one in every 1 s window: at 300 slots a second with both
+/// classes always waiting, every 300 consecutive slots hold batch's 60 (the
+/// golden-ratio sequence before 2026-11-29 gave 58 in some: the fleet
+/// sweep's seed 42).
+#[test]
+fn a_class_waiting_throughout_gets_its_floor_less_one_in_any_second() {
+    let classes = vec![class("critical", 0), class("batch", 200_000)];
+    let both = waiting(&[1, 1]);
+    let n = 300u64;
+    let worst = (0..100_000u64)
+        .map(|start| {
+            let got = (start..start + n)
+                .filter(|&i| choose(i, &classes, &both) == Some(1))
+                .count() as u64;
+            (got, start)
+        })
+        .min()
+        .unwrap_or_default();
+    assert!(
+        worst.0 + 1 >= 60,
+        "{n} slots from {}: batch got {}",
+        worst.1,
+        worst.0
+    );
+}
+
+/// Two to seven classes with floors: each gets at most
+/// [`floor_slots_at_most`] of any run of slots and at least its share less
+/// the discrepancy and one, and the floor slots of all of them are their
+/// summed share, rounded down or up.
+#[test]
+fn several_floors_each_hold_within_the_stated_discrepancy() {
+    let mut next = xorshift(0x9E37_79B9_u64);
+    let (mut worst_under, mut worst_over) = (0f64, 0f64);
+    for _ in 0..60 {
+        let floored = 2 + (next() % 6) as usize;
+        let mut classes = vec![class("top", 0)];
+        let mut left = 1_000_000u64;
+        for i in 0..floored {
+            let ppm = next() % (left / (floored - i) as u64 + 1);
+            left -= ppm;
+            classes.push(class(&format!("c{i}"), ppm as u32));
+        }
+        let all = waiting(&[1; 8][..classes.len()]);
+        let start = next() >> 20;
+        let n_max = 3_000u64;
+        let mut counts = vec![0u64; classes.len()];
+        let mut any = 0u64;
+        for n in 1..=n_max {
+            let owner = floor_of(start + n - 1, &classes, &all);
+            if let Some(c) = owner {
+                counts[c] += 1;
+                any += 1;
+            }
+            let total: u64 = classes.iter().map(|c| u64::from(c.min_share_ppm)).sum();
+            let exact = total as f64 * n as f64 / 1e6;
+            assert!((any as f64 - exact).abs() < 1.0, "n {n}: {any} floor slots");
+            for (c, class) in classes.iter().enumerate() {
+                let want = f64::from(class.min_share_ppm) * n as f64 / 1e6;
+                let d = discrepancy(n) as f64;
+                worst_under = worst_under.max(want - counts[c] as f64);
+                worst_over = worst_over.max(counts[c] as f64 - want);
+                assert!(
+                    counts[c] <= floor_slots_at_most(class.min_share_ppm, n)
+                        && counts[c] as f64 + d + 1.0 >= want,
+                    "{:?} from {start}, n {n}: class {c} got {}, share {want:.1}",
+                    classes.iter().map(|c| c.min_share_ppm).collect::<Vec<_>>(),
+                    counts[c]
+                );
+            }
+        }
+    }
+    // Measured here: at most 3.4 under (a class after several others) and
+    // 2.3 over; each split strays by less than one more.
+    assert!(
+        worst_under < 3.5 && worst_over < 3.5,
+        "{worst_under} {worst_over}"
+    );
 }

@@ -116,6 +116,21 @@ impl Tickets {
         self.lines.map(|l| l.waiting())
     }
 
+    /// Tickets granted so far, over every class.
+    pub fn granted(&self) -> u64 {
+        self.lines.iter().map(|l| l.granted).sum()
+    }
+
+    /// Grants made since `earlier` was read, counted as requests still
+    /// waiting by an admission that read the slots in between: a grant
+    /// takes its slot first and marks its ticket after, so a turn reckoned
+    /// from the slots read before a grant and the tickets read after it
+    /// comes one slot too early; this keeps it on the safe side (a grant
+    /// the slots read did see costs one slot too many, never one too few).
+    pub fn granted_since(&self, earlier: &Tickets) -> u64 {
+        self.granted().saturating_sub(earlier.granted())
+    }
+
     /// Whether any class has requests waiting.
     pub fn anyone_waits(&self) -> bool {
         self.lines.iter().any(|l| l.waiting() > 0)

@@ -1,6 +1,9 @@
 //! One worker's requests waiting in class queues, by ticket, and the
 //! abandoned tickets it must still pass on when their turn comes (as the
-//! gate keeps its abandoned tickets, [`crate::gate::GateWaiters`]).
+//! gate keeps its abandoned tickets, [`crate::gate::GateWaiters`]). Under
+//! dry-run, a request that would have waited keeps its ticket here as a
+//! `dry` waiter, which holds no stream: the line then runs as it would
+//! have, so its grants and displacements are counted, not carried out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -15,23 +18,46 @@ pub struct ClassWaiter {
     pub since: u64,
     /// When its class's `max_queue_delay` runs out.
     pub deadline: u64,
+    /// Dry-run: only its ticket waits (the request went on at once), so its
+    /// grant or displacement is counted and nothing is resumed or answered.
+    pub dry: bool,
+}
+
+impl ClassWaiter {
+    /// Its place: (rule, class, ticket).
+    pub fn place(&self) -> Place {
+        (self.rule, self.class, self.ticket)
+    }
 }
 
 /// (rule, class, ticket).
-type Place = (usize, usize, u64);
+pub type Place = (usize, usize, u64);
 
 /// One worker's class waiters and abandoned tickets.
 #[derive(Debug, Default)]
 pub struct ClassWaiters {
     by_place: BTreeMap<Place, ClassWaiter>,
+    /// The held requests' places (a dry waiter holds no stream: not here).
     place_of: HashMap<u32, Place>,
     /// Abandoned tickets whose grant is still to pass on, with whether the
     /// shared value counts them as abandoned.
     abandoned: BTreeMap<Place, bool>,
     /// Waiters by deadline.
-    deadlines: BTreeSet<(u64, u32)>,
+    deadlines: BTreeSet<(u64, Place)>,
     /// When each rule's waiters were last checked for displacement.
     checked: HashMap<usize, u64>,
+}
+
+impl crate::queue::Room for ClassWaiters {
+    fn len(&self) -> usize {
+        ClassWaiters::len(self)
+    }
+    fn contains(&self, context_id: u32) -> bool {
+        ClassWaiters::contains(self, context_id)
+    }
+    fn needs_ticks(&self) -> bool {
+        ClassWaiters::needs_ticks(self)
+    }
 }
 
 impl ClassWaiters {
@@ -39,18 +65,25 @@ impl ClassWaiters {
         Self::default()
     }
 
-    /// Requests waiting now.
+    /// Requests held now (dry waiters hold none).
     pub fn len(&self) -> usize {
         self.place_of.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.place_of.is_empty()
+    /// Dry tickets waiting now (their requests went on).
+    pub fn dry_len(&self) -> usize {
+        self.by_place.len().saturating_sub(self.place_of.len())
     }
 
-    /// Whether anything needs ticks: waiters, or abandoned tickets.
+    /// Whether no ticket waits here (held or dry).
+    pub fn is_empty(&self) -> bool {
+        self.by_place.is_empty()
+    }
+
+    /// Whether anything needs ticks: waiters (held or dry), or abandoned
+    /// tickets.
     pub fn needs_ticks(&self) -> bool {
-        !self.place_of.is_empty() || !self.abandoned.is_empty()
+        !self.by_place.is_empty() || !self.abandoned.is_empty()
     }
 
     pub fn contains(&self, context_id: u32) -> bool {
@@ -70,20 +103,33 @@ impl ClassWaiters {
         r
     }
 
-    /// Starts waiting.
+    /// Starts waiting (a dry waiter: only its ticket).
     pub fn wait(&mut self, w: ClassWaiter) {
-        self.remove(w.context_id);
         let place = (w.rule, w.class, w.ticket);
-        self.place_of.insert(w.context_id, place);
+        if !w.dry {
+            self.remove(w.context_id);
+            self.place_of.insert(w.context_id, place);
+        }
         self.by_place.insert(place, w);
-        self.deadlines.insert((w.deadline, w.context_id));
+        self.deadlines.insert((w.deadline, place));
     }
 
-    /// Stops waiting (its stream ended, or it is released or displaced).
+    /// Stops holding `context_id` (its stream ended): its waiter, if held
+    /// here; a dry waiter stays (the stream went on at once, and the ticket
+    /// waits as the request would have).
     pub fn remove(&mut self, context_id: u32) -> Option<ClassWaiter> {
-        let place = self.place_of.remove(&context_id)?;
+        let place = self.place_of.get(&context_id).copied()?;
+        self.leave(place)
+    }
+
+    /// Removes the waiter of ticket `ticket` of `rule`'s class `class`
+    /// (released or displaced), held or dry.
+    pub fn leave(&mut self, place: Place) -> Option<ClassWaiter> {
         let w = self.by_place.remove(&place)?;
-        self.deadlines.remove(&(w.deadline, context_id));
+        if !w.dry {
+            self.place_of.remove(&w.context_id);
+        }
+        self.deadlines.remove(&(w.deadline, place));
         Some(w)
     }
 
@@ -99,9 +145,9 @@ impl ClassWaiters {
     /// Waiters of `rule` whose deadline is at or before `now`.
     pub fn expired(&self, rule: usize, now: u64) -> Vec<ClassWaiter> {
         self.deadlines
-            .range(..=(now, u32::MAX))
-            .filter_map(|(_, id)| self.place_of.get(id).and_then(|p| self.by_place.get(p)))
-            .filter(|w| w.rule == rule)
+            .range(..=(now, (usize::MAX, usize::MAX, u64::MAX)))
+            .filter(|(_, p)| p.0 == rule)
+            .filter_map(|(_, p)| self.by_place.get(p))
             .copied()
             .collect()
     }
@@ -156,6 +202,7 @@ mod tests {
             ticket,
             since: 0,
             deadline: 100,
+            dry: false,
         }
     }
 

@@ -1,6 +1,6 @@
 //! Going ahead of the grants, bounded: a process with no owned slot near
 //! may let a request go now on credit (at most `burst + 1` owed), or take its
-//! next owned slot before its time (one at a time, within the epoch); the
+//! next owned slot before its time (within the epoch, as many as credit); the
 //! calling VM repays the credit from the earliest owned slots after it
 //! publishes ([`repay`]). So a request within the rate does not wait for the
 //! engine after a lull, and at any instant the process is ahead of its
@@ -18,8 +18,8 @@ use super::cursor::{advance, next_owned, Attempt, Grants, Reach, Take};
 /// (requests that went on credit), and slots taken for a request before
 /// their time or to repay a credit that are not yet due (`pending`, the
 /// latest of them due at `until_ms`, wall-clock ms). Owed and pending
-/// together stay within `burst + 1` (credit), and a request goes before its
-/// slot's time only when neither is left; so at any instant the process is
+/// together stay within `burst + 1` (credit), whether a request goes on
+/// credit or before its slot's time; so at any instant the process is
 /// ahead of its grants by at most `burst + 1` requests. (Pending slots count
 /// until the latest of them is due: a bound that errs on the safe side.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -76,9 +76,10 @@ impl Ahead {
 pub const NEAR_AHEAD: u64 = 2;
 
 /// Lets a request go ahead of its grants, if the process may: `early` (the
-/// slot it will take is due at `slot_time`) needs nothing owed and nothing
-/// ahead; credit (no slot at all) needs fewer than `reach.credit` owed and
-/// nothing ahead. A new request never goes ahead while others wait for
+/// slot it will take is due at `slot_time`, beyond one interval) and credit
+/// (no slot at all) both need fewer than `reach.credit` owed or ahead (slots
+/// due within two gaps may also go while fewer than [`NEAR_AHEAD`] are
+/// ahead). A new request never goes ahead while others wait for
 /// grants (`queued`: the requests waiting, as the cursor counts them for a
 /// first attempt). None: it may not; `Contention`: the cell failed.
 pub(super) fn go_ahead<A: SharedCell>(
@@ -113,22 +114,19 @@ pub(super) fn go_ahead<A: SharedCell>(
             }
         }
         let may = match early {
-            // Before its slot's time, beyond one interval: one at a time,
-            // nothing owed (within one interval it is held for its slot).
-            Some(t) => {
-                t.saturating_sub(now) > reach.grid.interval_ns
-                    && ahead.clear_at(now)
-                    && ahead.owed == 0
-            }
-            None => ahead.owed + ahead.pending_at(now) < reach.credit,
-        };
+            // Before its slot's time, beyond one interval (within one it is
+            // held for its slot): as credit, while less than `burst + 1`
+            // are owed or ahead.
+            Some(t) => t.saturating_sub(now) > reach.grid.interval_ns,
+            None => true,
+        } && ahead.owed + ahead.pending_at(now) < reach.credit;
         if !may {
             return None;
         }
         match early {
             Some(t) => {
-                ahead.until_ms = t.div_ceil(NS_PER_MS);
-                ahead.pending = 1;
+                ahead.pending = ahead.pending_at(now) + 1;
+                ahead.until_ms = ahead.until_ms.max(t.div_ceil(NS_PER_MS));
             }
             None => ahead.owed += 1,
         }
@@ -160,6 +158,22 @@ pub fn set_gap<A: SharedCell>(cell: &mut A, gap_ns: u64) -> Result<(), StoreErro
         }
     }
     Err(StoreError(0))
+}
+
+/// A new request with no owned slot in reach (and nobody ahead of it in its
+/// rule's line or classes) goes now on credit, if the process may (less
+/// than `burst + 1` owed or being repaid): as `take` does for a rule
+/// without classes. True if it went.
+pub fn on_credit<A: SharedCell>(
+    ahead: &mut A,
+    reach: &Reach,
+    now: u64,
+) -> Result<bool, StoreError> {
+    match go_ahead(ahead, reach, Attempt::First, 0, now, None) {
+        Some(Take::Credit) => Ok(true),
+        Some(Take::Contention) => Err(StoreError(0)),
+        _ => Ok(false),
+    }
 }
 
 /// A request that waited for grants until its `max_queue_delay` ran out goes
@@ -380,7 +394,8 @@ mod tests {
             (waiting_in(&c), ahead_cell.v),
             (0, Some(ahead(0, at(1004) / MS)))
         );
-        // ...one at a time: until 1004's time the next one holds for its slot.
+        // ...as many as credit (burst 0: one): until 1004's time the next one
+        // holds for its slot.
         assert_eq!(
             take(&mut c, &mut b, &mut ahead_cell, &r, now, true, FIRST),
             Take::Hold {
@@ -399,6 +414,51 @@ mod tests {
             }
         );
         assert_eq!(ahead_cell.v, None, "nothing ahead");
+    }
+
+    #[test]
+    fn with_a_burst_as_many_go_ahead_of_their_slots_as_would_go_on_credit() {
+        // Burst 2 (credit 3); owned: 1010, 1020, 1030, 1040 (20 to 80 ms away,
+        // within the epoch). A process-scope GCRA with burst 2 lets three go
+        // at once; so does the grid, taking their slots before their time
+        // (until 2026-11-28 one at a time whatever the burst: fleet sweep
+        // seed 26, requests within the rate held up to 47 ms at burst 5).
+        let (mut c, mut b) = setup(&[(1010, 1011), (1020, 1021), (1030, 1031), (1040, 1041)]);
+        let r = Reach::new(reach().grid, 2, 100 * MS);
+        let mut ahead_cell = MemCell::default();
+        let now = at(1000);
+        let mut took = Vec::new();
+        for _ in 0..4 {
+            took.push(take(&mut c, &mut b, &mut ahead_cell, &r, now, true, FIRST));
+        }
+        assert_eq!(
+            took,
+            vec![
+                Take::Early { slot: 1010 },
+                Take::Early { slot: 1020 },
+                Take::Early { slot: 1030 },
+                Take::Hold {
+                    slot: 1040,
+                    delay_ns: 80 * MS
+                }
+            ]
+        );
+        // Ahead by three until the latest of them is due; nothing owed.
+        assert_eq!(
+            Ahead::decode(ahead_cell.v),
+            Ahead {
+                owed: 0,
+                pending: 3,
+                until_ms: at(1030) / MS,
+                gap_us: 0
+            }
+        );
+        // Nothing goes on credit meanwhile.
+        let (mut c, mut b) = setup(&[]);
+        assert_eq!(
+            take(&mut c, &mut b, &mut ahead_cell, &r, now, true, FIRST),
+            Take::Wait
+        );
     }
 
     #[test]

@@ -117,9 +117,15 @@ impl Calls {
             .iter()
             .map(|&i| RuleFacts {
                 arrived_total: totals(i, Stat::Requests),
+                // The cursor counts the waiters of a line without classes
+                // (a hint, for its fast path); the `held` gauge counts a
+                // line with classes too. Until issue 29 only the first was
+                // read: a proxy whose arrivals stopped claimed nothing for
+                // its held class requests.
                 waiting: store
                     .load(CellId::Cursor(i))
-                    .map_or(0, |(v, _)| Cursor::decode(v).waiting),
+                    .map_or(0, |(v, _)| Cursor::decode(v).waiting)
+                    .max(totals(i, Stat::Held)),
                 owed: store
                     .load(CellId::Ahead(i))
                     .map_or(0, |(v, _)| Ahead::decode(v).owed),

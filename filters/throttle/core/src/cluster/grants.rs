@@ -88,8 +88,8 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
             // The next owned slot is ahead but within the epoch: the process
             // is within its share (a saturated one holds its requests for
             // slots further ahead). Within two of its gaps it goes now; and
-            // beyond one interval, one request at a time may take its slot
-            // now, before its time ([`super::ahead`]).
+            // beyond one interval it may take its slot now, before its time,
+            // within the budget of credit ([`super::ahead`]).
             match go_ahead(ahead, reach, attempt, queued, now, Some(t)) {
                 Some(Take::Contention) => return Take::Contention,
                 Some(_) => {

@@ -28,7 +28,7 @@ use crate::matcher::{Facts, Request};
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
 use crate::stream::{create_initial, Env, Stream, Verdict};
-use crate::testing::{MemCells, MemStore};
+use crate::testing::{host_clocks, MemCells, MemStore, MONO_BEHIND_NS};
 use crate::worker::{TickAction, TickPlan, Worker};
 
 use super::ahead::Ahead;
@@ -303,6 +303,16 @@ impl SimProxy {
         t.saturating_add_signed(self.skew_ns)
     }
 
+    /// This host's monotonic clock at true time `t`.
+    pub fn mono(&self, t: u64) -> u64 {
+        self.clocks(t).mono
+    }
+
+    /// Both clocks at true time `t` ([`host_clocks`]).
+    fn clocks(&self, t: u64) -> Fixed {
+        host_clocks(t, self.skew_ns)
+    }
+
     /// Requests waiting in the rules' lines now.
     pub fn waiting(&self) -> usize {
         self.worker.classes.len()
@@ -327,8 +337,7 @@ impl SimProxy {
 
     /// A request of rule `rule` arrives at true time `t`.
     pub fn arrive(&mut self, rule: usize, t: u64) -> Fate {
-        let now = self.clock(t);
-        self.release_due(now);
+        self.release_due(t);
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         let req = SimRequest(rule);
@@ -340,10 +349,7 @@ impl SimProxy {
                 taken: &self.taken,
             },
         };
-        let mut clock = Fixed {
-            mono: now,
-            wall: now,
-        };
+        let mut clock = self.clocks(t);
         let d = Stream::new(id).on_request(env, &mut self.worker, &mut Facts::new(req), &mut clock);
         let taken = self.taken.borrow_mut().pop();
         self.taken.borrow_mut().clear();
@@ -380,23 +386,21 @@ impl SimProxy {
     /// The worker's releases at each held request's release time up to
     /// `now` (this host's clock): an exact timer. (Retries of requests
     /// waiting for grants run on the regular tick.)
-    fn release_due(&mut self, now: u64) {
+    fn release_due(&mut self, t: u64) {
+        let now = self.mono(t);
         while let Some(at) = self.worker.queue.next_release().filter(|&at| at <= now) {
             let store = SimStore {
                 mem: MemStore(&self.cells),
                 taken: &self.taken,
             };
             let plan = self.worker.plan_releases(&self.config, store, at);
-            self.carry_out(at, plan);
+            self.carry_out(at.saturating_add(MONO_BEHIND_NS), plan);
         }
     }
 
     /// One tick of the worker at `now` (this host's clock), carried out.
-    fn worker_tick(&mut self, now: u64) {
-        let mut clock = Fixed {
-            mono: now,
-            wall: now,
-        };
+    fn worker_tick(&mut self, t: u64) {
+        let mut clock = self.clocks(t);
         let store = SimStore {
             mem: MemStore(&self.cells),
             taken: &self.taken,
@@ -426,14 +430,15 @@ impl SimProxy {
                 h.taken = Some(t);
             }
         }
-        self.carry_out(now, plan);
+        self.carry_out(t, plan);
     }
 
-    fn carry_out(&mut self, now: u64, plan: TickPlan) {
+    /// Carries out `plan` at true time `t`.
+    fn carry_out(&mut self, t: u64, plan: TickPlan) {
         for (rule, counts) in &plan.counts {
             self.count(*rule, counts);
         }
-        let at = now.saturating_add_signed(-self.skew_ns);
+        let at = t;
         for action in plan.actions {
             let store = SimStore {
                 mem: MemStore(&self.cells),
@@ -468,8 +473,7 @@ impl SimProxy {
                     // retry found its turn too far away.
                     let max_delay = self.config.rules.get(rule).map_or(0, |r| r.max_delay_ns);
                     let held = self.held.remove(&id);
-                    if held.is_some_and(|h| now >= self.clock(h.arrived).saturating_add(max_delay))
-                    {
+                    if held.is_some_and(|h| t >= h.arrived.saturating_add(max_delay)) {
                         self.timed_out += 1;
                     } else {
                         self.rejected += 1;
@@ -482,25 +486,20 @@ impl SimProxy {
     /// The calling VM's tick and the worker's, at true time `t`. Returns the
     /// call to send.
     pub fn tick(&mut self, t: u64) -> Option<Call> {
-        let now = self.clock(t);
-        self.release_due(now);
+        self.release_due(t);
         // As the glue: the worker ticks while it holds anything.
         if self.worker.needs_ticks() {
-            self.worker_tick(now);
+            self.worker_tick(t);
         }
+        let mut clock = self.clocks(t);
         let store = SimStore {
             mem: MemStore(&self.cells),
             taken: &self.taken,
         };
         let totals = &self.totals;
-        let out = self.calling.on_tick(
-            store,
-            &mut Fixed {
-                mono: now,
-                wall: now,
-            },
-            &|rule, stat| totals.get(&(rule, stat)).copied().unwrap_or(0),
-        );
+        let out = self.calling.on_tick(store, &mut clock, &|rule, stat| {
+            totals.get(&(rule, stat)).copied().unwrap_or(0)
+        });
         // What the calling side stored is none of a request's.
         self.taken.borrow_mut().clear();
         let call = self.apply(out);
@@ -512,8 +511,7 @@ impl SimProxy {
 
     /// The answer to the call in flight, at true time `t`.
     pub fn answer(&mut self, t: u64, answer: Result<(u16, &[u8]), Failure>) {
-        let now = self.clock(t);
-        self.release_due(now);
+        self.release_due(t);
         let failures = |c: &Caller| {
             (0..c.rule_count())
                 .filter_map(|i| c.stats(i))
@@ -526,10 +524,7 @@ impl SimProxy {
             taken: &self.taken,
         };
         let totals = &self.totals;
-        let mut clock = Fixed {
-            mono: now,
-            wall: now,
-        };
+        let mut clock = self.clocks(t);
         let out = self
             .calling
             .on_answer(store, &mut clock, answer, &|rule, stat| {
@@ -567,8 +562,7 @@ impl SimProxy {
 
     /// Releases what is due by true time `t` (the end of a run).
     pub fn settle(&mut self, t: u64) {
-        let now = self.clock(t);
-        self.release_due(now);
+        self.release_due(t);
     }
 
     /// A statistic's total (what Envoy would show), by rule.

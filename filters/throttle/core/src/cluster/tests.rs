@@ -720,3 +720,41 @@ fn a_phase_spreads_calls_over_the_first_quarter_of_the_epoch() {
     assert_eq!(c.tick(T0 + 12 * MS, &facts).0, None);
     assert!(c.tick(T0 + 13 * MS, &facts).0.is_some());
 }
+
+#[test]
+fn an_epoch_without_a_call_does_not_cost_a_lone_proxy_its_spare() {
+    // A lone proxy at 500/s asking for 1 request an epoch of the 50 claims
+    // the rest as its spare with every leftover claim (a request between its
+    // demand's slots finds one at hand). One epoch goes without a call (its
+    // ticks came late): its demand add is never sent, and the look at that
+    // epoch's total, `lag` epochs later, reads 0. The fleet asking for
+    // nothing is not a fleet without spare: until 2026-11-28 that epoch's
+    // leftover claim took 1 slot of 50 (fleet sweep seed 4: a request within
+    // the rate held 54 ms).
+    let mut eng = FakeEngine::default();
+    let mut c = Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    );
+    let mut claimed = Vec::new();
+    for k in 0..40u64 {
+        if k == 25 {
+            continue; // no tick in this epoch
+        }
+        let facts = [RuleFacts {
+            arrived_total: k,
+            waiting: 0,
+            owed: 0,
+        }];
+        let (called, updates) = exchange(&mut eng, &mut c, T0 + k * 100 * MS + 30 * MS, &facts);
+        let granted: u64 = ranges(&updates).iter().map(|r| r.1 - r.0).sum();
+        if called && k >= 20 {
+            claimed.push((k, granted));
+        }
+    }
+    let short: Vec<_> = claimed.iter().filter(|&&(_, n)| n < 40).collect();
+    assert!(
+        short.is_empty(),
+        "calls that claimed little: {short:?} of {claimed:?}"
+    );
+}

@@ -8,6 +8,7 @@
 //!  "max_held_per_worker": 10000, "reject_status": 429}
 //! ```
 
+pub mod adaptive;
 pub mod spec;
 mod strict_json;
 mod validate;
@@ -25,6 +26,7 @@ use crate::matcher::Match;
 pub use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
 use crate::stats::{Feature, Features};
+use crate::units::rate_for_people;
 pub use crate::units::RateWindow;
 
 pub use validate::parse;
@@ -118,7 +120,7 @@ pub struct Rule {
     /// `scope: "cluster"`: one rate across all proxies (None: per process).
     pub cluster: Option<ClusterScope>,
     /// `adaptive`: the rate is learned within these bounds.
-    pub adaptive: Option<crate::adaptive::Settings>,
+    pub adaptive: Option<adaptive::Settings>,
     /// Priority classes, highest first (empty: none).
     pub classes: Vec<Class>,
 }
@@ -178,22 +180,14 @@ impl Rule {
             parts.push(format!("classes {}", classes.join(" > ")));
         }
         if let Some(a) = &self.adaptive {
-            let per_s = |interval_ns: u64| {
-                let micro = crate::adaptive::rate_of_interval(interval_ns);
-                if micro % 1_000_000 == 0 {
-                    format!("{}/s", micro / 1_000_000)
-                } else {
-                    format!("{:.2}/s", micro as f64 / 1e6)
-                }
-            };
             let mode = match a.mode {
-                crate::adaptive::Mode::Enforce => "enforce",
-                crate::adaptive::Mode::Observe => "observe",
+                adaptive::Mode::Enforce => "enforce",
+                adaptive::Mode::Observe => "observe",
             };
             parts.push(format!(
                 "adaptive {mode}, learned within {} to {}",
-                per_s(a.max_interval_ns),
-                per_s(a.min_interval_ns)
+                rate_for_people(a.max_interval_ns),
+                rate_for_people(a.min_interval_ns)
             ));
         }
         if self.dry_run {
@@ -208,7 +202,7 @@ impl Rule {
     /// mode): its rate cell's first word holds it ([`crate::rate::Gcra`]).
     pub fn learns(&self) -> bool {
         self.adaptive
-            .is_some_and(|a| a.mode == crate::adaptive::Mode::Enforce)
+            .is_some_and(|a| a.mode == adaptive::Mode::Enforce)
     }
 
     /// The lines a rule's waiting requests queue in, in ticket order

@@ -309,7 +309,7 @@ pub const KEY_SLOTS: Field = field(
     "key_slots",
     Kind::Integer { min: 1, max: 1_000_000 },
     Default::Int(4096),
-    "Size of the rule's key table in Envoy's shared data (memory stays bounded whatever keys clients send). A slot is reused once its schedule lies in the past; two active keys that land on the same slots share a rate (the safe side). Requires `key`.",
+    "Entries of the rule's key table in Envoy's shared data (memory stays bounded whatever keys clients send), in buckets of 8; each key may use 16 of them. An entry is reused once its schedule lies in the past; a key whose 16 entries all belong to other active keys shares a rate (the safe side). Size it at about twice the keys active at once. Requires `key`.",
 );
 pub const SCOPE: Field = field(
     "scope",
@@ -339,7 +339,7 @@ pub const ADAPTIVE: Field = field(
     "adaptive",
     Kind::Object(ADAPTIVE_FIELDS),
     Default::Absent,
-    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change. One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); with `classes` (each class's requests are released at the learned rate); not with `scope: \"cluster\"`. See \"Adaptive pacing\".",
+    "Learn the rate from the upstream's answers (latency, 429/503 and `Retry-After`, 5xx, resets; errors count only when they spread over the rule's paths and clients) and pace at it, within `min_rate` and `max_rate`; `rate` is where it starts, before anything is learned and after a configuration change that changes the rule's `rate` or `adaptive` block (other changes keep the rate learned). One learned rate per Envoy process (shared by all worker threads). Requires `rate`; with `key` only together with `key_quota` (the learned rate is the shared one); with `classes` (each class's requests are released at the learned rate); not with `scope: \"cluster\"`. See \"Adaptive pacing\".",
 );
 pub const RULE_FIELDS: &[Field] = &[
     NAME,
@@ -361,7 +361,7 @@ pub const RULE_FIELDS: &[Field] = &[
 ];
 
 /// Most classes a rule may have.
-pub const MAX_CLASSES: usize = 8;
+pub const MAX_CLASSES: usize = crate::stats::MAX_CLASSES;
 
 pub const CLASS_NAME: Field = required(
     "name",
@@ -391,7 +391,7 @@ pub const CLASS_FIELDS: &[Field] = &[CLASS_NAME, CLASS_MATCH, MIN_SHARE, CLASS_M
 pub const ADAPTIVE_MIN_RATE: Field = required(
     "min_rate",
     Kind::Rate,
-    "Lowest rate it paces at, whatever the upstream answers. At most `rate`.",
+    "Lowest rate it paces at, whatever the upstream answers. At most `rate`, and at least 1% of it (a floor far below the rate is one the learner would take minutes to climb back from, with few answers to learn from).",
 );
 pub const ADAPTIVE_MAX_RATE: Field = required(
     "max_rate",

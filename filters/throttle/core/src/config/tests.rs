@@ -555,7 +555,7 @@ fn a_rule_defines_only_the_stats_of_its_features() {
         (r#", "concurrency": 4"#, 12, 0),
         (r#", "key": {"header": "x"}, "key_quota": "1/s""#, 11, 0),
         (classes, 11, 6),
-        (&format!(r#"{classes}, "dry_run": true"#), 5, 3),
+        (&format!(r#"{classes}, "dry_run": true"#), 5, 6),
         (r#", "scope": "cluster""#, 27, 0),
         (
             r#", "adaptive": {"min_rate": "1/s", "max_rate": "20/s"}"#,
@@ -650,6 +650,12 @@ fn bad_classes_name_the_field() {
          &["rules[0].classes: exactly one class must have no `match` (it takes the requests no other class fits), found 2: a, b"]),
         (rule(r#"[{"name": "a", "match": {"methods": ["GET"]}}, {"name": "a"}]"#, ""),
          &["rules[0].classes[1].name: duplicate class name \"a\""]),
+        // Red team 3, finding 8: classes no request could take were accepted silently.
+        (rule(r#"[{"name": "a", "match": {}}, {"name": "b"}]"#, ""),
+         &["rules[0].classes[0].match: is empty: it fits every request, so no request would reach the classes after it nor the default class \"b\"; leave `match` out to make \"a\" the default class"]),
+        (rule(r#"[{"name": "a", "match": {"methods": ["GET", "HEAD"], "headers": {"x-a": "1", "x-b": true}}},
+                 {"name": "b", "match": {"headers": {"x-b": true, "x-a": "1"}, "methods": ["head", "GET"]}}, {"name": "c"}]"#, ""),
+         &["rules[0].classes[1].match: the same as classes[0].match (\"a\"), which fits first: no request could ever take class \"b\""]),
         (rule(r#"[{"name": "a b"}]"#, ""),
          &["rules[0].classes[0].name: must be 1 to 64 characters of A-Z, a-z, 0-9, '_' or '-', got \"a b\""]),
         (rule(r#"[{"name": "first-class"}]"#, ""),

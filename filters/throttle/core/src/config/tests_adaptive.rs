@@ -38,6 +38,17 @@ fn the_issue_example_parses() {
         r#"{"rules": [{"name": "api", "rate": 5, "adaptive": {"min_rate": 5, "max_rate": "5/s", "mode": "observe"}}]}"#,
     );
     assert_eq!(c.rules[0].adaptive.map(|a| a.mode), Some(Mode::Observe));
+    // Bounds below 1/s are shown in their own unit, not as 0.00/s; 1% of the rate is accepted.
+    let c = ok(
+        r#"{"rules": [{"name": "a", "rate": "100/m", "adaptive": {"min_rate": "1/m", "max_rate": "2/s"}}]}"#,
+    );
+    assert!(
+        c.rules[0]
+            .describe()
+            .ends_with("adaptive enforce, learned within 1/m to 2/s"),
+        "{}",
+        c.rules[0].describe()
+    );
     assert_eq!(
         ok(r#"{"rules": [{"name": "a", "rate": 5}]}"#).rules[0].adaptive,
         None
@@ -88,6 +99,9 @@ fn bad_adaptive_blocks_name_the_field() {
          &["rules[0].adaptive.min_rate: must not exceed `rate` (the rate it starts at lies within its bounds)"]),
         (r#"{"rules": [{"name": "a", "rate": "60/m", "adaptive": {"min_rate": "1/m", "max_rate": "59/m"}}]}"#,
          &["rules[0].adaptive.max_rate: must not be below `rate` (the rate it starts at lies within its bounds)"]),
+        // Red team 3, finding 8: 1/h under a 100/s rule was accepted and shown as 0.00/s.
+        (r#"{"rules": [{"name": "a", "rate": "100/s", "adaptive": {"min_rate": "1/h", "max_rate": "1000/s"}}]}"#,
+         &["rules[0].adaptive.min_rate: must be at least 1% of `rate` (100/s), got 1/h: a floor the learner would take minutes to climb back from, with few answers to learn from at that rate; set it to what the service must always get"]),
         (r#"{"rules": [{"name": "a", "concurrency": 4, "adaptive": {"min_rate": 1, "max_rate": 20}}]}"#,
          &["rules[0].adaptive: requires `rate` (the rate it starts at, before anything is learned)"]),
         (r#"{"rules": [{"name": "a", "rate": 10, "key": {"header": "x-user"}, "adaptive": {"min_rate": 1, "max_rate": 20}}]}"#,

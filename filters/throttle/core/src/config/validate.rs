@@ -443,6 +443,7 @@ impl Validator {
         if self.errors.len() != before {
             return None;
         }
+        self.unreachable_classes(path, &out);
         let defaults: Vec<&str> = out
             .iter()
             .filter(|c| c.matcher.is_none())
@@ -469,6 +470,55 @@ impl Validator {
             );
         }
         (self.errors.len() == before).then_some(out)
+    }
+
+    /// Classes no request could ever take: after a class whose `match` is
+    /// empty (it takes every request), or with the same `match` as a class
+    /// before them (the first fits first).
+    fn unreachable_classes(&mut self, path: &str, classes: &[Class]) {
+        let same = |a: &Match, b: &Match| {
+            let sorted = |m: &Match| {
+                let mut m = m.clone();
+                m.methods.sort();
+                m.headers.sort_by(|x, y| x.0.cmp(&y.0));
+                m
+            };
+            sorted(a) == sorted(b)
+        };
+        for (i, c) in classes.iter().enumerate() {
+            let Some(m) = &c.matcher else { continue };
+            if m.is_empty() {
+                let default = classes
+                    .iter()
+                    .find(|d| d.matcher.is_none())
+                    .map_or("the default class".to_string(), |d| {
+                        format!("the default class \"{}\"", d.name)
+                    });
+                self.error(
+                    &format!("{path}[{i}].match"),
+                    format!(
+                        "is empty: it fits every request, so no request would reach the classes after it nor {default}; leave `match` out to make \"{}\" the default class",
+                        c.name
+                    ),
+                );
+                continue;
+            }
+            let earlier = classes
+                .get(..i)
+                .unwrap_or_default()
+                .iter()
+                .position(|e| e.matcher.as_ref().is_some_and(|em| same(em, m)));
+            if let Some(j) = earlier {
+                self.error(
+                    &format!("{path}[{i}].match"),
+                    format!(
+                        "the same as classes[{j}].match (\"{}\"), which fits first: no request could ever take class \"{}\"",
+                        classes.get(j).map_or("", |e| e.name.as_str()),
+                        c.name
+                    ),
+                );
+            }
+        }
     }
 
     fn class(&mut self, path: &str, value: &Value, rule_delay: u64) -> Option<Class> {

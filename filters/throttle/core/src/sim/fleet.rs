@@ -54,6 +54,11 @@ enum Ev {
     LoseCounters,
     /// Proxy `p`'s clock steps by `by_ms`.
     Step { p: usize, by_ms: i64 },
+    /// Load `i`'s request that arrived while its proxy was stalled (the
+    /// load has already moved on to its next).
+    Held(usize),
+    /// `ev`, due at `at` at a proxy that was stalled then.
+    Late { at: u64, ev: Box<Ev> },
 }
 
 /// The result of a run: every request's record, and the processes as they
@@ -236,19 +241,87 @@ impl Fleet {
         }
     }
 
-    fn deliver(&mut self, t: u64, ev: Ev) {
-        let mut out = Out::default();
-        let mut origin: Option<usize> = None;
+    /// The proxy an event happens at (None: the engine's or the world's).
+    fn proxy_of(&self, ev: &Ev) -> Option<usize> {
         match ev {
-            Ev::Arrive(i) => {
-                let Some(l) = self.sc.loads.get(i).cloned() else {
-                    return;
-                };
+            Ev::Arrive(i) => self.sc.loads.get(*i).map(|l| l.proxy),
+            Ev::Tick { p, .. }
+            | Ev::Upstream { p, .. }
+            | Ev::Gone { p, .. }
+            | Ev::Answer { p, .. }
+            | Ev::Fail { p, .. } => Some(*p),
+            Ev::Held(i) => self.sc.loads.get(*i).map(|l| l.proxy),
+            Ev::Late { ev, .. } => self.proxy_of(ev),
+            Ev::Serve { .. } | Ev::LoseCounters | Ev::Step { .. } => None,
+        }
+    }
+
+    /// When a stall of proxy `p` that covers `t` ends.
+    fn stalled_until(&self, p: usize, t: u64) -> Option<u64> {
+        let spec = self.sc.proxies.get(p)?;
+        spec.stalls.iter().find_map(|&(at, len)| {
+            let (a, b) = (self.sc.at(at), self.sc.at(at + len));
+            (t >= a && t < b).then_some(b)
+        })
+    }
+
+    fn deliver(&mut self, t: u64, ev: Ev) {
+        // A stalled process sees nothing until its stall ends; an arrival
+        // keeps its load's own timing (the next request is drawn from when
+        // the client sent this one).
+        let (t, ev, sent) = match ev {
+            Ev::Late { at, ev } => (t, *ev, at),
+            ev => (t, ev, t),
+        };
+        if let Some(end) = self.proxy_of(&ev).and_then(|p| self.stalled_until(p, t)) {
+            if let Ev::Tick { p, vm } = ev {
+                // The tick comes when the stall ends.
+                if let Some(n) = self.next_tick.get_mut(p).and_then(|v| v.get_mut(vm)) {
+                    if *n == t {
+                        *n = end;
+                        self.push(end, Ev::Tick { p, vm });
+                    }
+                }
+            } else if let Ev::Arrive(i) = ev {
+                // The load goes on sending meanwhile.
                 if let Some(n) = self.load_sent.get_mut(i) {
                     *n += 1;
                 }
-                if let Some(next) = self.next_arrival(i, Some(t)) {
+                if let Some(next) = self.next_arrival(i, Some(sent)) {
                     self.push(next, Ev::Arrive(i));
+                }
+                self.push(
+                    end,
+                    Ev::Late {
+                        at: sent,
+                        ev: Box::new(Ev::Held(i)),
+                    },
+                );
+            } else {
+                self.push(
+                    end,
+                    Ev::Late {
+                        at: sent,
+                        ev: Box::new(ev),
+                    },
+                );
+            }
+            return;
+        }
+        let mut out = Out::default();
+        let mut origin: Option<usize> = None;
+        match ev {
+            Ev::Arrive(i) | Ev::Held(i) => {
+                let Some(l) = self.sc.loads.get(i).cloned() else {
+                    return;
+                };
+                if matches!(ev, Ev::Arrive(_)) {
+                    if let Some(n) = self.load_sent.get_mut(i) {
+                        *n += 1;
+                    }
+                    if let Some(next) = self.next_arrival(i, Some(t)) {
+                        self.push(next, Ev::Arrive(i));
+                    }
                 }
                 let p = l.proxy;
                 let Some(spec) = self.sc.proxies.get(p) else {
@@ -406,6 +479,8 @@ impl Fleet {
                     origin = Some(p);
                 }
             }
+            // Unwrapped above; never nested.
+            Ev::Late { .. } => {}
             Ev::LoseCounters => self.engine.lose_counters(),
             Ev::Step { p, by_ms } => {
                 if let Some(proc_) = self.processes.get_mut(p) {

@@ -6,7 +6,8 @@
 //! `N` the proxies with requests of the rule, `J` the longest gap between a
 //! VM's ticks (a held request leaves at the first tick after its turn: its
 //! release may come up to `J` late, so a window can hold up to `R x J` more
-//! releases than the schedule puts in it).
+//! releases than the schedule puts in it; a stall of the whole process is
+//! such a gap, up to the catch-up, [`crate::rate::CATCH_UP_NS`]).
 //!
 //! 1. **Rate.** In every window `W` of 100 ms and of 1 s, the releases of a
 //!    rule at the upstream are at most, in process scope (per process, and
@@ -74,6 +75,13 @@
 //!    restarted and lost the counters); no cell but a
 //!    key table's slot is written without a compare-and-swap token after
 //!    configure; every slot the store saw taken is matched to a request.
+//! 9. **Throughput.** While a cluster rule's fleet is offered at least 1.3 x
+//!    its rate in each of the last 3 s, with no load starting or stopping,
+//!    no engine fault and the clocks within `max_clock_skew`, each 1 s window
+//!    holds at least `R x (1 s - J - S) - 2` releases: a saturated fleet
+//!    uses its slots (a window's edges move by a tick's lateness and the
+//!    clocks' spread). Not for rules with a key quota (each key's quota
+//!    caps them) or below 20/s.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -145,6 +153,8 @@ struct Facts<'a> {
     t: &'a Trace,
     /// The longest tick gap, ns.
     jitter_ns: u64,
+    /// The longest stall of a process, ns (process scope catches up all of it).
+    stall_ns: u64,
     /// Engine fault episodes, true ns.
     faults: Vec<(u64, u64)>,
     /// Whether any proxy's clock is off by more than max_clock_skew, or steps.
@@ -158,6 +168,17 @@ struct Facts<'a> {
 impl<'a> Facts<'a> {
     fn new(t: &'a Trace) -> Facts<'a> {
         let sc = &t.scenario;
+        // A stall of a process makes its next tick late by the stall and
+        // up to a tick gap (the last tick before it): in cluster scope up
+        // to the catch-up its slots leave at once after it (beyond, they
+        // are forfeited); in process scope every held request keeps its
+        // turn and leaves then.
+        let stall_ns = sc
+            .proxies
+            .iter()
+            .flat_map(|p| p.stalls.iter().map(|s| s.1 * NS_PER_MS))
+            .max()
+            .unwrap_or(0);
         let jitter_ns = sc.tick_ms.1.max(sc.tick_ms.0) * NS_PER_MS;
         let faults = sc
             .faults
@@ -176,6 +197,7 @@ impl<'a> Facts<'a> {
         Facts {
             t,
             jitter_ns,
+            stall_ns,
             faults,
             clocks_apart,
             skew_spread_ns: if clocks_apart {
@@ -254,6 +276,7 @@ pub fn check(t: &Trace) -> Vec<Violation> {
                 // Classes share by class, not by proxy.
                 shares(&f, &r, &mut out);
             }
+            throughput(&f, &r, &mut out);
         }
         floors(&f, &r, &mut out);
     }
@@ -265,7 +288,16 @@ pub fn check(t: &Trace) -> Vec<Violation> {
 fn rate(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     let sc = &f.t.scenario;
     let b = r.spec.burst as f64;
-    let j = f.jitter_ns as f64 / 1e9;
+    // A stall makes a tick late by its length: in cluster scope the slots
+    // due meanwhile leave after it up to the catch-up (older ones are
+    // forfeited); in process scope held requests keep their turns through
+    // a stall of any length.
+    let stall = if r.spec.cluster {
+        f.stall_ns.min(crate::rate::CATCH_UP_NS)
+    } else {
+        f.stall_ns
+    };
+    let j = (f.jitter_ns + stall) as f64 / 1e9;
     let name = &r.spec.name;
     if !r.spec.cluster {
         // Per process (and per key of a keyed rule without a quota).
@@ -613,13 +645,23 @@ fn shares(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
         return;
     }
     // Per proxy: the requests a GCRA at the full rate, burst `b`, holding
-    // each up to max_queue_delay (and its client's patience), would send.
+    // each up to max_queue_delay (and its client's patience), would send;
+    // all of them at a proxy whose loads are steady (no burst, no client
+    // giving up): there the engine weighs every request it sees, so a
+    // proxy offered more than the rate alone still claims in proportion.
     let mut servable: HashMap<usize, bool> = HashMap::new();
     for p in 0..sc.proxies.len() {
-        let patience = sc
-            .loads
-            .iter()
-            .filter(|l| l.rule == r.index && l.proxy == p)
+        let mine_loads = || {
+            sc.loads
+                .iter()
+                .filter(|l| l.rule == r.index && l.proxy == p)
+        };
+        let steady = mine_loads()
+            .all(|l| l.client_timeout_ms.is_none() && !matches!(l.shape, Shape::Burst { .. }));
+        if steady {
+            continue;
+        }
+        let patience = mine_loads()
             .filter_map(|l| l.client_timeout_ms)
             .min()
             .unwrap_or(u64::MAX)
@@ -674,18 +716,8 @@ fn shares(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
         // before it) costs up to half a second of each proxy's share: shares
         // are claimed k epochs ahead from demand measured over the last few
         // epochs, and a slot claimed by a proxy that stopped goes unused.
-        let changes = sc
-            .loads
-            .iter()
-            .filter(|l| l.rule == r.index)
-            .flat_map(|l| match l.shape {
-                Shape::Burst { at_ms, .. } => vec![at_ms],
-                _ => vec![l.from_ms, l.to_ms],
-            })
-            .filter(|&ms| {
-                let t = sc.at(ms);
-                t + NS_PER_S >= a && t < b && ms > 0 && ms < sc.duration_ms
-            })
+        let changes = load_changes(sc, r.index)
+            .filter(|&t| t + NS_PER_S >= a && t < b)
             .count() as f64;
         if (total as f64) > cap * 1.05 {
             for (&p, &d) in &demand {
@@ -701,6 +733,80 @@ fn shares(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
                     )));
                     break;
                 }
+            }
+        }
+        a = b;
+    }
+}
+
+/// When the loads of rule `rule` start, stop or burst within the run (true
+/// ns; a load's start at 0 and end at the run's end are no change).
+fn load_changes(sc: &super::Scenario, rule: usize) -> impl Iterator<Item = u64> + '_ {
+    sc.loads
+        .iter()
+        .filter(move |l| l.rule == rule)
+        .flat_map(|l| match l.shape {
+            Shape::Burst { at_ms, .. } => vec![at_ms],
+            _ => vec![l.from_ms, l.to_ms],
+        })
+        .filter(|&ms| ms > 0 && ms < sc.duration_ms)
+        .map(|ms| sc.at(ms))
+}
+
+/// Whether every load of rule `rule` runs unchanged over `[a, b)`.
+fn steady(sc: &super::Scenario, rule: usize, a: u64, b: u64) -> bool {
+    load_changes(sc, rule).all(|t| t < a || t >= b)
+}
+
+fn throughput(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
+    let sc = &f.t.scenario;
+    if f.clocks_apart || r.spec.key_quota_per_s.is_some() || r.rate < 20.0 {
+        return;
+    }
+    let j = f.jitter_ns as f64 / 1e9;
+    let s = f.skew_spread_ns as f64 / 1e9;
+    let times = f.releases(r.index, |_, _| true);
+    let mut arrivals: Vec<u64> =
+        f.t.records
+            .iter()
+            .filter(|x| x.rule == r.index)
+            .map(|x| x.arrived)
+            .collect();
+    arrivals.sort_unstable();
+    let count =
+        |v: &[u64], a: u64, b: u64| v.partition_point(|&x| x < b) - v.partition_point(|&x| x < a);
+    let mut a = f.start + 3 * NS_PER_S;
+    while a + NS_PER_S <= f.end {
+        let b = a + NS_PER_S;
+        let from = a - 2 * NS_PER_S;
+        let overloaded = (0..3).all(|i| {
+            let w = from + i * NS_PER_S;
+            count(&arrivals, w, w + NS_PER_S) as f64 >= r.rate * 1.3
+        });
+        // A stall longer than the catch-up forfeits slots (stated).
+        let long_stall = sc.proxies.iter().any(|p| {
+            p.stalls.iter().any(|&(at, len)| {
+                len * NS_PER_MS > crate::rate::CATCH_UP_NS
+                    && sc.at(at + len) > from
+                    && sc.at(at) < b
+            })
+        });
+        if overloaded && !long_stall && !f.disturbed(from, b) && steady(sc, r.index, from, b) {
+            let got = count(&times, a, b);
+            // A release may leave up to J late (its tick) and the clocks
+            // differ by up to S: a window's edges can move that much rate
+            // into its neighbours; two more for the edges' slots.
+            let least = (r.rate * (1.0 - j - s) - 2.0).floor().max(0.0) as usize;
+            if got < least {
+                out.push(v("throughput", format!(
+                    "rule {} (cluster, {} proxies): {got} released in [{:.0}, {:.0}) s under {} offered, at least {least} (R x (1 s - J - S) - 2)",
+                    r.spec.name,
+                    f.proxies_of(r.index),
+                    (a - f.start) as f64 / 1e9,
+                    (b - f.start) as f64 / 1e9,
+                    count(&arrivals, a, b),
+                )));
+                return;
             }
         }
         a = b;

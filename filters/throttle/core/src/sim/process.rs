@@ -23,6 +23,7 @@ use crate::matcher::{Facts, Request};
 use crate::stats::{ClassStat, Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
 use crate::stream::{create_initial, Env, Stream, Verdict};
+use crate::testing::host_clocks;
 use crate::testing::{MemCells, MemStore};
 use crate::worker::{TickAction, TickPlan, Worker};
 
@@ -276,6 +277,16 @@ impl Process {
         t.saturating_add_signed(self.skew_ns)
     }
 
+    /// This host's monotonic clock at true time `t`.
+    pub fn mono(&self, t: u64) -> u64 {
+        self.clocks(t).mono
+    }
+
+    /// Both clocks at true time `t` ([`host_clocks`]).
+    fn clocks(&self, t: u64) -> Fixed {
+        host_clocks(t, self.skew_ns)
+    }
+
     fn true_time(&self, local: u64) -> u64 {
         local.saturating_add_signed(-self.skew_ns)
     }
@@ -344,15 +355,11 @@ impl Process {
         record: usize,
         out: &mut Out,
     ) -> Option<u32> {
-        let now = self.clock(t);
         let vm = vm.min(self.vms.len().saturating_sub(1));
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         let mut stream = Stream::new(id);
-        let mut clock = Fixed {
-            mono: now,
-            wall: now,
-        };
+        let mut clock = self.clocks(t);
         self.taken.borrow_mut().clear();
         let d = {
             let env = Env {
@@ -455,7 +462,7 @@ impl Process {
             self.count(vm, rule, &counts_d);
         }
         if wake {
-            let now = self.clock(t);
+            let now = self.mono(t);
             for v in 0..self.vms.len() {
                 let plan = {
                     let store = sim_store(&self.cells, &self.taken);
@@ -504,14 +511,10 @@ impl Process {
     /// its counts flushed to Envoy's counters, then the calling side's tick
     /// (the glue's order).
     pub fn tick(&mut self, t: u64, vm: usize, out: &mut Out) {
-        let now = self.clock(t);
         if vm >= self.vms.len() {
             return;
         }
-        let mut clock = Fixed {
-            mono: now,
-            wall: now,
-        };
+        let mut clock = self.clocks(t);
         self.taken.borrow_mut().clear();
         let plan = {
             let store = sim_store(&self.cells, &self.taken);
@@ -596,23 +599,16 @@ impl Process {
 
     /// The calling side of VM `vm` on its tick (only the lease holder calls).
     fn calling_tick(&mut self, t: u64, vm: usize, out: &mut Out) {
-        let now = self.clock(t);
+        let mut clock = self.clocks(t);
         let totals = self.flushed.clone();
         let effects = {
             let store = sim_store(&self.cells, &self.taken);
             let Some(calls) = self.vms.get_mut(vm).and_then(|v| v.calls.as_mut()) else {
                 return;
             };
-            calls.on_tick(
-                store,
-                &mut Fixed {
-                    mono: now,
-                    wall: now,
-                },
-                &|rule, stat| {
-                    u64::try_from(totals.get(&(rule, stat)).copied().unwrap_or(0)).unwrap_or(0)
-                },
-            )
+            calls.on_tick(store, &mut clock, &|rule, stat| {
+                u64::try_from(totals.get(&(rule, stat)).copied().unwrap_or(0)).unwrap_or(0)
+            })
         };
         self.taken.borrow_mut().clear();
         self.apply(t, vm, effects, out);
@@ -626,7 +622,7 @@ impl Process {
         answer: Result<(u16, &[u8]), Failure>,
         out: &mut Out,
     ) {
-        let now = self.clock(t);
+        let mut clock = self.clocks(t);
         let totals = self.flushed.clone();
         let (effects, failed) = {
             let store = sim_store(&self.cells, &self.taken);
@@ -637,17 +633,9 @@ impl Process {
                 return;
             }
             let before = failures_of(calls);
-            let e = calls.on_answer(
-                store,
-                &mut Fixed {
-                    mono: now,
-                    wall: now,
-                },
-                answer,
-                &|rule, stat| {
-                    u64::try_from(totals.get(&(rule, stat)).copied().unwrap_or(0)).unwrap_or(0)
-                },
-            );
+            let e = calls.on_answer(store, &mut clock, answer, &|rule, stat| {
+                u64::try_from(totals.get(&(rule, stat)).copied().unwrap_or(0)).unwrap_or(0)
+            });
             (e, failures_of(calls) > before)
         };
         if failed {

@@ -110,6 +110,10 @@ pub struct ProxySpec {
     /// It starts at `start_ms` (None: at the start) and stops at `stop_ms`.
     pub start_ms: u64,
     pub stop_ms: Option<u64>,
+    /// From `at_ms` for `for_ms` the whole process is held up (the machine
+    /// or a cgroup's CPU quota stopped it): it sees nothing (arrivals,
+    /// ticks, answers) until the end, then all of it at once.
+    pub stalls: Vec<(u64, u64)>,
 }
 
 impl ProxySpec {
@@ -120,6 +124,7 @@ impl ProxySpec {
             steps: Vec::new(),
             start_ms: 0,
             stop_ms: None,
+            stalls: Vec::new(),
         }
     }
 }
@@ -334,8 +339,24 @@ impl Scenario {
             .iter()
             .filter(|p| p.skew_ms != 0 || !p.steps.is_empty())
             .count();
+        let mut stalls: Vec<(u64, u64)> = self
+            .proxies
+            .iter()
+            .flat_map(|p| p.stalls.iter().copied())
+            .collect();
+        stalls.sort_unstable();
+        stalls.dedup();
+        let stalls = if stalls.is_empty() {
+            String::new()
+        } else {
+            let each: Vec<String> = stalls
+                .iter()
+                .map(|(at, len)| format!("{len} ms at {:.1} s", *at as f64 / 1e3))
+                .collect();
+            format!("; stalls {}", each.join(", "))
+        };
         format!(
-            "{} proxies ({} vms), {} s; rules [{}]; {} loads; {} faults; {} skewed",
+            "{} proxies ({} vms), {} s; rules [{}]; {} loads; {} faults; {} skewed{stalls}",
             self.proxies.len(),
             self.proxies.iter().map(|p| p.vms).sum::<usize>(),
             self.duration_ms / 1000,

@@ -3,9 +3,10 @@
 //! rules in cluster and process scope, keyed and with priority classes,
 //! rates from 0.5/s to 5,000/s, bursts, queue delays, steady, Poisson,
 //! sporadic, bursty and overloaded demand, uneven over the proxies, engine
-//! faults, skewed and stepping clocks), each run on what ships and checked
-//! against every invariant ([`super::invariants`]). Same seed, same scenario,
-//! same trace: a failure prints its seed, and `--seed` replays it.
+//! faults, skewed and stepping clocks, stalled processes), each run on
+//! what ships and checked against every invariant ([`super::invariants`]).
+//! Same seed, same scenario, same trace: a failure prints its seed, and
+//! `--seed` replays it.
 //!
 //! Named scenarios ([`named`]) are the red team's findings at their own
 //! numbers.
@@ -124,7 +125,16 @@ pub fn kind_of(sc: &Scenario) -> String {
     } else {
         "sync"
     };
-    format!("{size}/{}/{}/{clocks}", rules.join("+"), faults.join("+"))
+    let stalls = if sc.proxies.iter().any(|p| !p.stalls.is_empty()) {
+        "/stalls"
+    } else {
+        ""
+    };
+    format!(
+        "{size}/{}/{}/{clocks}{stalls}",
+        rules.join("+"),
+        faults.join("+")
+    )
 }
 
 const RATES: [f64; 16] = [
@@ -217,6 +227,29 @@ pub fn draw(seed: u64) -> Scenario {
         }
         if n > 1 && rng.chance(0.3) {
             clocks(&mut sc, &mut rng);
+        }
+    }
+    // Stalls of whole processes (the machine or a pod's CPU quota holding
+    // them up), drawn apart: the rest of each seed's scenario is as before.
+    let mut st = rng.fork(0x57A1_1000);
+    if st.chance(0.25) {
+        for _ in 0..st.range(1, 3) {
+            let at_ms = st.range(2_000, sc.duration_ms - 1_000);
+            let for_ms = if st.chance(0.8) {
+                st.range(5, 45)
+            } else {
+                st.range(60, 200)
+            };
+            if st.chance(0.5) {
+                for p in sc.proxies.iter_mut() {
+                    p.stalls.push((at_ms, for_ms));
+                }
+            } else {
+                let p = st.range(0, n as u64 - 1) as usize;
+                if let Some(p) = sc.proxies.get_mut(p) {
+                    p.stalls.push((at_ms, for_ms));
+                }
+            }
         }
     }
     sc
@@ -357,15 +390,19 @@ fn clocks(sc: &mut Scenario, rng: &mut Rng) {
     }
 }
 
-/// The named scenarios: red team 3's findings 2-6 at their own numbers.
-pub const NAMES: [&str; 7] = [
+/// The named scenarios: red team 3's findings 2-6 at their own numbers, and
+/// CI's own failures.
+pub const NAMES: [&str; 10] = [
     "late-refusals",
     "late-refusals-1.1",
     "two-rules",
     "two-rules-7-450",
     "clock-tie",
+    "stalls",
     "sporadic",
     "class-floors",
+    "skewed-joiner",
+    "skewed-joiner-ahead",
 ];
 
 /// A named scenario (None: no such name).
@@ -456,6 +493,36 @@ pub fn named(name: &str) -> Option<Scenario> {
             sc.loads.push(uniform(0, 2, 30.0, Some(0)));
             sc.loads.push(uniform(0, 2, 30.0, Some(1)));
             sc.duration_ms = 14_000;
+        }
+        // A proxy joining a running fleet with its clock 1.2 s behind (or
+        // 0.7 s ahead): it moves its grid once and gets its share.
+        "skewed-joiner" | "skewed-joiner-ahead" => {
+            sc.rules.push(RuleSpec::cluster("skew", 100.0, 3));
+            sc.proxies = vec![ProxySpec::new(2); 3];
+            sc.proxies[2].start_ms = 2000;
+            sc.proxies[2].skew_ms = if name == "skewed-joiner" { -1200 } else { 700 };
+            for p in 0..3 {
+                let mut l = uniform(0, p, 50.0, None);
+                l.from_ms = if p == 2 { 2000 } else { 0 };
+                sc.loads.push(l);
+            }
+            sc.duration_ms = 13_000;
+        }
+        // CI's uneven-load test on real Envoy (300/s over 3 proxies, 60:30:10
+        // of 3x the rate) lost 7 slots in one second with the machine busy:
+        // each process held up for tens of ms, one, then another, then all.
+        "stalls" => {
+            sc.rules.push(RuleSpec::cluster("uneven", 300.0, 3));
+            sc.proxies = vec![ProxySpec::new(2); 3];
+            for (p, share) in [0.6, 0.3, 0.1].into_iter().enumerate() {
+                sc.loads.push(uniform(0, p, 900.0 * share, None));
+            }
+            sc.proxies[0].stalls = vec![(5_000, 40)];
+            sc.proxies[1].stalls = vec![(7_020, 60)];
+            for p in 0..3 {
+                sc.proxies[p].stalls.push((9_010, 50));
+            }
+            sc.duration_ms = 12_000;
         }
         _ => return None,
     }

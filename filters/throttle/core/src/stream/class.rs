@@ -3,17 +3,18 @@
 //! the slot is no floor slot of a lower class waiting); else it takes a
 //! ticket of its class and waits for a grant, unless its estimated turn lies
 //! beyond its class's `max_queue_delay` (rejected at once). With `key_quota`,
-//! the key's quota is taken first, as without classes.
+//! the key's quota is taken first, as without classes. Under dry-run the
+//! same: the ticket then waits without its request (`stream/enforce.rs`).
 
 use crate::classes::{self, tickets, Backlog};
 use crate::clock::{Clock, NS_PER_S};
 use crate::cluster;
-use crate::keys::candidate_slots;
+use crate::keys::candidates;
 use crate::matcher::{Facts, Request};
 use crate::rate::{self, RateSource};
 use crate::schedule::{admit_keyed, Admission, Schedule};
 use crate::stats::{Counts, Stat};
-use crate::store::{BlobId, Store, StoreError};
+use crate::store::{BlobId, CellId, Store, StoreError};
 
 use super::rate::Seen;
 use super::{Ctx, Outcome, Wait};
@@ -60,7 +61,14 @@ fn try_enter<S: Store, R: Request>(
     let busy = t.anyone_waits();
     let waiting = t.waiting();
     let outlook = slots.outlook(now, busy)?;
-    let interval = schedule.interval_ns;
+    // The spacing of the slots in force: in process scope the source's (the
+    // learned interval, for a rule that learns: a slot's index counts those);
+    // on the grid the grid's, whose slot `k` lies at `k x T`.
+    let interval = if rule.cluster.is_some() {
+        schedule.interval_ns
+    } else {
+        outlook.interval_ns.max(1)
+    };
     // On the grid, a turn reckoned from the share the proxy expects may be
     // off by a margin ([`cluster::margin_for`]): the request must fit within
     // its delay less that, so that it never waits first and fails later.
@@ -103,7 +111,7 @@ fn try_enter<S: Store, R: Request>(
         let taken = admit_keyed(
             &mut store.table(index),
             fp,
-            candidate_slots(fp, rule.key_slots),
+            candidates(fp, rule.key_slots),
             &quota,
             now,
             true,
@@ -135,6 +143,23 @@ fn try_enter<S: Store, R: Request>(
         }
         // The slot went meanwhile, or it is a lower class's floor slot: queue.
     }
+    // On the grid with no owned slot in reach and nobody waiting in any
+    // class: credit, as for a rule without classes (`cluster::take`; the
+    // credit a waiter may need at its deadline is not spent while one
+    // waits).
+    if !busy && outlook.known.is_none() && outlook.interval_ns > 0 {
+        if let Some(reach) = cluster::rule_reach(rule) {
+            let ahead = &mut store.cell(CellId::Ahead(index));
+            if cluster::on_credit(ahead, &reach, wall)? {
+                counts.inc(Stat::SlotsTaken);
+                counts.inc(Stat::SlotsAhead);
+                if c + 1 < rule.classes.len() {
+                    tickets::count_arrival(&mut blob, c, now)?;
+                }
+                return Ok((Outcome::Go, Some(Seen::new(now, false))));
+            }
+        }
+    }
     if !cx.can_hold {
         return Ok((
             Outcome::Reject { retry_after_s: 1 },
@@ -142,6 +167,7 @@ fn try_enter<S: Store, R: Request>(
         ));
     }
     let mut refused: Option<Option<u64>> = None;
+    let read = t;
     let (t, ticket) = tickets::take_ticket(&mut blob, c, now, |t| {
         let b = Backlog {
             classes: &rule.classes,
@@ -149,22 +175,28 @@ fn try_enter<S: Store, R: Request>(
             outlook,
             now,
         };
-        let turn = classes::turn_ns(&b, c, t.waiting().get(c).copied().unwrap_or(0) + 1, true);
+        // The tickets are read again here, after the slots (`outlook`).
+        let ahead = t.waiting().get(c).copied().unwrap_or(0) + t.granted_since(&read);
+        let turn = classes::turn_ns(&b, c, ahead + 1, true);
         let ok = fits(turn);
         refused = (!ok).then_some(turn);
         ok
     })?;
     match ticket {
         Some(ticket) => {
+            // Its turn if nothing changes: behind the tickets at or above
+            // its class (this one among them).
             let ahead: u64 = t.waiting().iter().take(c + 1).sum();
-            let tat = outlook
+            let until = outlook
                 .next_at
-                .saturating_add(ahead.saturating_mul(interval));
+                .saturating_add(ahead.saturating_sub(1).saturating_mul(interval));
+            let tat = until.saturating_add(interval);
             Ok((
                 Outcome::Wait(Wait::Class {
                     class: c,
                     ticket,
                     deadline: now.saturating_add(max_delay),
+                    until,
                 }),
                 Some(Seen::new(tat, false)),
             ))

@@ -101,6 +101,8 @@ fn join_line<S: Store>(
     if !cx.can_hold {
         return Ok(Outcome::Reject { retry_after_s: 1 });
     }
+    // The tickets before the cursor: see `Tickets::granted_since`.
+    let (read, _) = tickets::load(&mut store.blob(BlobId::Classes(index)))?;
     let (grants, _) = cluster::load_grants(&mut store.blob(BlobId::Grants(index)))?;
     let cursor = Cursor::decode(store.load(CellId::Cursor(index))?.0);
     let from = cursor.next.max(reach.min_slot(wall));
@@ -109,7 +111,7 @@ fn join_line<S: Store>(
         .saturating_sub(cluster::margin_ns(reach, &grants));
     // In time, and not reckoned too far beyond the slots in hand.
     let turn_of = |t: &tickets::Tickets| {
-        let waiting: u64 = t.waiting().iter().sum();
+        let waiting: u64 = t.waiting().iter().sum::<u64>() + t.granted_since(&read);
         let (turn, reckoned) = cluster::turn(&grants, reach, from, wall, waiting.saturating_add(1));
         let most = cluster::reckon_limit(&grants);
         if reckoned > most {
@@ -120,8 +122,7 @@ fn join_line<S: Store>(
     };
     let mut turn = 0;
     if cx.rule.dry_run {
-        let (t, _) = tickets::load(&mut store.blob(BlobId::Classes(index)))?;
-        turn = turn_of(&t);
+        turn = turn_of(&read);
         return Ok(if turn <= limit {
             Outcome::Hold {
                 until: now.saturating_add(turn),
@@ -143,6 +144,7 @@ fn join_line<S: Store>(
         class: 0,
         ticket,
         deadline: now.saturating_add(reach.max_delay_ns),
+        until: now.saturating_add(turn),
     }))
 }
 

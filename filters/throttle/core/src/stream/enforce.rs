@@ -30,11 +30,17 @@ pub(super) enum Next {
     Done,
 }
 
-/// Whether a stage may answer "hold" or "wait": the worker has room (under
-/// dry-run nothing is held, so there is always room).
+/// Whether a stage may answer "hold" or "wait": the worker has room. Under
+/// dry-run nothing is held, so there is room, except in a rule with classes:
+/// the tickets its requests leave in the line wait on the worker, bounded as
+/// held requests are (beyond, a request would be rejected, as enforced).
 pub(super) fn can_hold(config: &Config, rule: &Rule, worker: &Worker) -> bool {
     let max_held = usize::try_from(config.max_held_per_worker).unwrap_or(usize::MAX);
-    rule.dry_run || worker.held() < max_held
+    match (rule.dry_run, rule.classes.is_empty()) {
+        (true, true) => true,
+        (true, false) => worker.held().saturating_add(worker.classes.dry_len()) < max_held,
+        (false, _) => worker.held() < max_held,
+    }
 }
 
 /// Every stage let the request go: it was admitted (unless, under dry-run,
@@ -87,6 +93,7 @@ impl Stream {
                 class,
                 ticket,
                 deadline,
+                ..
             }) => w.classes.wait(ClassWaiter {
                 context_id: id,
                 rule: index,
@@ -94,6 +101,7 @@ impl Stream {
                 ticket,
                 since: now,
                 deadline,
+                dry: false,
             }),
             Outcome::Reject { retry_after_s } => return self.reject_now(cx, retry_after_s, req, d),
             Outcome::Contention => {
@@ -115,7 +123,7 @@ impl Stream {
     }
 
     /// Under dry-run: counts and notes what would have happened; holds and
-    /// rejects nothing.
+    /// rejects nothing (a class ticket waits without its request).
     fn dry_run<S: Store>(
         &mut self,
         cx: &Ctx<'_, S>,
@@ -129,21 +137,25 @@ impl Stream {
             Outcome::Hold { until } | Outcome::Wait(Wait::Fallback { until, .. }) => {
                 (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
             }
-            Outcome::Wait(Wait::Class { class, ticket, .. }) => {
-                // Dry-run rules do not queue by class (nothing waits); should
-                // a ticket be taken, it is abandoned at once.
-                w.abandon_ticket(
-                    cx.env.store,
-                    ClassWaiter {
-                        context_id: self.id,
-                        rule: cx.index,
-                        class,
-                        ticket,
-                        since: cx.now,
-                        deadline: cx.now,
-                    },
-                );
-                (Stat::WouldQueue, wait_note(cx.now, cx.now), Next::Stage)
+            Outcome::Wait(Wait::Class {
+                class,
+                ticket,
+                deadline,
+                until,
+            }) => {
+                // Its ticket waits in the line as the request would have
+                // (so later arrivals queue behind it, and the tick counts
+                // its grant or its displacement); the request goes on.
+                w.classes.wait(ClassWaiter {
+                    context_id: self.id,
+                    rule: cx.index,
+                    class,
+                    ticket,
+                    since: cx.now,
+                    deadline,
+                    dry: true,
+                });
+                (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
             }
             Outcome::Wait(Wait::Gate { .. }) => {
                 // It goes at once, but keeps its ticket as a slot so that

@@ -42,7 +42,8 @@ mod tests;
 pub use outcome::{Outcome, Wait};
 pub use response::{EndDecision, ResponseDecision};
 
-use crate::adaptive::{Observation, Outcome as Answer};
+use crate::adaptive::tally::SAMPLE_EVERY;
+use crate::adaptive::{Observation, Origin, Outcome as Answer};
 use crate::clock::{Clock, NS_PER_MS};
 use crate::cluster::Grants;
 use crate::config::{Config, Rule};
@@ -117,6 +118,13 @@ struct Learn {
     sent_now: bool,
     /// Its answer (or its client's leaving) was recorded.
     done: bool,
+    /// Its answer is one of the sampled ones ([`Stream::wants_origin`]).
+    sampled: bool,
+    /// Where it came from, as far as the request tells (read with it:
+    /// Envoy keeps no request headers for the response's callbacks): its
+    /// path's fingerprint, and its key's for keyed rules.
+    path_fp: u64,
+    client_fp: Option<u64>,
 }
 
 /// What the decisions need besides the request: the configuration, the
@@ -144,8 +152,9 @@ struct Ctx<'a, S> {
 /// that does not exist whatever the token, so two workers that both found a
 /// cell missing could both write it (both take the first credit, both take
 /// the first lease). Per rule (`Some(index)`), then the process's leases
-/// (`None`). Key tables are not listed: a slot is written with a token of 0
-/// by design (its fingerprint guards it).
+/// (`None`). Key tables are not listed: a bucket is written with a token of
+/// 0 the first time (two workers writing a new bucket at once: the one that
+/// wrote first loses its key's entry, and that key may pass once more).
 pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
     let mut out = Vec::new();
     for (index, rule) in config.rules.iter().enumerate() {
@@ -167,6 +176,8 @@ pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
                 BlobId::Tally(index),
                 crate::adaptive::learner::encode(&crate::adaptive::Tally::EMPTY),
             ));
+            add(Initial::Cell(CellId::Learner(index)));
+            add(Initial::Cell(CellId::Learned(index)));
         }
         if rule.cluster.is_some() {
             for id in [
@@ -202,9 +213,6 @@ pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
     }
     if config.engine.is_some() && config.rules.iter().any(|r| r.cluster.is_some()) {
         out.push((None, Initial::Cell(CellId::Caller)));
-    }
-    if config.rules.iter().any(|r| r.adaptive.is_some()) {
-        out.push((None, Initial::Cell(CellId::Learner)));
     }
     out
 }
@@ -266,7 +274,9 @@ impl Stream {
     /// `clock` is read only if a rule applies (the wall clock only for
     /// cluster rules). An adaptive rule's request is counted in the worker's
     /// tally: arrived, and sent if it continues (a held one is counted sent
-    /// at its release, [`Worker::resumed`]).
+    /// at its release, [`Worker::resumed`]); and, if it goes upstream, its
+    /// path (and key) are read for the learner: one more host call when the
+    /// rule's match did not read the path already.
     pub fn on_request<S: Store, R: Request>(
         &mut self,
         env: Env<'_, S>,
@@ -294,11 +304,21 @@ impl Stream {
             if d.verdict == Verdict::Hold {
                 worker.learning_held.insert(self.id, index);
             }
-            self.learn = matches!(d.verdict, Verdict::Continue | Verdict::Hold).then_some(Learn {
-                arrived: clock.mono(),
-                sent_now,
-                done: false,
-            });
+            if matches!(d.verdict, Verdict::Continue | Verdict::Hold) {
+                let rule = env.config.rules.get(index);
+                let path = req.path().unwrap_or_default().as_bytes().to_vec();
+                let key = rule
+                    .and_then(|r| r.key.as_ref())
+                    .and_then(|k| k.extract(req));
+                self.learn = Some(Learn {
+                    arrived: clock.mono(),
+                    sent_now,
+                    done: false,
+                    sampled: false,
+                    path_fp: env.hasher.fingerprint("\u{1}path", &path),
+                    client_fp: key.map(|k| env.hasher.fingerprint("\u{1}client", &k)),
+                });
+            }
         }
         d
     }
@@ -327,7 +347,7 @@ impl Stream {
         // now) no stage needs the monotonic clock, which is read after its
         // stage only if the request is held or answered (one clock read per
         // request; the glue's clock reads each clock at most once).
-        let grid_first = rule.cluster.is_some() && (self.class.is_none() || rule.dry_run);
+        let grid_first = rule.cluster.is_some() && self.class.is_none();
         let mut cx = Ctx {
             env,
             index,
@@ -336,7 +356,7 @@ impl Stream {
             can_hold: enforce::can_hold(env.config, rule, worker),
         };
         let outcome = match self.class {
-            Some(c) if !rule.dry_run => {
+            Some(c) => {
                 let (outcome, seen) = class::enter(&cx, c, req, clock, &mut d.counts);
                 self.rate = seen;
                 outcome
@@ -423,10 +443,59 @@ impl Stream {
         )
     }
 
+    /// Whether the glue should read where this answer's request came from
+    /// ([`Stream::origin`]) before [`Stream::on_answer`]: for every bad
+    /// answer (429, 5xx: the learner counts them against their paths and
+    /// clients unless they spread over all), and for one in
+    /// [`SAMPLE_EVERY`] of the others (how the traffic spreads). Two host
+    /// calls each, on those answers only.
+    pub fn wants_origin(&mut self, w: &mut Worker, status: u16) -> bool {
+        let Some(l) = self.learn.as_mut().filter(|l| !l.done) else {
+            return false;
+        };
+        if self.replied {
+            return false;
+        }
+        let bad = status == 429 || (500..600).contains(&status);
+        if bad {
+            return true;
+        }
+        w.answers_seen = w.answers_seen.wrapping_add(1);
+        l.sampled = w.answers_seen % SAMPLE_EVERY == 0;
+        l.sampled
+    }
+
+    /// Where this request came from, for the learner: its normalised path
+    /// (read with the request), and its client: the rule's key value (read
+    /// with the request), else the source address without port (read now,
+    /// from the connection), as groups under the process's secret seed.
+    pub fn origin<S, R: Request>(&self, env: Env<'_, S>, req: &mut Facts<R>) -> Origin {
+        let Some(l) = self.learn else {
+            return Origin::default();
+        };
+        let client = l.client_fp.unwrap_or_else(|| {
+            let address = req
+                .raw()
+                .source_address()
+                .map(|a| crate::keys::strip_port(&a).as_bytes().to_vec())
+                .unwrap_or_default();
+            env.hasher.fingerprint("\u{1}client", &address)
+        });
+        Origin::new(l.path_fp, client)
+    }
+
     /// The answer to an adaptive rule's request came at `now` (call before
-    /// [`Stream::on_response_headers`]): its status and the upstream's
-    /// `Retry-After` in seconds go into the worker's tally.
-    pub fn on_answer(&mut self, w: &mut Worker, now: u64, status: u16, retry_after_s: Option<u64>) {
+    /// [`Stream::on_response_headers`]): its status, the upstream's
+    /// `Retry-After` in seconds and, if asked for, its origin go into the
+    /// worker's tally.
+    pub fn on_answer(
+        &mut self,
+        w: &mut Worker,
+        now: u64,
+        status: u16,
+        retry_after_s: Option<u64>,
+        origin: Option<Origin>,
+    ) {
         self.observe(
             w,
             now,
@@ -434,6 +503,7 @@ impl Stream {
                 status,
                 retry_after_s,
             },
+            origin,
         );
     }
 
@@ -441,10 +511,10 @@ impl Stream {
     /// answer (call before [`Stream::on_done`]): if it was upstream, its
     /// client left first.
     pub fn on_gone(&mut self, w: &mut Worker, now: u64) {
-        self.observe(w, now, Answer::Cancelled);
+        self.observe(w, now, Answer::Cancelled, None);
     }
 
-    fn observe(&mut self, w: &mut Worker, now: u64, outcome: Answer) {
+    fn observe(&mut self, w: &mut Worker, now: u64, outcome: Answer, origin: Option<Origin>) {
         let (Some(index), Some(l)) = (self.rule, self.learn) else {
             return;
         };
@@ -461,6 +531,8 @@ impl Stream {
                 done_at: now,
                 outcome,
                 deadline_ns: None,
+                origin,
+                sampled: l.sampled,
             });
         }
     }

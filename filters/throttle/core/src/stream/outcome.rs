@@ -35,5 +35,7 @@ pub enum Wait {
         class: usize,
         ticket: u64,
         deadline: u64,
+        /// When its turn is expected, if nothing changes (the dry-run note).
+        until: u64,
     },
 }

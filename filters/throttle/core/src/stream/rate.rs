@@ -4,7 +4,7 @@
 
 use crate::adaptive::{deadline::deadline_ns, Mode};
 use crate::config::{Config, Rule};
-use crate::keys::candidate_slots;
+use crate::keys::candidates;
 use crate::matcher::{Facts, Request};
 use crate::ratelimit::{self, HeaderStyle};
 use crate::schedule::{admit_keyed, admit_paced, admit_with_quota_paced, Admission};
@@ -47,7 +47,7 @@ pub(super) fn admit_rate<S: Store, R: Request>(
                 &mut store.cell(CellId::Rate(index)),
                 &mut store.table(index),
                 fp,
-                candidate_slots(fp, rule.key_slots),
+                candidates(fp, rule.key_slots),
                 (schedule, learned),
                 quota,
                 now,
@@ -59,7 +59,7 @@ pub(super) fn admit_rate<S: Store, R: Request>(
             admit_keyed(
                 &mut store.table(index),
                 fp,
-                candidate_slots(fp, rule.key_slots),
+                candidates(fp, rule.key_slots),
                 schedule,
                 now,
                 can_hold,

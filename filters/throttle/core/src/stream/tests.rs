@@ -401,6 +401,45 @@ fn rate_limit_headers_are_computed_when_the_response_leaves() {
     );
 }
 
+/// Rule "api" at 10/s, learning its rate (here 4/s: 250 ms in the rate cell's
+/// first word), with `classes` or without.
+fn learned(classes: bool) -> Proc {
+    let classes = if classes {
+        r#", "classes": [{"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "rest"}]"#
+    } else {
+        ""
+    };
+    let cfg = format!(
+        r#"{{"rules": [{{"name": "api", "rate": "10/s", "max_queue_delay": "1s",
+              "adaptive": {{"min_rate": "1/s", "max_rate": "100/s"}}{classes}}}],
+            "rate_limit_headers": true}}"#
+    );
+    let p = Proc::new(&cfg);
+    p.cells
+        .borrow_mut()
+        .cells
+        .insert(CellId::Rate(0), ([250 * MS, T0], 1));
+    p
+}
+
+#[test]
+fn at_a_learned_rate_a_class_rule_reports_the_schedule_as_fifo_does() {
+    // The first goes at once, the second waits for the next slot (250 ms at
+    // the learned 4/s): the schedule as each left it is the same whatever
+    // the order, so are the headers (r: the 100 ms intervals of `rate`
+    // owed: 3, then 5).
+    let mut heads = Vec::new();
+    for classes in [false, true] {
+        let mut p = learned(classes);
+        assert_eq!(p.get(10), Verdict::Continue);
+        assert_eq!(p.get(11), Verdict::Hold);
+        heads.push((p.respond(10, true), p.respond(11, true)));
+    }
+    assert_eq!(heads[0].0[1], ("ratelimit", "\"api\";r=7;t=1".to_string()));
+    assert_eq!(heads[0].1[1], ("ratelimit", "\"api\";r=5;t=1".to_string()));
+    assert_eq!(heads[1], heads[0], "classes as FIFO");
+}
+
 #[test]
 fn legacy_names_when_asked() {
     let cfg = r#"{"rules": [{"name": "api", "rate": "30/m"}], "rate_limit_headers": "legacy"}"#;
@@ -747,6 +786,28 @@ fn dry_run_headers_show_each_decision_when_asked() {
 }
 
 #[test]
+fn dry_run_of_a_class_rule_notes_the_turn_each_would_have_waited_for() {
+    // 10/s: the first goes at once; the next wait for the slots at +100 and
+    // +200 ms, in their class's line; the critical one that comes last is
+    // first in line (+100 ms), as enforced.
+    let cfg = r#"{"dry_run": true, "dry_run_headers": true, "rules": [{"name": "d",
+        "rate": "10/s", "max_queue_delay": "1s", "classes": [
+        {"name": "hi", "match": {"path_prefix": "/hi"}}, {"name": "rest"}]}]}"#;
+    let mut p = Proc::new(cfg);
+    let mut note = |id, path| {
+        assert_eq!(p.request(id, FakeRequest::get(path)), Verdict::Continue);
+        p.respond(id, true)
+            .into_iter()
+            .find(|(n, _)| *n == "x-throttle-dry-run")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(note(10, "/"), None);
+    assert_eq!(note(11, "/").as_deref(), Some("queued; wait_ms=100"));
+    assert_eq!(note(12, "/").as_deref(), Some("queued; wait_ms=200"));
+    assert_eq!(note(13, "/hi").as_deref(), Some("queued; wait_ms=100"));
+}
+
+#[test]
 fn dry_run_at_the_gate_goes_at_once_but_keeps_in_flight_true() {
     let cfg = r#"{"rules": [{"name": "c", "concurrency": 1, "dry_run": true}]}"#;
     let mut p = Proc::new(cfg);
@@ -1000,7 +1061,7 @@ impl Proc {
         let now = self.clock.mono;
         let stream = self.streams.get_mut(&id).expect("a stream");
         if stream.learns() {
-            stream.on_answer(&mut self.worker, now, status, retry_after_s);
+            stream.on_answer(&mut self.worker, now, status, retry_after_s, None);
         }
     }
 }

@@ -155,7 +155,8 @@ impl Host for Fake {
     }
 
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
-        let s = self.state();
+        // The same host call as a request header's (another map).
+        let s = self.call("get_header_map_value");
         s.upstream
             .get(&s.current)?
             .iter()

@@ -126,7 +126,7 @@ impl Caller {
                                 self.events.push(format!(
                                     "rule {}: {name} proxies carry a rule of this name, {grid} of them at this rate ({}): the others count on another grid with its own full rate (a rollout of a new rate, or configurations that differ?) (said at most every {} s)",
                                     r.spec.name,
-                                    r.spec.grid.interval_ns,
+                                    crate::units::rate_for_people(r.spec.grid.interval_ns),
                                     WARN_EVERY_NS / NS_PER_S
                                 ));
                             }
@@ -143,7 +143,18 @@ impl Caller {
                     r.stats.members_recent_max = r.member_looks.iter().copied().max().unwrap_or(1);
                 }
                 Purpose::DemandLook => {
-                    r.stats.demand = c.after;
+                    // The fleet's demand, for the spare: an epoch this proxy
+                    // sent no add for (it made no call then) lacks its own
+                    // demand, and a lone proxy's reads 0, which is not a fleet
+                    // without spare (until 2026-11-28 it claimed no spare
+                    // then: fleet sweep seed 4). The shares keep the engine's
+                    // total: every proxy must compute them from the same one.
+                    let added = r.demand_ranges.iter().any(|&(f, ..)| f == p.epoch);
+                    r.stats.demand = if added {
+                        c.after
+                    } else {
+                        c.after.saturating_add(r.demand)
+                    };
                     bump(&mut r.demand_totals, p.epoch, |_| c.after);
                 }
                 Purpose::MemberAdd => {

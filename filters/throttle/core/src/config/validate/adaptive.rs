@@ -4,8 +4,8 @@
 use serde_json::{Map, Value};
 
 use super::{join, spec, Validator};
-use crate::adaptive::{Mode, Settings};
-use crate::units::parse_rate;
+use crate::config::adaptive::{Mode, Settings};
+use crate::units::{parse_rate, rate_for_people};
 
 impl Validator {
     /// `adaptive` at `path` in the rule `rule`, whose `rate` has this
@@ -53,6 +53,17 @@ impl Validator {
                     self.error(
                         &join(path, "min_rate"),
                         "must not exceed `rate` (the rate it starts at lies within its bounds)",
+                    );
+                }
+                // A lower rate is a longer interval: min_rate below 1% of rate.
+                if let Some(lo) = min_rate.filter(|lo| *lo / 100 > rate) {
+                    self.error(
+                        &join(path, "min_rate"),
+                        format!(
+                            "must be at least 1% of `rate` ({}), got {}: a floor the learner would take minutes to climb back from, with few answers to learn from at that rate; set it to what the service must always get",
+                            rate_for_people(rate),
+                            rate_for_people(lo)
+                        ),
                     );
                 }
                 if max_rate.is_some_and(|hi| hi > rate) {

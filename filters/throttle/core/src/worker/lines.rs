@@ -1,19 +1,24 @@
-//! The worker's part of the class queues, on each tick (see the module
-//! docs of [`crate::classes`]): grant the due slots, pass on the grants of
-//! its abandoned tickets, release its requests whose ticket was granted, and
-//! answer those whose turn can no longer come in time (`displaced`).
+//! The worker's part of its rules' lines (a rule's priority classes, or a
+//! cluster rule's own line; see [`crate::classes`]) on each tick: grant the
+//! due slots, pass on the grants of its abandoned tickets, release its
+//! requests whose ticket was granted, and answer those whose turn can no
+//! longer come in time (`displaced`). A dry-run rule's tickets wait here
+//! without their requests: their grants and displacements are counted by
+//! class, as they would have happened, and nothing is resumed or answered.
+//! Here, not in `classes/`: the lines' shared value and waiting room live
+//! below the worker, its tick above.
 
-use crate::clock::{Clock, NS_PER_S};
+use crate::classes::tickets::{self, Abandoned, Settled, Tickets};
+use crate::classes::{cannot_make_it, turn_ns, Backlog, ClassWaiter};
+use crate::clock::{Clock, NS_PER_MS, NS_PER_S};
 use crate::cluster;
 use crate::config::{Config, Rule};
+use crate::rate::{self, RateSource};
 use crate::reply::rejection;
 use crate::stats::{ClassStat, Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
-use crate::worker::{TickAction, TickPlan, Worker};
 
-use super::tickets::{self, Abandoned, Settled, Tickets};
-use super::{cannot_make_it, turn_ns, Backlog, ClassWaiter};
-use crate::rate::{self, RateSource};
+use super::{TickAction, TickPlan, Worker};
 
 /// Most rounds of granting and passing on in one tick.
 const ROUNDS: usize = 64;
@@ -104,11 +109,8 @@ impl Worker {
         }
         for (c, tickets_of) in t.lines.iter().enumerate().take(line.len()) {
             for w in self.classes.granted(index, c, tickets_of.granted) {
-                self.classes.remove(w.context_id);
-                if !rule.classes.is_empty() {
-                    self.releasing.insert(w.context_id, w.class);
-                }
-                self.release(cfg, store, w.context_id, index, w.since, now, plan);
+                self.classes.leave(w.place());
+                self.granted_to(cfg, store, w, now, plan);
             }
         }
         if counted_in_cursor {
@@ -206,14 +208,11 @@ impl Worker {
                 .unwrap_or(false)
         });
         if credit {
-            if !rule.classes.is_empty() {
-                self.releasing.insert(w.context_id, w.class);
-            }
             plan.merge(
                 w.rule,
                 &Counts::of(&[(Stat::SlotsTaken, 1), (Stat::SlotsAhead, 1)]),
             );
-            self.release(cfg, store, w.context_id, w.rule, w.since, now, plan);
+            self.granted_to(cfg, store, w, now, plan);
         } else {
             self.refuse(cfg, w, 1, plan);
         }
@@ -249,14 +248,11 @@ impl Worker {
         now: u64,
         plan: &mut TickPlan,
     ) -> bool {
-        self.classes.remove(w.context_id);
+        self.classes.leave(w.place());
         let blob = &mut store.blob(BlobId::Classes(w.rule));
         match tickets::abandon(blob, w.class, w.ticket) {
             Ok(Abandoned::Granted) => {
-                if cfg.rules.get(w.rule).is_some_and(|r| !r.classes.is_empty()) {
-                    self.releasing.insert(w.context_id, w.class);
-                }
-                self.release(cfg, store, w.context_id, w.rule, w.since, now, plan);
+                self.granted_to(cfg, store, w, now, plan);
                 return true;
             }
             Ok(Abandoned::Skipped) => {}
@@ -266,16 +262,49 @@ impl Worker {
         false
     }
 
+    /// A waiter's ticket was granted (or it goes on credit): a held request
+    /// is resumed (or sent on to the rule's gate); a dry one is counted
+    /// `released` in its class, with the time it would have waited.
+    fn granted_to<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        w: ClassWaiter,
+        now: u64,
+        plan: &mut TickPlan,
+    ) {
+        let classes = cfg.rules.get(w.rule).is_some_and(|r| !r.classes.is_empty());
+        if w.dry {
+            if classes {
+                let mut c = Counts::NONE;
+                c.add_class(w.class, ClassStat::Released, 1);
+                c.record_class(
+                    w.class,
+                    ClassStat::WaitMs,
+                    now.saturating_sub(w.since) / NS_PER_MS,
+                );
+                plan.merge(w.rule, &c);
+            }
+            return;
+        }
+        if classes {
+            self.releasing.insert(w.context_id, w.class);
+        }
+        self.release(cfg, store, w.context_id, w.rule, w.since, now, plan);
+    }
+
     /// Answers a waiter with the rule's rejection (counted `displaced` in a
-    /// rule with classes).
+    /// rule with classes); a dry waiter is only counted.
     fn refuse(&mut self, cfg: &Config, w: ClassWaiter, retry_after_s: u64, plan: &mut TickPlan) {
         let status = cfg.rules.get(w.rule).map_or(429, |r| r.reject_status);
         let grpc = self.grpc.contains(&w.context_id);
-        plan.actions.push(TickAction::Reply {
-            id: w.context_id,
-            rule: w.rule,
-            reply: rejection(status, retry_after_s, grpc, Vec::new()),
-        });
+        if !w.dry {
+            plan.actions.push(TickAction::Reply {
+                id: w.context_id,
+                rule: w.rule,
+                reply: rejection(status, retry_after_s, grpc, Vec::new()),
+            });
+        }
         if cfg.rules.get(w.rule).is_some_and(|r| !r.classes.is_empty()) {
             let mut c = Counts::NONE;
             c.add_class(w.class, ClassStat::Displaced, 1);

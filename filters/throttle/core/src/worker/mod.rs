@@ -18,10 +18,14 @@ use crate::clock::NS_PER_MS;
 use crate::cluster;
 use crate::config::Config;
 use crate::gate::{self, Enter, GateWaiters, Waiter};
-use crate::queue::{Held, HeldQueue};
+use crate::queue::{Held, HeldQueue, Room};
 use crate::reply::{rejection, Reply};
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store};
+
+mod lines;
+
+pub use lines::{CHECK_EVERY_NS, GRANTS_IN_FLIGHT};
 
 /// State of one worker.
 #[derive(Debug, Default)]
@@ -39,6 +43,9 @@ pub struct Worker {
     /// Adaptive rules: what this worker saw of each rule's traffic since it
     /// last added it to the shared tally (by rule index).
     pub tallies: Vec<Tally>,
+    /// Adaptive rules: answers seen that were not bad (one in
+    /// `adaptive::tally::SAMPLE_EVERY` carries its origin).
+    pub answers_seen: u64,
     /// Adaptive rules: held requests by context id -> rule (a release
     /// counts as sent upstream).
     pub learning_held: HashMap<u32, usize>,
@@ -93,19 +100,25 @@ impl Worker {
         Self::default()
     }
 
-    /// Requests held now, by rate, by gate or waiting in a rule's line.
+    /// The worker's waiting rooms: held for a rate's turn, for a
+    /// concurrency slot, for a ticket of a rule's line.
+    fn rooms(&self) -> [&dyn Room; 3] {
+        [&self.queue, &self.gate, &self.classes]
+    }
+
+    /// Requests held now, in any room.
     pub fn held(&self) -> usize {
-        self.queue.len() + self.gate.len() + self.classes.len()
+        self.rooms().iter().map(|r| r.len()).sum()
     }
 
     /// Whether `id` is held now.
     pub fn holds(&self, id: u32) -> bool {
-        self.queue.contains(id) || self.gate.contains(id) || self.classes.contains(id)
+        self.rooms().iter().any(|r| r.contains(id))
     }
 
     /// Whether anything needs the tick.
     pub fn needs_ticks(&self) -> bool {
-        !self.queue.is_empty() || self.gate.needs_ticks() || self.classes.needs_ticks()
+        self.rooms().iter().any(|r| r.needs_ticks())
     }
 
     /// Stops holding `id` (its stream ended, or Envoy answered it): removes it
@@ -277,6 +290,7 @@ impl Worker {
                             ticket,
                             since: r.held_at,
                             deadline,
+                            dry: false,
                         });
                     }
                     _ => {
