@@ -10,6 +10,7 @@ import re
 import yaml
 
 from harness.procs import ROOT
+from tests.support.repo import stat_features
 
 README = ROOT / "filters/throttle/README.md"
 
@@ -32,6 +33,13 @@ def class_stats() -> list[str]:
     names = re.findall(r"^\| `class\.<class>\.(\w+)` \| (?:Counter|Gauge|Histogram) \|", stats_table(), re.M)
     assert names, "no class statistics in the README's table"
     return names
+
+
+def test_every_stat_has_one_feature():
+    """The README's tables group the stats by the feature that defines them."""
+    features = stat_features()
+    assert sorted(features) == sorted(core_stats())
+    assert set(features.values()) == {"core", "enforce", "dry_run", "concurrency", "cluster", "adaptive"}
 
 
 def relabel_configs() -> list[dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,3 +28,19 @@ def files(*suffixes: str, names: tuple[str, ...] = (), skip: tuple[str, ...] = (
             if f.endswith(suffixes) or f in names:
                 found.append(Path(dirpath) / f)
     yield from sorted(found)
+
+
+def stat_features() -> dict[str, str]:
+    """Each rule stat's feature (`core`, `enforce`, `cluster`, ...), from the filter README's
+    generated statistics tables, one per feature under a heading that ends in (`<feature>`): a
+    rule defines only the stats of its features."""
+    text = (ROOT / "filters/throttle/README.md").read_text()
+    block = text[text.index("<!-- stats-reference:start"):text.index("<!-- stats-reference:end -->")]
+    out: dict[str, str] = {}
+    feature = ""
+    for line in block.splitlines():
+        if m := re.fullmatch(r"### .*\(`(\w+)`\)", line):
+            feature = m.group(1)
+        elif (m := re.match(r"\| `(\w+)` \|", line)) and feature:
+            out[m.group(1)] = feature
+    return out

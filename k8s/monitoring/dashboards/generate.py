@@ -71,8 +71,8 @@ def rate_of(stat: str, by: str = "throttle_rule") -> str:
 
 
 def cluster_scope_panels(d: db.Dashboard) -> db.Dashboard:
-    """The row of `scope: "cluster"` rules (filters/throttle/README.md "Cluster scope"): their
-    stats stay 0 for process-scope rules."""
+    """The row of `scope: "cluster"` rules (filters/throttle/README.md "Cluster scope"):
+    process-scope rules do not define their stats (no series)."""
     d = d.with_row(db.Row("Cluster scope (rules with scope: cluster)"))
     d = d.with_panel(panel("Engine calls /s per proxy", "reqps", [(rate_of("engine_calls", f"throttle_rule, {PROXY}"),
                                                                    PROXY_LEGEND)],
@@ -143,7 +143,7 @@ def class_panels(d: db.Dashboard) -> db.Dashboard:
 
 def adaptive_panels(d: db.Dashboard) -> db.Dashboard:
     """The row of rules with `adaptive` (filters/throttle/README.md "Adaptive pacing"): one learned
-    rate per rule per Envoy process; its stats stay 0 for other rules."""
+    rate per rule per Envoy process; other rules do not define its stats (no series)."""
     d = d.with_row(db.Row("Adaptive (rules with adaptive)"))
     d = d.with_panel(panel("Learned rate vs passed, per proxy", "reqps", [
         (f"max by (throttle_rule, {PROXY}) (throttle_adaptive_rate{{{THROTTLE_SEL}}}) / 1000",

@@ -15,7 +15,7 @@
 //! |---|---|---|
 //! | a shared value, its key | [`store`] ([`CellId`], the key layout) | `store.rs` |
 //! | a configuration field | [`config::spec`] (the table), `config/validate.rs`, [`Rule`] | `config/tests.rs` |
-//! | a statistic | [`stats`] (the table), and the stage or tick that counts it | `stream/tests.rs` |
+//! | a statistic | one row of the [`stats`] table (name, kind, feature, doc), and the stage or tick that counts it | `stream/tests.rs`, `wasm/src/tests.rs` (each rule kind) |
 //! | a step of the request's decision | one stage file in `stream/`, one line in [`Stream::on_request`] | `stream/tests.rs` |
 //! | what a tick does | [`worker`] (a waiting room: [`queue::Room`]) | `stream/tests.rs`, `tests/properties.rs` |
 //! | where a rule's slots come from | [`rate`] (one [`rate::RateSource`] per kind) | `classes/tests.rs`, the stream and cluster tests |

@@ -28,193 +28,249 @@ impl Kind {
     }
 }
 
-/// One statistic of a rule.
+/// The part of a rule's plan that can move a stat. A rule defines a stat
+/// (Envoy keeps every metric defined, per rule, per pod) only if it has the
+/// stat's feature ([`Stat::applies`]), and a class stat only if it has
+/// classes as well ([`ClassStat::applies`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Stat {
-    Requests,
-    Admitted,
-    Queued,
-    Released,
-    Rejected,
-    Cancelled,
-    Gone,
-    TimedOut,
-    Contention,
-    WouldQueue,
-    WouldReject,
-    Held,
-    InFlight,
-    WaitMs,
-    SlotsTaken,
-    SlotsAhead,
-    SlotsGranted,
-    SlotsUnused,
-    EngineCalls,
-    EngineFailures,
-    FailuresTransport,
-    FailuresTimeout,
-    FailuresStatus,
-    FailuresConfig,
-    FailuresClock,
-    FailuresLost,
-    FailuresNonsense,
-    FallbackMs,
-    ClockOffsetMs,
-    GridMismatch,
-    AdaptiveRate,
-    AdaptiveShed,
-    AdaptiveFailed,
-    AdaptiveQueue,
-    AdaptiveDrained,
-    AdaptiveProbe,
-    AdaptiveKept,
-    AdaptiveRetryAfter,
+pub enum Feature {
+    /// Every rule.
+    Core,
+    /// Rules that hold and reject: every rule but dry-run ones.
+    Enforce,
+    /// `dry_run` rules.
+    DryRun,
+    /// Rules with `concurrency` (the gate).
+    Concurrency,
+    /// `scope: "cluster"` rules.
+    Cluster,
+    /// `adaptive` rules.
+    Adaptive,
+    /// Rules with `classes` (each class's stats).
+    Classes,
 }
 
-/// A stat's name, kind and meaning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Spec {
-    pub stat: Stat,
-    pub name: &'static str,
-    pub kind: Kind,
-    pub doc: &'static str,
-}
+impl Feature {
+    /// Every feature, in the README's order.
+    pub const ALL: [Feature; 7] = [
+        Feature::Core,
+        Feature::Enforce,
+        Feature::DryRun,
+        Feature::Concurrency,
+        Feature::Cluster,
+        Feature::Adaptive,
+        Feature::Classes,
+    ];
 
-const fn spec(stat: Stat, name: &'static str, kind: Kind, doc: &'static str) -> Spec {
-    Spec {
-        stat,
-        name,
-        kind,
-        doc,
+    /// The feature's name in the README.
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::Core => "core",
+            Feature::Enforce => "enforce",
+            Feature::DryRun => "dry_run",
+            Feature::Concurrency => "concurrency",
+            Feature::Cluster => "cluster",
+            Feature::Adaptive => "adaptive",
+            Feature::Classes => "classes",
+        }
+    }
+
+    /// Which rules have it, for the README.
+    pub fn rules(self) -> &'static str {
+        match self {
+            Feature::Core => "Every rule",
+            Feature::Enforce => "Rules that hold and reject: every rule but `dry_run` ones",
+            Feature::DryRun => "`dry_run` rules",
+            Feature::Concurrency => "Rules with `concurrency`",
+            Feature::Cluster => "`scope: \"cluster\"` rules",
+            Feature::Adaptive => "`adaptive` rules",
+            Feature::Classes => "Rules with `classes`, for each class",
+        }
     }
 }
 
-/// Every stat, in the order of [`Stat`] (tested) and of the README's table.
-pub const TABLE: [Spec; COUNT] = [
-    spec(Stat::Requests, "requests", Kind::Counter,
-        "Requests the rule applied to, whatever became of them."),
-    spec(Stat::Admitted, "admitted", Kind::Counter,
-        "Requests continued at once (within rate or burst, and a concurrency slot free). Under dry-run: requests that would have been continued at once."),
-    spec(Stat::Queued, "queued", Kind::Counter,
-        "Requests held (by the rate schedule or waiting for a concurrency slot)."),
-    spec(Stat::Released, "released", Kind::Counter,
-        "Held requests resumed at their turn."),
-    spec(Stat::Rejected, "rejected", Kind::Counter,
-        "Requests answered with `reject_status`: turn too far away, full worker queue, no concurrency slot within `max_queue_delay`, or contention."),
-    spec(Stat::Cancelled, "cancelled", Kind::Counter,
-        "Held requests whose client went away before their turn."),
-    spec(Stat::Gone, "gone", Kind::Counter,
-        "Held requests whose stream was already gone at their turn."),
-    spec(Stat::TimedOut, "timed_out", Kind::Counter,
-        "Held requests that Envoy answered itself before their turn (for example a 504 from `stream_idle_timeout` or a 408 from `request_timeout`): a timeout shorter than `max_queue_delay`."),
-    spec(Stat::Contention, "contention", Kind::Counter,
-        "Requests whose shared schedule or gate could not be updated (they are rejected; see failure policy)."),
-    spec(Stat::WouldQueue, "would_queue", Kind::Counter,
-        "Dry-run: requests that would have been held."),
-    spec(Stat::WouldReject, "would_reject", Kind::Counter,
-        "Dry-run: requests that would have been rejected."),
-    spec(Stat::Held, "held", Kind::Gauge,
-        "Requests held now, summed over workers."),
-    spec(Stat::InFlight, "in_flight", Kind::Gauge,
-        "Concurrency mode: requests holding a slot now."),
-    spec(Stat::WaitMs, "wait_ms", Kind::Histogram,
-        "Time released requests were held, in milliseconds."),
-    spec(Stat::SlotsTaken, "slots_taken", Kind::Counter,
-        "Cluster scope: slots of the shared grid this proxy's requests used."),
-    spec(Stat::SlotsAhead, "slots_ahead", Kind::Counter,
-        "Cluster scope: of the slots taken, requests that went at once ahead of their slot: on this proxy's next slot before its time, or on credit when it had none (repaid from its next grants). At most `burst + 1` are ahead at any instant."),
-    spec(Stat::SlotsGranted, "slots_granted", Kind::Counter,
-        "Cluster scope: slots of the shared grid the engine granted this proxy."),
-    spec(Stat::SlotsUnused, "slots_unused", Kind::Gauge,
-        "Cluster scope: slots granted to this proxy that passed unused (granted - taken - still usable)."),
-    spec(Stat::EngineCalls, "engine_calls", Kind::Counter,
-        "Cluster scope: calls to the rate limit service that carried the rule (at most 10 per second per proxy over time, 11 within any second)."),
-    spec(Stat::EngineFailures, "engine_failures", Kind::Counter,
-        "Cluster scope: of those, calls that failed (transport error, non-200, timeout, or an answer that makes no sense)."),
-    spec(Stat::FailuresTransport, "failures_transport", Kind::Counter,
-        "Cluster scope: failed calls with no answer (connection refused or reset, no healthy endpoint, no such cluster)."),
-    spec(Stat::FailuresTimeout, "failures_timeout", Kind::Counter,
-        "Cluster scope: failed calls not answered within `engine.timeout`."),
-    spec(Stat::FailuresStatus, "failures_status", Kind::Counter,
-        "Cluster scope: failed calls answered with an HTTP status other than 200 (400: the service cannot reach Redis)."),
-    spec(Stat::FailuresConfig, "failures_config", Kind::Counter,
-        "Cluster scope: failed calls whose answer is not for the throttle's counters (domain or descriptors not configured, a unit other than hour, a limit too small)."),
-    spec(Stat::FailuresClock, "failures_clock", Kind::Counter,
-        "Cluster scope: the service's clock is not this proxy's (its hour ends at another time), or this proxy's clock was found off the other proxies' and its grid moved to theirs."),
-    spec(Stat::FailuresLost, "failures_lost", Kind::Counter,
-        "Cluster scope: answers showing the engine lost its counters (Redis restarted empty); the slots granted ahead were dropped."),
-    spec(Stat::FailuresNonsense, "failures_nonsense", Kind::Counter,
-        "Cluster scope: failed calls whose answer made no sense otherwise."),
-    spec(Stat::FallbackMs, "fallback_ms", Kind::Gauge,
-        "Cluster scope: total milliseconds the rule has spent in its `on_engine_failure` fallback (rising while in fallback)."),
-    spec(Stat::ClockOffsetMs, "clock_offset_ms", Kind::Gauge,
-        "Cluster scope: how far this proxy's clock was found from the other proxies' of the rule (ms, whole epochs; 0: in step); its grid follows theirs."),
-    spec(Stat::GridMismatch, "grid_mismatch", Kind::Counter,
-        "Cluster scope: seconds in which more proxies carried a rule of this name than this rule's grid: another rate under the same name counts on its own grid, with its own full rate (a rollout of a new rate, or configurations that differ)."),
-    spec(Stat::AdaptiveRate, "adaptive_rate", Kind::Gauge,
-        "Adaptive: the rate paced at (in observe mode, the rate it would pace at), in requests per second x 1000; set by the learning VM every ~100 ms."),
-    spec(Stat::AdaptiveShed, "adaptive_shed", Kind::Counter,
-        "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance: sheds spread over the rule's paths and clients (a client's or an endpoint's own do not count)."),
-    spec(Stat::AdaptiveFailed, "adaptive_failed", Kind::Counter,
-        "Adaptive: cuts because of 5xx other than 503 and 504, or resets, beyond the tolerance, spread over the rule's paths and clients (a 504 counts as a queue)."),
-    spec(Stat::AdaptiveQueue, "adaptive_queue", Kind::Counter,
-        "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind), a queue stood, or the load's answers came beyond the route's timeout (504)."),
-    spec(Stat::AdaptiveDrained, "adaptive_drained", Kind::Counter,
-        "Adaptive: drains ended (the queue a cut found is gone): back to the capacity measured."),
-    spec(Stat::AdaptiveProbe, "adaptive_probe", Kind::Counter,
-        "Adaptive: probes above the rate."),
-    spec(Stat::AdaptiveKept, "adaptive_kept", Kind::Counter,
-        "Adaptive: probes the upstream delivered (their rate kept)."),
-    spec(Stat::AdaptiveRetryAfter, "adaptive_retry_after", Kind::Counter,
-        "Adaptive: cuts for sheds of the load whose `Retry-After` held probes back (at most 60 s)."),
-];
+/// What a rule has, as far as its statistics go ([`crate::config::Rule`]
+/// answers from its configuration).
+pub trait Features {
+    /// Whether the rule has `feature`.
+    fn has(&self, feature: Feature) -> bool;
+}
 
-/// Number of stats.
-pub const COUNT: usize = 38;
+/// A rule's features as a set of bits, for who keeps them per rule (the
+/// glue, to tell a stat the rule does not define from one the host
+/// refused).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FeatureSet(u8);
+
+impl FeatureSet {
+    /// The features `rule` has.
+    pub fn of(rule: &impl Features) -> FeatureSet {
+        let bits = Feature::ALL
+            .iter()
+            .filter(|&&f| rule.has(f))
+            .fold(0, |bits, &f| bits | 1 << f as u8);
+        FeatureSet(bits)
+    }
+}
+
+impl Features for FeatureSet {
+    fn has(&self, feature: Feature) -> bool {
+        self.0 & 1 << feature as u8 != 0
+    }
+}
+
+/// A stat's name, kind, feature and meaning: one row of [`TABLE`] or
+/// [`CLASS_TABLE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec<S> {
+    pub stat: S,
+    pub name: &'static str,
+    pub kind: Kind,
+    pub feature: Feature,
+    pub doc: &'static str,
+}
+
+/// A class stat's row of [`CLASS_TABLE`].
+pub type ClassSpec = Spec<ClassStat>;
+
+/// One declaration of a set of stats: each row `Variant: "name", Kind,
+/// Feature, "doc";` gives the enum's variant, its [`Spec`] in the table and
+/// its place in `ALL`, so that a new stat is one row (Envoy's
+/// `ALL_*_STATS(COUNTER, GAUGE, HISTOGRAM)`).
+macro_rules! stats {
+    (
+        $(#[$meta:meta])*
+        enum $Stat:ident, table $TABLE:ident, count $COUNT:ident;
+        $($Var:ident: $name:literal, $kind:ident, $feature:ident, $doc:literal;)+
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $Stat {
+            $(#[doc = $doc] $Var,)+
+        }
+
+        #[doc = concat!("Number of [`", stringify!($Stat), "`]s.")]
+        pub const $COUNT: usize = $Stat::ALL.len();
+
+        #[doc = concat!("Every [`", stringify!($Stat), "`] with its name, kind, feature and meaning, in enum order.")]
+        pub const $TABLE: [Spec<$Stat>; $COUNT] = [$(Spec {
+            stat: $Stat::$Var,
+            name: $name,
+            kind: Kind::$kind,
+            feature: Feature::$feature,
+            doc: $doc,
+        },)+];
+
+        impl $Stat {
+            /// Every one, in table order.
+            pub const ALL: [$Stat; [$($Stat::$Var),+].len()] = [$($Stat::$Var),+];
+
+            /// Its row of the table.
+            pub fn spec(self) -> &'static Spec<$Stat> {
+                const FIRST: &Spec<$Stat> = &$TABLE[0];
+                $TABLE.get(self as usize).unwrap_or(FIRST)
+            }
+
+            /// Its name (`admitted`, `wait_ms`, ...).
+            pub fn name(self) -> &'static str {
+                self.spec().name
+            }
+
+            /// Counter, gauge or histogram.
+            pub fn kind(self) -> Kind {
+                self.spec().kind
+            }
+
+            /// The feature that can move it.
+            pub fn feature(self) -> Feature {
+                self.spec().feature
+            }
+        }
+    };
+}
+
+stats! {
+    /// One statistic of a rule.
+    enum Stat, table TABLE, count COUNT;
+    Requests: "requests", Counter, Core,
+        "Requests the rule applied to, whatever became of them.";
+    Admitted: "admitted", Counter, Core,
+        "Requests continued at once (within rate or burst, and a concurrency slot free). Under dry-run: requests that would have been continued at once.";
+    Queued: "queued", Counter, Enforce,
+        "Requests held (by the rate schedule or waiting for a concurrency slot).";
+    Released: "released", Counter, Enforce,
+        "Held requests resumed at their turn.";
+    Rejected: "rejected", Counter, Enforce,
+        "Requests answered with `reject_status`: turn too far away, full worker queue, no concurrency slot within `max_queue_delay`, or contention.";
+    Cancelled: "cancelled", Counter, Enforce,
+        "Held requests whose client went away before their turn.";
+    Gone: "gone", Counter, Enforce,
+        "Held requests whose stream was already gone at their turn.";
+    TimedOut: "timed_out", Counter, Enforce,
+        "Held requests that Envoy answered itself before their turn (for example a 504 from `stream_idle_timeout` or a 408 from `request_timeout`): a timeout shorter than `max_queue_delay`.";
+    Contention: "contention", Counter, Core,
+        "Requests whose shared schedule or gate could not be updated (they are rejected; see failure policy).";
+    WouldQueue: "would_queue", Counter, DryRun,
+        "Dry-run: requests that would have been held.";
+    WouldReject: "would_reject", Counter, DryRun,
+        "Dry-run: requests that would have been rejected.";
+    Held: "held", Gauge, Enforce,
+        "Requests held now, summed over workers.";
+    InFlight: "in_flight", Gauge, Concurrency,
+        "Concurrency mode: requests holding a slot now.";
+    WaitMs: "wait_ms", Histogram, Enforce,
+        "Time released requests were held, in milliseconds.";
+    SlotsTaken: "slots_taken", Counter, Cluster,
+        "Cluster scope: slots of the shared grid this proxy's requests used.";
+    SlotsAhead: "slots_ahead", Counter, Cluster,
+        "Cluster scope: of the slots taken, requests that went at once ahead of their slot: on this proxy's next slot before its time, or on credit when it had none (repaid from its next grants). At most `burst + 1` are ahead at any instant.";
+    SlotsGranted: "slots_granted", Counter, Cluster,
+        "Cluster scope: slots of the shared grid the engine granted this proxy.";
+    SlotsUnused: "slots_unused", Gauge, Cluster,
+        "Cluster scope: slots granted to this proxy that passed unused (granted - taken - still usable).";
+    EngineCalls: "engine_calls", Counter, Cluster,
+        "Cluster scope: calls to the rate limit service that carried the rule (at most 10 per second per proxy over time, 11 within any second).";
+    EngineFailures: "engine_failures", Counter, Cluster,
+        "Cluster scope: of those, calls that failed (transport error, non-200, timeout, or an answer that makes no sense).";
+    FailuresTransport: "failures_transport", Counter, Cluster,
+        "Cluster scope: failed calls with no answer (connection refused or reset, no healthy endpoint, no such cluster).";
+    FailuresTimeout: "failures_timeout", Counter, Cluster,
+        "Cluster scope: failed calls not answered within `engine.timeout`.";
+    FailuresStatus: "failures_status", Counter, Cluster,
+        "Cluster scope: failed calls answered with an HTTP status other than 200 (400: the service cannot reach Redis).";
+    FailuresConfig: "failures_config", Counter, Cluster,
+        "Cluster scope: failed calls whose answer is not for the throttle's counters (domain or descriptors not configured, a unit other than hour, a limit too small).";
+    FailuresClock: "failures_clock", Counter, Cluster,
+        "Cluster scope: the service's clock is not this proxy's (its hour ends at another time), or this proxy's clock was found off the other proxies' and its grid moved to theirs.";
+    FailuresLost: "failures_lost", Counter, Cluster,
+        "Cluster scope: answers showing the engine lost its counters (Redis restarted empty); the slots granted ahead were dropped.";
+    FailuresNonsense: "failures_nonsense", Counter, Cluster,
+        "Cluster scope: failed calls whose answer made no sense otherwise.";
+    FallbackMs: "fallback_ms", Gauge, Cluster,
+        "Cluster scope: total milliseconds the rule has spent in its `on_engine_failure` fallback (rising while in fallback).";
+    ClockOffsetMs: "clock_offset_ms", Gauge, Cluster,
+        "Cluster scope: how far this proxy's clock was found from the other proxies' of the rule (ms, whole epochs; 0: in step); its grid follows theirs.";
+    GridMismatch: "grid_mismatch", Counter, Cluster,
+        "Cluster scope: seconds in which more proxies carried a rule of this name than this rule's grid: another rate under the same name counts on its own grid, with its own full rate (a rollout of a new rate, or configurations that differ).";
+    AdaptiveRate: "adaptive_rate", Gauge, Adaptive,
+        "Adaptive: the rate paced at (in observe mode, the rate it would pace at), in requests per second x 1000; set by the learning VM every ~100 ms.";
+    AdaptiveShed: "adaptive_shed", Counter, Adaptive,
+        "Adaptive: cuts of the learned rate because the upstream shed (429, 503) beyond the tolerance: sheds spread over the rule's paths and clients (a client's or an endpoint's own do not count).";
+    AdaptiveFailed: "adaptive_failed", Counter, Adaptive,
+        "Adaptive: cuts because of 5xx other than 503 and 504, or resets, beyond the tolerance, spread over the rule's paths and clients (a 504 counts as a queue).";
+    AdaptiveQueue: "adaptive_queue", Counter, Adaptive,
+        "Adaptive: cuts because requests in flight and their latency kept growing (the upstream fell behind), a queue stood, or the load's answers came beyond the route's timeout (504).";
+    AdaptiveDrained: "adaptive_drained", Counter, Adaptive,
+        "Adaptive: drains ended (the queue a cut found is gone): back to the capacity measured.";
+    AdaptiveProbe: "adaptive_probe", Counter, Adaptive,
+        "Adaptive: probes above the rate.";
+    AdaptiveKept: "adaptive_kept", Counter, Adaptive,
+        "Adaptive: probes the upstream delivered (their rate kept).";
+    AdaptiveRetryAfter: "adaptive_retry_after", Counter, Adaptive,
+        "Adaptive: cuts for sheds of the load whose `Retry-After` held probes back (at most 60 s).";
+}
 
 impl Stat {
-    /// Every stat, in table order.
-    pub const ALL: [Stat; COUNT] = [
-        Stat::Requests,
-        Stat::Admitted,
-        Stat::Queued,
-        Stat::Released,
-        Stat::Rejected,
-        Stat::Cancelled,
-        Stat::Gone,
-        Stat::TimedOut,
-        Stat::Contention,
-        Stat::WouldQueue,
-        Stat::WouldReject,
-        Stat::Held,
-        Stat::InFlight,
-        Stat::WaitMs,
-        Stat::SlotsTaken,
-        Stat::SlotsAhead,
-        Stat::SlotsGranted,
-        Stat::SlotsUnused,
-        Stat::EngineCalls,
-        Stat::EngineFailures,
-        Stat::FailuresTransport,
-        Stat::FailuresTimeout,
-        Stat::FailuresStatus,
-        Stat::FailuresConfig,
-        Stat::FailuresClock,
-        Stat::FailuresLost,
-        Stat::FailuresNonsense,
-        Stat::FallbackMs,
-        Stat::ClockOffsetMs,
-        Stat::GridMismatch,
-        Stat::AdaptiveRate,
-        Stat::AdaptiveShed,
-        Stat::AdaptiveFailed,
-        Stat::AdaptiveQueue,
-        Stat::AdaptiveDrained,
-        Stat::AdaptiveProbe,
-        Stat::AdaptiveKept,
-        Stat::AdaptiveRetryAfter,
-    ];
-
     /// The counter of each failure kind, in the order of
     /// [`crate::cluster::Failure::KINDS`].
     pub const FAILURES: [Stat; 7] = [
@@ -227,88 +283,38 @@ impl Stat {
         Stat::FailuresNonsense,
     ];
 
-    /// The stat's entry in [`TABLE`].
-    pub fn spec(self) -> &'static Spec {
-        const FIRST: &Spec = &TABLE[0];
-        TABLE.iter().find(|s| s.stat == self).unwrap_or(FIRST)
-    }
-
-    /// The stat's name (`admitted`, `wait_ms`, ...).
-    pub fn name(self) -> &'static str {
-        self.spec().name
-    }
-
-    /// Counter, gauge or histogram.
-    pub fn kind(self) -> Kind {
-        self.spec().kind
+    /// Whether `rule` defines this stat: it has the stat's feature.
+    pub fn applies(self, rule: &impl Features) -> bool {
+        rule.has(self.feature())
     }
 }
 
-/// One statistic of a rule's priority class, named
-/// `throttle.rule.<rule>.class.<class>.<stat>` (Prometheus:
-/// `throttle_class_<stat>{throttle_rule, throttle_class}`). Bounded: at most
-/// [`MAX_CLASSES`] classes per rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ClassStat {
-    Admitted,
-    Queued,
-    Released,
-    Rejected,
-    Displaced,
-    WaitMs,
+stats! {
+    /// One statistic of a rule's priority class, named
+    /// `throttle.rule.<rule>.class.<class>.<stat>` (Prometheus:
+    /// `throttle_class_<stat>{throttle_rule, throttle_class}`). Bounded: at
+    /// most [`MAX_CLASSES`] classes per rule. Its feature is the
+    /// rule's besides `classes`.
+    enum ClassStat, table CLASS_TABLE, count CLASS_COUNT;
+    Admitted: "admitted", Counter, Core,
+        "Requests of the class continued at once.";
+    Queued: "queued", Counter, Core,
+        "Requests of the class held, waiting for a release (under dry-run: that would have been held).";
+    Released: "released", Counter, Core,
+        "Held requests of the class resumed at their turn (under dry-run: the tickets of those that would have been held, granted).";
+    Rejected: "rejected", Counter, Core,
+        "Requests of the class rejected at once: estimated turn beyond the class's `max_queue_delay`, full worker queue, over the key's quota, or contention (under dry-run: that would have been rejected).";
+    Displaced: "displaced", Counter, Core,
+        "Held requests of the class rejected later: pushed back by higher classes, their turn moved past the class's `max_queue_delay` (they also count in the rule's `rejected`; under dry-run: tickets that would have been, counted `would_queue` at arrival).";
+    WaitMs: "wait_ms", Histogram, Core,
+        "Time released requests of the class were held, in milliseconds (under dry-run: the time they would have been held).";
 }
-
-/// A class stat's name, kind and meaning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClassSpec {
-    pub stat: ClassStat,
-    pub name: &'static str,
-    pub kind: Kind,
-    pub doc: &'static str,
-}
-
-/// Number of class stats.
-pub const CLASS_COUNT: usize = 6;
-
-/// Every class stat, in the order of [`ClassStat`] and of the README's table.
-pub const CLASS_TABLE: [ClassSpec; CLASS_COUNT] = [
-    ClassSpec { stat: ClassStat::Admitted, name: "admitted", kind: Kind::Counter,
-        doc: "Requests of the class continued at once." },
-    ClassSpec { stat: ClassStat::Queued, name: "queued", kind: Kind::Counter,
-        doc: "Requests of the class held, waiting for a release." },
-    ClassSpec { stat: ClassStat::Released, name: "released", kind: Kind::Counter,
-        doc: "Held requests of the class resumed at their turn." },
-    ClassSpec { stat: ClassStat::Rejected, name: "rejected", kind: Kind::Counter,
-        doc: "Requests of the class rejected at once: estimated turn beyond the class's `max_queue_delay`, full worker queue, over the key's quota, or contention." },
-    ClassSpec { stat: ClassStat::Displaced, name: "displaced", kind: Kind::Counter,
-        doc: "Held requests of the class rejected later: pushed back by higher classes, their turn moved past the class's `max_queue_delay` (they also count in the rule's `rejected`)." },
-    ClassSpec { stat: ClassStat::WaitMs, name: "wait_ms", kind: Kind::Histogram,
-        doc: "Time released requests of the class were held, in milliseconds." },
-];
 
 impl ClassStat {
-    /// Every class stat, in table order.
-    pub const ALL: [ClassStat; CLASS_COUNT] = [
-        ClassStat::Admitted,
-        ClassStat::Queued,
-        ClassStat::Released,
-        ClassStat::Rejected,
-        ClassStat::Displaced,
-        ClassStat::WaitMs,
-    ];
-
-    /// The stat's entry in [`CLASS_TABLE`].
-    pub fn spec(self) -> &'static ClassSpec {
-        const FIRST: &ClassSpec = &CLASS_TABLE[0];
-        CLASS_TABLE.iter().find(|s| s.stat == self).unwrap_or(FIRST)
-    }
-
-    pub fn name(self) -> &'static str {
-        self.spec().name
-    }
-
-    pub fn kind(self) -> Kind {
-        self.spec().kind
+    /// Whether `rule` defines this stat for each of its classes: it has
+    /// classes and the stat's feature.
+    pub fn applies(self, rule: &impl Features) -> bool {
+        rule.has(Feature::Classes) && rule.has(self.feature())
     }
 }
 
@@ -491,6 +497,24 @@ impl Counts {
             .filter(|(_, &d)| d != 0)
             .map(|(&s, &d)| (s, d))
     }
+
+    /// A change `rule` defines no metric for (None: each has its metric),
+    /// named as the rule's stat (`in_flight`) or a class's
+    /// (`class.<index>.wait_ms`). Not None is a bug: the feature column of
+    /// [`TABLE`] or [`CLASS_TABLE`] misses a path that counts the stat.
+    pub fn stray(&self, rule: &impl Features) -> Option<String> {
+        let rule_stats = self.iter().map(|(s, _)| s);
+        let sampled = self.samples.iter().map(|&(s, _)| s);
+        if let Some(s) = rule_stats.chain(sampled).find(|s| !s.applies(rule)) {
+            return Some(s.name().to_string());
+        }
+        let classes = self.iter_classes().map(|(c, s, _)| (c, s));
+        let sampled = self.class_samples.iter().map(|&(c, s, _)| (c, s));
+        classes
+            .chain(sampled)
+            .find(|(_, s)| !s.applies(rule))
+            .map(|(c, s)| format!("class.{c}.{}", s.name()))
+    }
 }
 
 /// Equal when every change is: a class row that is absent counts as zeros.
@@ -507,24 +531,61 @@ impl PartialEq for Counts {
 
 impl Eq for Counts {}
 
-/// The README's statistics table (Markdown): the rule's stats, then its
-/// classes' (`class.<class>.<stat>`).
+/// The README's statistics tables (Markdown), one per feature: which rules
+/// define which stats, each with its type and meaning; the classes' last
+/// (`class.<class>.<stat>`).
 pub fn reference_table() -> String {
-    let mut out = String::from("| name | type | description |\n|---|---|---|\n");
-    for s in &TABLE {
+    let count = |f: Feature| TABLE.iter().filter(|s| s.feature == f).count();
+    let class_count = |f: Feature| CLASS_TABLE.iter().filter(|s| s.feature == f).count();
+    let plain = count(Feature::Core) + count(Feature::Enforce);
+    let dry = count(Feature::Core) + count(Feature::DryRun);
+    let dry_classes = class_count(Feature::Core) + class_count(Feature::DryRun);
+    let under_dry_run = if dry_classes == CLASS_COUNT {
+        " (under `dry_run` too)".to_string()
+    } else {
+        format!(" ({dry_classes} under `dry_run`)")
+    };
+    let mut out = format!(
+        "A rule defines only the stats of its features (Envoy keeps each metric defined, for every \
+         rule on every pod): a process-scope rule with a rate and nothing else has {plain}, a \
+         `dry_run` one {dry}; `concurrency` adds {}, `scope: \"cluster\"` {}, `adaptive` {}, and \
+         `classes` {} for each class{under_dry_run}.\n",
+        count(Feature::Concurrency),
+        count(Feature::Cluster),
+        count(Feature::Adaptive),
+        CLASS_COUNT,
+    );
+    let header = "| name | type | description |\n|---|---|---|\n";
+    for f in Feature::ALL {
+        let rows: Vec<String> = if f == Feature::Classes {
+            CLASS_TABLE
+                .iter()
+                .map(|s| {
+                    let only = match s.feature {
+                        Feature::Core => String::new(),
+                        Feature::Enforce => " Not under `dry_run`.".into(),
+                        other => format!(" Only with `{}`.", other.name()),
+                    };
+                    format!(
+                        "| `class.<class>.{}` | {} | {}{only} |\n",
+                        s.name,
+                        s.kind.name(),
+                        s.doc
+                    )
+                })
+                .collect()
+        } else {
+            TABLE
+                .iter()
+                .filter(|s| s.feature == f)
+                .map(|s| format!("| `{}` | {} | {} |\n", s.name, s.kind.name(), s.doc))
+                .collect()
+        };
         out.push_str(&format!(
-            "| `{}` | {} | {} |\n",
-            s.name,
-            s.kind.name(),
-            s.doc
-        ));
-    }
-    for s in &CLASS_TABLE {
-        out.push_str(&format!(
-            "| `class.<class>.{}` | {} | {} |\n",
-            s.name,
-            s.kind.name(),
-            s.doc
+            "\n### {} (`{}`)\n\n{header}{}",
+            f.rules(),
+            f.name(),
+            rows.concat()
         ));
     }
     out

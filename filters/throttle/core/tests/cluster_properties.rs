@@ -410,6 +410,7 @@ fn simulate_calls(c: &Calls) -> Vec<(u64, u64)> {
             arrived_total: arrived[p],
             waiting,
             owed: 0,
+            owned_soon: 0,
         }];
         if let (Some(call), _) = callers[p].tick(now, &facts) {
             seq += 1;

@@ -1066,6 +1066,247 @@ fn the_fast_path_host_calls_per_request() {
     assert_eq!(calls.len(), 3, "no other host call: {calls:?}");
 }
 
+// ------------------------------------------------------- stats by feature
+
+/// The log line of a change to a stat the rule does not define.
+const STRAY: &str = "a statistic it does not define";
+
+/// Every test's worker, when it goes: nothing it counted went to a stat its
+/// rule does not define (the glue would have dropped it).
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        self.root.flush();
+        let logs = self.host.state().logs.clone();
+        let strays: Vec<&String> = logs
+            .iter()
+            .map(|(_, l)| l)
+            .filter(|l| l.contains(STRAY))
+            .collect();
+        assert!(strays.is_empty(), "{strays:?}");
+    }
+}
+
+/// What can happen to the requests of rule `r` of `config`, on two workers
+/// of one process for 3 s: bursts beyond its rate (admitted, held, rejected
+/// at once or later), critical and batch requests, three keys, clients that
+/// leave while held, streams gone at their turn, Envoy answering a held
+/// request, upstream answers 200, 429 with `retry-after` and 503; for a
+/// cluster rule, an engine that answers, fails for a second, and answers
+/// again. Returns the host (the workers checked their counts on the way out).
+fn exercise(config: &str) -> Fake {
+    #[derive(Clone, Copy)]
+    enum Then {
+        Answer,
+        Leave,
+        EnvoyAnswers,
+    }
+    let host = Fake::new();
+    host.state().clusters = vec!["throttle_engine".into()];
+    let mut ws = [Worker::new(host, 1, config), Worker::new(host, 2, config)];
+    let mut engine = FakeEngine::default();
+    let mut calls_answered = 0;
+    let mut alive: HashMap<u32, usize> = HashMap::new();
+    let mut later: Vec<(u64, u32, Then)> = Vec::new();
+    let finish = |ws: &mut [Worker; 2], alive: &mut HashMap<u32, usize>, id: u32, status: &str| {
+        let Some(k) = alive.remove(&id) else { return };
+        let mut lines = vec![(":status".to_string(), status.as_bytes().to_vec())];
+        if status == "429" {
+            lines.push(("retry-after".to_string(), b"1".to_vec()));
+        }
+        host.state().upstream.insert(id, lines);
+        ws[k].respond(id, false);
+        ws[k].response_end(id);
+        ws[k].done(id);
+    };
+    let mut id = 100;
+    for t in (0..3500).step_by(5) {
+        for w in &ws {
+            w.at_both(t);
+        }
+        if t < 2000 && t % 50 == 0 {
+            for _ in 0..6 {
+                id += 1;
+                let k = (id % 2) as usize;
+                let user = format!("u{}", id % 3);
+                let mut headers = vec![("x-user", user.as_str())];
+                if id % 3 == 0 {
+                    headers.push(("x-priority", "critical"));
+                }
+                let flow = ws[k].request(id, &headers);
+                alive.insert(id, k);
+                if reply(host, id).is_some() {
+                    alive.remove(&id);
+                    ws[k].done(id);
+                } else if flow == Flow::Continue {
+                    later.push((t + 20, id, Then::Answer));
+                } else if id % 7 == 0 {
+                    later.push((t + 30, id, Then::Leave));
+                } else if id % 11 == 0 {
+                    host.state().gone.insert(id);
+                } else if id % 13 == 0 {
+                    later.push((t + 40, id, Then::EnvoyAnswers));
+                }
+            }
+        }
+        let due: Vec<(u64, u32, Then)> = later.iter().filter(|e| e.0 <= t).copied().collect();
+        later.retain(|e| e.0 > t);
+        for (_, id, then) in due {
+            match then {
+                Then::Answer => {
+                    let status = ["200", "200", "429", "503"][(id % 4) as usize];
+                    finish(&mut ws, &mut alive, id, status);
+                }
+                Then::Leave | Then::EnvoyAnswers => {
+                    let resumed = host.state().resumed.contains(&id);
+                    if let (false, Some(&k)) = (resumed, alive.get(&id)) {
+                        if matches!(then, Then::EnvoyAnswers) {
+                            host.state()
+                                .upstream
+                                .insert(id, vec![(":status".to_string(), b"504".to_vec())]);
+                            ws[k].respond(id, true);
+                        }
+                        alive.remove(&id);
+                        ws[k].done(id);
+                    }
+                }
+            }
+        }
+        for w in &mut ws {
+            w.tick();
+        }
+        // The engine answers what the VM holding the lease sent, except
+        // from 1.5 s to 2.5 s.
+        let calls = host.state().calls.clone();
+        for (token, _, _, body, _) in calls.iter().skip(calls_answered) {
+            let answer = if (1500..2500).contains(&t) {
+                (None, Vec::new())
+            } else {
+                let (status, body) = engine.handle(body, WALL0 + t * MS);
+                (Some(status), body)
+            };
+            let size = answer.1.len();
+            for w in &mut ws {
+                host.state().answer = Some(answer.clone());
+                host.state().current = w.root_id;
+                w.root.on_http_call_response(*token, size);
+            }
+        }
+        calls_answered = calls.len();
+        let resumed: Vec<u32> = host.state().resumed.drain(..).collect();
+        for r in resumed {
+            later.push((t + 10, r, Then::Answer));
+        }
+        let replied: Vec<u32> = host.state().replies.keys().copied().collect();
+        for r in replied {
+            if let Some(k) = alive.remove(&r) {
+                ws[k].done(r);
+            }
+        }
+    }
+    for (r, k) in std::mem::take(&mut alive) {
+        ws[k].done(r);
+    }
+    host
+}
+
+/// Each kind of rule defines the stats of its features, as many as the
+/// README says, and whatever happens to its requests moves only those.
+#[test]
+fn each_rule_defines_the_stats_of_its_features_and_counts_no_other() {
+    let classes = r#", "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                                   {"name": "batch", "max_queue_delay": "100ms"}]"#;
+    let rate = r#", "rate": "20/s""#;
+    let dry = r#", "dry_run": true"#;
+    let gate = r#", "concurrency": 2"#;
+    let cluster = r#", "scope": "cluster", "expected_replicas": 2"#;
+    let adaptive = r#", "adaptive": {"min_rate": "5/s", "max_rate": "100/s"}"#;
+    let observe = r#", "adaptive": {"min_rate": "5/s", "max_rate": "100/s", "mode": "observe"}"#;
+    let keyed = r#", "key": {"header": "x-user"}, "key_quota": "10/s""#;
+    let per_key = r#", "key": {"header": "x-user"}"#;
+    // (what, the rule's fields, its stats: the rule's and each class's).
+    let cases: &[(&str, Vec<&str>, usize)] = &[
+        ("process", vec![rate], 11),
+        ("process, dry-run", vec![rate, dry], 5),
+        ("concurrency alone", vec![gate], 12),
+        ("rate and concurrency", vec![rate, gate], 12),
+        ("concurrency, dry-run", vec![rate, gate, dry], 6),
+        ("per key", vec![rate, per_key], 11),
+        ("key quota", vec![rate, keyed], 11),
+        ("classes", vec![rate, classes], 11 + 2 * 6),
+        ("classes, key quota", vec![rate, classes, keyed], 11 + 2 * 6),
+        ("classes, dry-run", vec![rate, classes, dry], 5 + 2 * 6),
+        ("cluster", vec![rate, cluster], 27),
+        ("cluster, dry-run", vec![rate, cluster, dry], 21),
+        ("cluster, classes", vec![rate, cluster, classes], 27 + 2 * 6),
+        (
+            "cluster, classes, dry-run",
+            vec![rate, cluster, classes, dry],
+            21 + 2 * 6,
+        ),
+        ("adaptive", vec![rate, adaptive], 19),
+        ("adaptive, observe", vec![rate, observe], 19),
+        ("adaptive, key quota", vec![rate, adaptive, keyed], 19),
+        ("adaptive, dry-run", vec![rate, adaptive, dry], 13),
+        (
+            "adaptive, classes",
+            vec![rate, adaptive, classes],
+            19 + 2 * 6,
+        ),
+        (
+            "adaptive, classes, dry-run",
+            vec![rate, adaptive, classes, dry],
+            13 + 2 * 6,
+        ),
+    ];
+    for (what, fields, want) in cases {
+        let rule = format!(
+            r#"{{"name": "r", "max_queue_delay": "250ms"{}}}"#,
+            fields.concat()
+        );
+        let config = format!(
+            r#"{{"engine": {{"cluster": "throttle_engine", "timeout": "50ms", "fallback_after": "250ms"}},
+                "rules": [{rule}]}}"#
+        );
+        let host = exercise(&config);
+        let parsed = throttle_core::config::parse(config.as_bytes()).unwrap();
+        let r = &parsed.rules[0];
+        let mut expected: Vec<String> = throttle_core::stats::Stat::ALL
+            .iter()
+            .filter(|s| s.applies(r))
+            .map(|s| s.name().to_string())
+            .collect();
+        for c in &r.classes {
+            for s in throttle_core::stats::ClassStat::ALL {
+                if s.applies(r) {
+                    expected.push(format!("class.{}.{}", c.name, s.name()));
+                }
+            }
+        }
+        let state = host.state();
+        let mut defined: Vec<String> = state
+            .metrics
+            .iter()
+            .filter_map(|(n, _, _)| n.strip_prefix("throttle.rule.r."))
+            .map(str::to_string)
+            .collect();
+        defined.sort();
+        expected.sort();
+        assert_eq!(defined, expected, "{what}");
+        assert_eq!(defined.len(), *want, "{what}: {defined:?}");
+        assert!(state.metric("throttle.rule.r.requests") >= 150, "{what}");
+        let moved = state.metrics.iter().filter(|(_, _, v)| *v != 0).count();
+        let held = state.recorded.iter().any(|(n, _)| n.ends_with(".wait_ms"));
+        assert!(
+            moved >= 4 && (held || r.dry_run),
+            "{what}: {:?}",
+            state.metrics
+        );
+    }
+}
+
 /// An adaptive rule learns where an answer came from, so that errors of
 /// some paths or clients are told from the upstream's overload: the
 /// request's `:path` with the request (Envoy keeps no request headers for

@@ -81,6 +81,9 @@ impl Process {
     }
 
     fn count(&mut self, rule: usize, c: &Counts) {
+        // The glue defines only the stats of the rule's features.
+        let stray = self.config.rules.get(rule).and_then(|r| c.stray(r));
+        assert!(stray.is_none(), "rule {rule} counted {stray:?}");
         for (s, d) in c.iter() {
             *self.totals.entry((rule, s)).or_default() += i64::from(d);
         }

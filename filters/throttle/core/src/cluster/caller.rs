@@ -10,7 +10,8 @@
 //! (2), at epoch `e` a rule with demand sends:
 //!
 //! * `members(e+k) += 1` (once per counter) and `demand(e+k) += a` (its
-//!   arrivals per epoch in 1/[`DEMAND_UNIT`]): the answer places its demand
+//!   arrivals per epoch in 1/[`DEMAND_UNIT`], plus its line beyond this
+//!   epoch's owned slots over `k + lag + 1` epochs): the answer places its demand
 //!   at `[D0, D1)` of epoch `e+k`'s demand total;
 //! * a look at `demand(e+k-lag)`, complete by now whatever the clocks and
 //!   call phases within `max_clock_skew`: `A`, the demand of all proxies;
@@ -35,7 +36,9 @@
 //!   shares add up to exactly `L` whatever the order of the claims, and each
 //!   proxy's shares add up to its proportion of `L` within about a slot even
 //!   when `L` is 1 (rates of 10/s and less);
-//! * `slots(e+1) += a + waiting + owed - owned(e+1)`: leftovers, first come
+//! * `slots(e+1) += a + (waiting - owned_soon) + owed - owned(e+1)`:
+//!   leftovers (`owned_soon`: this epoch's owned slots still to come, which
+//!   the waiting take first), first come
 //!   first served (there are some only when a proxy did not claim its share:
 //!   new, idle, gone, or its call failed). Shares of an epoch are claimed `k`
 //!   epochs ahead and leftovers one epoch ahead, far enough apart that every
@@ -145,6 +148,10 @@ pub struct RuleFacts {
     /// Slots this process owes: requests that went on credit, repaid from
     /// its next grants ([`super::publish`]).
     pub owed: u64,
+    /// Owned slots still usable from now to the end of this epoch: the
+    /// waiting requests take them before any leftover of the next epoch
+    /// (read only while requests wait).
+    pub owned_soon: u64,
 }
 
 /// What the glue publishes for one rule (into its grants blob).
@@ -600,8 +607,14 @@ impl Caller {
             } else {
                 0
             };
+            // Waiting requests take this epoch's owned slots first: only
+            // those beyond them need the next epoch's leftovers. Until
+            // issue 29 a proxy with a line claimed it again every epoch
+            // while the last epoch's leftovers served it, took all of `L`
+            // first come, left its surplus unused and others with none
+            // (fleet sweep seed 10: a request within the rate waited 179 ms).
             let need = a
-                .saturating_add(fact.waiting)
+                .saturating_add(fact.waiting.saturating_sub(fact.owned_soon))
                 .saturating_add(fact.owed)
                 .saturating_add(extra);
             let leftover = need
@@ -651,7 +664,13 @@ impl Caller {
                     push(Purpose::MemberAdd, ahead, 1);
                 }
                 if lookup3(&r.demand_ranges, ahead).is_none() {
-                    push(Purpose::DemandAdd, ahead, demand);
+                    let backlog = fact.waiting.saturating_sub(fact.owned_soon);
+                    let spread = k.saturating_add(lag).saturating_add(1).max(1);
+                    push(
+                        Purpose::DemandAdd,
+                        ahead,
+                        demand.saturating_add(backlog.saturating_mul(DEMAND_UNIT) / spread),
+                    );
                 }
                 if share > 0 {
                     push(Purpose::Share, ahead, share);

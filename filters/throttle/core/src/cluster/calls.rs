@@ -17,7 +17,7 @@ use super::{
     fallback_after_grants, publish, repay, reset_grants, rule_reach, rule_spec, shift_grants, Mode,
     Reach,
 };
-use super::{set_gap, Ahead, Cursor};
+use super::{owned_this_epoch, set_gap, Ahead, Cursor};
 
 /// The process-wide value of a rule's counter (`rule`: the configuration's
 /// index), as the host keeps it: the flushed counts of every VM.
@@ -112,26 +112,42 @@ impl Calls {
         if !lease::hold(&mut store.cell(CellId::Caller), self.me, clock.mono()) {
             return out;
         }
+        let (mono, now) = (clock.mono(), clock.wall());
         let facts: Vec<RuleFacts> = self
             .rules
             .iter()
-            .map(|&i| RuleFacts {
-                arrived_total: totals(i, Stat::Requests),
+            .zip(&self.reaches)
+            .map(|(&i, reach)| {
                 // The cursor counts the waiters of a line without classes
                 // (a hint, for its fast path); the `held` gauge counts a
                 // line with classes too. Until issue 29 only the first was
                 // read: a proxy whose arrivals stopped claimed nothing for
                 // its held class requests.
-                waiting: store
+                let cursor = store
                     .load(CellId::Cursor(i))
-                    .map_or(0, |(v, _)| Cursor::decode(v).waiting)
-                    .max(totals(i, Stat::Held)),
-                owed: store
-                    .load(CellId::Ahead(i))
-                    .map_or(0, |(v, _)| Ahead::decode(v).owed),
+                    .map_or(Cursor::default(), |(v, _)| Cursor::decode(v));
+                let waiting = cursor.waiting.max(totals(i, Stat::Held));
+                RuleFacts {
+                    arrived_total: totals(i, Stat::Requests),
+                    waiting,
+                    owed: store
+                        .load(CellId::Ahead(i))
+                        .map_or(0, |(v, _)| Ahead::decode(v).owed),
+                    // Read only while requests wait (the grants blob is
+                    // the costly read): they take these slots first.
+                    owned_soon: if waiting > 0 {
+                        owned_this_epoch(
+                            &mut store.blob(BlobId::Grants(i)),
+                            reach,
+                            cursor.next,
+                            now,
+                        )
+                    } else {
+                        0
+                    },
+                }
             })
             .collect();
-        let (mono, now) = (clock.mono(), clock.wall());
         let (call, updates) = self.caller.tick(now, &facts);
         out.problems.extend(self.caller.take_events());
         self.publish(store, mono, now, &updates, totals, &mut out);

@@ -252,6 +252,21 @@ fn expected_gap(reach: &Reach, g: &Grants) -> u64 {
     }
 }
 
+/// Owned slots still usable from `now` to the end of its epoch, at or
+/// above the cursor's `next` (what lies below it was taken): the slots the
+/// requests waiting now take before the next epoch's. 0 if none are known.
+pub fn owned_this_epoch<B: SharedBlob>(blob: &mut B, reach: &Reach, next: u64, now: u64) -> u64 {
+    let Ok((Some(g), _)) = read_grants(blob) else {
+        return 0;
+    };
+    let grid = reach.grid;
+    let from = reach.min_slot(now).max(next);
+    let end = grid
+        .first_slot(grid.epoch_of(now).saturating_add(1))
+        .max(from);
+    g.owned_from(from).saturating_sub(g.owned_from(end))
+}
+
 /// Writes the calling VM's news into the blob: the mode and grant rate, new
 /// ranges, and drops what lies below the cursor or out of reach. Returns the
 /// owned slots still usable (for the unused count: granted - taken - usable).
@@ -493,6 +508,30 @@ pub(crate) mod tests {
             ),
             version: 0,
         }
+    }
+
+    #[test]
+    fn owned_this_epoch_counts_usable_slots_before_the_next_epoch() {
+        // Epoch 10 holds slots 500..550 at 500/s. Owned: 505..510 (gone by
+        // 520's time), 530..540 and 548..552 (two in epoch 11).
+        let (_, mut blob) = setup(&[(505, 510), (530, 540), (548, 552)]);
+        let r = reach();
+        let mut n = |next, k| owned_this_epoch(&mut blob, &r, next, at(k));
+        assert_eq!(n(0, 520), 12, "530..540 and 548, 549");
+        assert_eq!(n(535, 520), 7, "not below the cursor");
+        assert_eq!(
+            n(0, 507),
+            16,
+            "505 is past (one slot of slack), 506.. usable"
+        );
+        assert_eq!(
+            n(0, 545),
+            2,
+            "548, 549: the rest is past, 550.. in epoch 11"
+        );
+        assert_eq!(n(0, 552), 1, "in epoch 11: 551");
+        let mut empty = MemBlob::default();
+        assert_eq!(owned_this_epoch(&mut empty, &r, 0, at(520)), 0);
     }
 
     #[test]

@@ -83,8 +83,8 @@ pub use cursor::{
 };
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{
-    fallback_after_grants, margin_for, margin_ns, on_grid, publish, reckon_limit, reset_grants,
-    shift_grants, take, turn, turn_ns, DERATE, RECKON_NS,
+    fallback_after_grants, margin_for, margin_ns, on_grid, owned_this_epoch, publish, reckon_limit,
+    reset_grants, shift_grants, take, turn, turn_ns, DERATE, RECKON_NS,
 };
 pub use grid::Grid;
 

@@ -326,6 +326,9 @@ impl SimProxy {
     }
 
     fn count(&mut self, rule: usize, counts: &Counts) {
+        // The glue defines only the stats of the rule's features.
+        let stray = self.config.rules.get(rule).and_then(|r| counts.stray(r));
+        assert!(stray.is_none(), "rule {rule} counted {stray:?}");
         for (stat, delta) in counts.iter() {
             let t = self.totals.entry((rule, stat)).or_default();
             *t = t.saturating_add_signed(delta.into());

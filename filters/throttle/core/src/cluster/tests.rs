@@ -162,6 +162,7 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
         arrived_total: 2,
         waiting: 2,
         owed: 0,
+        owned_soon: 0,
     }];
     let (call, updates) = c.tick(T0, &waiting);
     assert!(updates.is_empty());
@@ -180,8 +181,11 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
     // the hour's call count, probe the members one, two and three epochs
     // ahead of e+3 and behind it, look at e+1's proxies, take 3 leftovers of
     // e+1 (1 request per epoch, its demand while requests wait, plus 2
-    // waiting), add itself and its demand (1 arrival per epoch, in 1/64) to e+3. No share yet: it had no place in an earlier
-    // demand total.
+    // waiting), add itself and its demand to e+3: 1 arrival per epoch, in
+    // 1/64, and the 2 waiting spread over the k + lag + 1 = 6 epochs before
+    // that demand's shares come due (64 + 2 x 64 / 6 = 85: a proxy with a
+    // line asks for a share of it). No share yet: it had no place in an
+    // earlier demand total.
     let gen =
         r#"{"entries":[{"key":"throttle_members","value":"orders:2000000:gen"}],"hitsAddend":"1"}"#;
     // Once per second: itself in this second's count of the rule's name and
@@ -213,11 +217,51 @@ fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
             d("throttle_members", E0 + 1, 0),
             d("throttle_slots", E0 + 1, 3),
             d("throttle_members", E0 + 3, 1),
-            d("throttle_demand", E0 + 3, 64),
+            d("throttle_demand", E0 + 3, 85),
         )
     );
     // Nothing more this epoch, and never two calls in flight.
     assert_eq!(c.tick(T0 + 10 * MS, &waiting).0, None);
+}
+
+/// The hits of the first `key` descriptor of epoch `f` in a call's body.
+fn hits_of(body: &str, key: &str, f: u64) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v["descriptors"].as_array()?.iter().find_map(|d| {
+        let e = &d["entries"][0];
+        let value = e["value"].as_str()?;
+        (e["key"] == key && value.ends_with(&format!(":{f}")))
+            .then(|| d["hitsAddend"].as_str()?.parse().ok())?
+    })
+}
+
+#[test]
+fn waiting_requests_claim_leftovers_only_beyond_this_epochs_owned_slots() {
+    // 5 wait, and 3 owned slots of this epoch are still to come: they take
+    // those first, so the leftover claim on e+1 is 1 arrival + 2 (until
+    // issue 29: 1 + 5, claimed again every epoch while the last epoch's
+    // leftovers served the line; first come, it took the slots other
+    // proxies' requests within the rate needed: fleet sweep seed 10).
+    let claim = |owned_soon| {
+        let mut c = Caller::new(
+            &engine(),
+            vec![spec500("orders", OnEngineFailure::LocalShare)],
+        );
+        let facts = [RuleFacts {
+            arrived_total: 5,
+            waiting: 5,
+            owed: 0,
+            owned_soon,
+        }];
+        let body = String::from_utf8(c.tick(T0, &facts).0.unwrap().request.body).unwrap();
+        (
+            hits_of(&body, "throttle_slots", E0 + 1),
+            hits_of(&body, "throttle_demand", E0 + 3),
+        )
+    };
+    assert_eq!(claim(0), (Some(6), Some(64 + 5 * 64 / 6)));
+    assert_eq!(claim(3), (Some(3), Some(64 + 2 * 64 / 6)));
+    assert_eq!(claim(9), (Some(1), Some(64)));
 }
 
 #[test]
@@ -227,6 +271,7 @@ fn answers_grant_exact_positions_and_a_second_proxy_gets_the_next_ones() {
         arrived_total: 0,
         waiting: 3,
         owed: 0,
+        owned_soon: 0,
     }];
     let mut a = Caller::new(
         &engine(),
@@ -272,6 +317,7 @@ fn a_counter_that_moves_in_steps_keeps_a_sparse_proxy_claiming() {
             arrived_total: 2 * (k / 5),
             waiting: 0,
             owed: 0,
+            owned_soon: 0,
         }];
         if exchange(&mut eng, &mut c, T0 + k * 101 * MS, &facts).0 && k >= 10 {
             calls += 1;
@@ -299,11 +345,13 @@ fn shares_of(per_a: u64, per_b: u64) -> Vec<(u64, u64)> {
             arrived_total: per_a * k,
             waiting: 0,
             owed: 0,
+            owned_soon: 0,
         }];
         let fb = [RuleFacts {
             arrived_total: per_b * k,
             waiting: 0,
             owed: 0,
+            owned_soon: 0,
         }];
         // b calls first in even epochs, a first in odd ones.
         let (ua, ub) = if k % 2 == 0 {
@@ -364,6 +412,7 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
         arrived_total: 0,
         waiting: 1,
         owed: 0,
+        owned_soon: 0,
     }];
     exchange(&mut eng, &mut c, T0, &facts);
     assert_eq!(c.stats(0).map(|s| s.members), Some(1));
@@ -423,6 +472,7 @@ fn local_share_divides_by_expected_replicas_until_the_engine_has_counted_proxies
         arrived_total: 0,
         waiting: 1,
         owed: 0,
+        owned_soon: 0,
     }];
     c.tick(T0, &facts);
     c.on_answer(T0 + MS, Err(Failure::Transport));
@@ -460,6 +510,7 @@ fn a_failing_engine_is_logged_when_the_fallback_starts_then_every_10_s_with_its_
         arrived_total: 0,
         waiting: 1,
         owed: 0,
+        owned_soon: 0,
     }];
     let mut logged: Vec<(u64, String)> = Vec::new();
     let mut t = T0;
@@ -507,6 +558,7 @@ fn counters_lost_after_others_added_again_are_still_caught_by_the_hours_call_cou
         arrived_total: 0,
         waiting: 5,
         owed: 0,
+        owned_soon: 0,
     }];
     for k in 0..3 {
         exchange(&mut eng, &mut a, T0 + k * 100 * MS, &facts);
@@ -548,6 +600,7 @@ fn lost_counters_and_nonsense_grant_nothing() {
         arrived_total: 0,
         waiting: 5,
         owed: 0,
+        owned_soon: 0,
     }];
     exchange(&mut eng, &mut c, T0, &facts);
     // Redis restarts: the counters this proxy added to read 0 again.
@@ -585,6 +638,7 @@ fn no_claim_lands_near_the_services_hour_boundary() {
             arrived_total: t / (10 * MS),
             waiting: 1,
             owed: 0,
+            owned_soon: 0,
         }];
         let (call, _) = c.tick(t, &facts);
         if let Some(call) = call {
@@ -654,6 +708,7 @@ fn calls_are_at_most_ten_per_second_whatever_the_rules() {
                 arrived_total: t / MS,
                 waiting: 10,
                 owed: 0,
+                owned_soon: 0,
             })
             .collect();
         if exchange(&mut eng, &mut c, t, &facts).0 {
@@ -689,6 +744,7 @@ fn late_ticks_do_not_skip_epochs() {
             arrived_total: t / MS,
             waiting: 1,
             owed: 0,
+            owned_soon: 0,
         }];
         if exchange(&mut eng, &mut c, t, &facts).0 {
             sent.push(t);
@@ -710,6 +766,7 @@ fn a_phase_spreads_calls_over_the_first_quarter_of_the_epoch() {
         arrived_total: 0,
         waiting: 1,
         owed: 0,
+        owned_soon: 0,
     }];
     let mut c = Caller::new(
         &engine(),
@@ -745,6 +802,7 @@ fn an_epoch_without_a_call_does_not_cost_a_lone_proxy_its_spare() {
             arrived_total: k,
             waiting: 0,
             owed: 0,
+            owned_soon: 0,
         }];
         let (called, updates) = exchange(&mut eng, &mut c, T0 + k * 100 * MS + 30 * MS, &facts);
         let granted: u64 = ranges(&updates).iter().map(|r| r.1 - r.0).sum();

@@ -25,6 +25,7 @@ use crate::keys::KeySource;
 use crate::matcher::Match;
 pub use crate::ratelimit::HeaderStyle;
 use crate::schedule::Schedule;
+use crate::stats::{Feature, Features};
 use crate::units::rate_for_people;
 pub use crate::units::RateWindow;
 
@@ -231,6 +232,23 @@ impl Rule {
             .iter()
             .position(|c| c.matcher.as_ref().is_some_and(|m| m.matches(req)));
         fits.or_else(|| self.classes.iter().position(|c| c.matcher.is_none()))
+    }
+}
+
+/// The features of a rule's plan, for its statistics: a rule defines the
+/// stats of these only ([`crate::stats::Stat::applies`]). A key or a key
+/// quota moves no stat of its own (its rejections are `rejected`).
+impl Features for Rule {
+    fn has(&self, feature: Feature) -> bool {
+        match feature {
+            Feature::Core => true,
+            Feature::Enforce => !self.dry_run,
+            Feature::DryRun => self.dry_run,
+            Feature::Concurrency => self.concurrency.is_some(),
+            Feature::Cluster => self.cluster.is_some(),
+            Feature::Adaptive => self.adaptive.is_some(),
+            Feature::Classes => !self.classes.is_empty(),
+        }
     }
 }
 

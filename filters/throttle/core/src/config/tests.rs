@@ -540,6 +540,39 @@ fn the_statistics_table_has_not_drifted() {
     );
 }
 
+/// A rule defines the stats of its features only (the glue defines a metric
+/// for each, per rule, on every pod): a process-scope rule with a rate and
+/// nothing else, 11 (not all 38).
+#[test]
+fn a_rule_defines_only_the_stats_of_its_features() {
+    use crate::stats::{ClassStat, Stat};
+    let engine = r#""engine": {"cluster": "e"}, "#;
+    let classes =
+        r#", "classes": [{"name": "a", "match": {"headers": {"x": "a"}}}, {"name": "b"}]"#;
+    for (fields, want, per_class) in [
+        ("", 11, 0),
+        (r#", "dry_run": true"#, 5, 0),
+        (r#", "concurrency": 4"#, 12, 0),
+        (r#", "key": {"header": "x"}, "key_quota": "1/s""#, 11, 0),
+        (classes, 11, 6),
+        (&format!(r#"{classes}, "dry_run": true"#), 5, 6),
+        (r#", "scope": "cluster""#, 27, 0),
+        (
+            r#", "adaptive": {"min_rate": "1/s", "max_rate": "20/s"}"#,
+            19,
+            0,
+        ),
+    ] {
+        let c = ok(&format!(
+            r#"{{{engine}"rules": [{{"name": "r", "rate": "10/s"{fields}}}]}}"#
+        ));
+        let rule = &c.rules[0];
+        let defined = Stat::ALL.iter().filter(|s| s.applies(rule)).count();
+        let by_class = ClassStat::ALL.iter().filter(|s| s.applies(rule)).count();
+        assert_eq!((defined, by_class), (want, per_class), "{fields}");
+    }
+}
+
 #[test]
 fn the_classes_contract_example_parses() {
     let c = ok(

@@ -909,6 +909,12 @@ fn soundness(f: &Facts<'_>, out: &mut Vec<Violation>) {
                 format!("proxy {p}: {} takes matched to no request", proc_.unmatched),
             ));
         }
+        if let Some((rule, stat)) = proc_.strays.first() {
+            out.push(v(
+                "sound",
+                format!("proxy {p}: rule {rule} counted `{stat}`, which it does not define"),
+            ));
+        }
     }
     // No grid slot granted twice, per rule, across the fleet (caller rule
     // indexes are the cluster rules in order).

@@ -216,6 +216,10 @@ pub struct Process {
     pub failures: u64,
     /// Takes the process could not match to a request (always 0 if sound).
     pub unmatched: u64,
+    /// Changes to stats their rule does not define (the glue would drop
+    /// them): (rule, stat). Always empty if the stats' feature column is
+    /// right.
+    pub strays: Vec<(usize, String)>,
     /// Log lines (warn) of the calling side: (true time, line).
     pub log: Vec<(u64, String)>,
 }
@@ -255,6 +259,7 @@ impl Process {
             calls: 0,
             failures: 0,
             unmatched: 0,
+            strays: Vec::new(),
             log: Vec::new(),
         };
         // As the glue does on configure (the main thread's VM, first).
@@ -323,6 +328,11 @@ impl Process {
     /// read), and Envoy's counters when the VM next flushes (what the
     /// calling side reads, as the glue reads the host's counter).
     fn count(&mut self, vm: usize, rule: usize, counts: &Counts) {
+        // The glue defines only the stats of the rule's features: a change
+        // to another would be dropped.
+        if let Some(stray) = self.config.rules.get(rule).and_then(|r| counts.stray(r)) {
+            self.strays.push((rule, stray));
+        }
         for (stat, delta) in counts.iter() {
             *self.totals.entry((rule, stat)).or_default() += i64::from(delta);
             if let Some(p) = self.pending.get_mut(vm) {

@@ -108,6 +108,10 @@ impl Proc {
     }
 
     fn count(&mut self, rule: usize, counts: &crate::stats::Counts) {
+        if let Some(r) = self.config.rules.get(rule) {
+            // The glue defines only the stats of the rule's features.
+            assert_eq!(counts.stray(r), None, "rule {}: {counts:?}", r.name);
+        }
         for (stat, delta) in counts.iter() {
             *self.totals.entry((rule, stat)).or_default() += i64::from(delta);
         }
