@@ -546,6 +546,27 @@ fn in_cluster_scope_a_class_request_goes_on_credit_when_nothing_is_owned() {
     assert_eq!(owed, 1);
 }
 
+/// In cluster scope, a class request with nobody waiting takes its next
+/// owned slot before its time (beyond one interval, within the epoch), as
+/// one without classes does, within the budget of credit (burst 0: one);
+/// the next holds for its slot. Until issue 29 it waited for the slot
+/// (fleet sweep seed 188: waits up to 83 ms at 30% of the rate).
+#[test]
+fn in_cluster_scope_a_class_request_takes_its_next_slot_early() {
+    let t0 = 1000 * NS_PER_S;
+    // Slot k is at k x 10 ms: the first owned, 100_003, is due at t0 + 30 ms.
+    let mut p = cluster(&[(100_003, 100_010)], crate::cluster::Mode::Grid);
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.totals[&(0, Stat::SlotsAhead)], 1);
+    assert_eq!(p.totals[&(0, Stat::SlotsTaken)], 1);
+    // The credit is spent until that slot's time: the next waits for 100_004.
+    assert_eq!(p.request(0, 2, req("critical"), t0 + MS), Verdict::Hold);
+    p.tick(0, t0 + 39 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Held);
+    p.tick(0, t0 + 40 * MS);
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 40 * MS));
+}
+
 #[test]
 fn in_cluster_scope_deny_rejects_and_local_paces() {
     let t0 = 1000 * NS_PER_S;

@@ -176,6 +176,28 @@ pub fn on_credit<A: SharedCell>(
     }
 }
 
+/// A new request with nobody ahead of it takes its next owned slot, due at
+/// wall time `slot_time`, now, before its time, if the process may (near:
+/// within two of its gaps; early: within the epoch, beyond one interval,
+/// within the budget of credit), as `take` does for a rule without classes.
+/// True if it may (the slot counts as ahead until its time); the caller
+/// then takes the slot.
+pub fn before_its_time<A: SharedCell>(
+    ahead: &mut A,
+    reach: &Reach,
+    now: u64,
+    slot_time: u64,
+) -> Result<bool, StoreError> {
+    if slot_time <= now || slot_time - now > reach.grid.epoch_ns {
+        return Ok(false);
+    }
+    match go_ahead(ahead, reach, Attempt::First, 0, now, Some(slot_time)) {
+        Some(Take::Credit) => Ok(true),
+        Some(Take::Contention) => Err(StoreError(0)),
+        _ => Ok(false),
+    }
+}
+
 /// A request that waited for grants until its `max_queue_delay` ran out goes
 /// on credit if the process may (nothing ahead, less than `burst + 1` owed):
 /// its turn was reckoned on the share the process expected, and the grants

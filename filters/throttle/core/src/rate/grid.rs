@@ -87,6 +87,39 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> GridSource<C, B, F> {
     }
 }
 
+impl<C: SharedCell, B: SharedBlob, F: SharedCell> GridSource<C, B, F> {
+    /// Takes the next owned slot now, before its time, if `ok(slot)`
+    /// accepts it and the process may go ahead of its grants
+    /// ([`cluster::before_its_time`], the rule's ahead cell `ahead`): for a
+    /// request nobody waits ahead of, as a rule without classes does.
+    /// Ok(None): no such slot, or not now.
+    pub fn take_ahead<A: SharedCell>(
+        &mut self,
+        now: u64,
+        ok: &dyn Fn(u64) -> bool,
+        ahead: &mut A,
+    ) -> Result<Option<u64>, StoreError> {
+        let wall = self.wall_at(now);
+        let min = self.min_slot(wall, false);
+        let mut cache = None;
+        let (slot, end, c, token) = match self.offer(min, &mut cache)? {
+            (Offer::Slot(slot, end), c, token) => (slot, end, c, token),
+            _ => return Ok(None),
+        };
+        let t = self.reach.grid.slot_time(slot);
+        if t <= wall || !ok(slot) || !cluster::before_its_time(ahead, &self.reach, wall, t)? {
+            return Ok(None);
+        }
+        // Counted ahead already: if the cursor moved meanwhile, the slot is
+        // forfeited (the safe side), as a rule without classes would.
+        if cluster::advance(&mut self.cursor, token, c, (slot, end))? {
+            self.taken = self.taken.saturating_add(1);
+            return Ok(Some(slot));
+        }
+        Ok(None)
+    }
+}
+
 impl<C: SharedCell> SharedCell for &mut C {
     type Token = C::Token;
     fn load(&mut self) -> Result<(Option<[u64; 2]>, Self::Token), StoreError> {

@@ -153,6 +153,20 @@ impl<S: Store> Source<S> {
         }
     }
 
+    /// A grid source's next owned slot taken now, before its time, if the
+    /// process may ([`GridSource::take_ahead`]); a GCRA has none to take.
+    pub fn take_ahead(
+        &mut self,
+        now: u64,
+        ok: &dyn Fn(u64) -> bool,
+        ahead: &mut Cell<S>,
+    ) -> Result<Option<u64>, StoreError> {
+        match self {
+            Source::Rate(_) => Ok(None),
+            Source::Grid(g) => g.take_ahead(now, ok, ahead),
+        }
+    }
+
     /// Whether the rule rejects while its engine fails (`on_engine_failure:
     /// "deny"`, and the engine failing): nothing will be granted to a waiter.
     pub fn denies(&mut self) -> Result<bool, StoreError> {

@@ -143,6 +143,28 @@ fn try_enter<S: Store, R: Request>(
         }
         // The slot went meanwhile, or it is a lower class's floor slot: queue.
     }
+    // On the grid, its next owned slot not due yet and nobody waiting in
+    // any class: that slot now, before its time, if the process may (near,
+    // or early within the budget of credit), as for a rule without classes
+    // (`cluster::take`). Until issue 29 a class request waited for it: at
+    // 30% of a 5,000/s rule over 50 proxies, waits up to 83 ms (fleet
+    // sweep seed 188).
+    if !busy && outlook.known.is_some() && outlook.next_at > now {
+        let ok = |slot: u64| classes::may_go_now(slot, c, &rule.classes, &waiting);
+        let ahead = &mut store.cell(CellId::Ahead(index));
+        if let Some(slot) = slots.take_ahead(now, &ok, ahead)? {
+            counts.add(
+                Stat::SlotsTaken,
+                i32::try_from(slots.grid_taken()).unwrap_or(i32::MAX),
+            );
+            counts.inc(Stat::SlotsAhead);
+            if c + 1 < rule.classes.len() {
+                tickets::count_arrival(&mut blob, c, now)?;
+            }
+            let tat = slot.saturating_mul(interval).saturating_add(interval);
+            return Ok((Outcome::Go, Some(Seen::new(tat.max(now), false))));
+        }
+    }
     // On the grid with no owned slot in reach and nobody waiting in any
     // class: credit, as for a rule without classes (`cluster::take`; the
     // credit a waiter may need at its deadline is not spent while one
