@@ -1041,6 +1041,20 @@ fn a_waiter_the_fallback_cannot_serve_in_time_is_refused_at_its_deadline() {
 }
 
 #[test]
+fn the_last_waiter_refused_at_its_deadline_leaves_the_waiting_count() {
+    let mut p = cluster(false);
+    spend_credit(&p);
+    assert_eq!(p.get(10), Verdict::Hold);
+    assert_eq!(waiting(&p), 1);
+    // No grant comes and the credit is spent: refused at its deadline; the
+    // fast path no longer sees anyone waiting (nor the claims).
+    p.at(1000);
+    p.tick();
+    assert_eq!(p.replies.get(&10).map(|r| r.status), Some(429));
+    assert_eq!(waiting(&p), 0);
+}
+
+#[test]
 fn a_cluster_dry_run_never_waits_nor_takes_a_place_in_the_line() {
     let mut p = cluster(true);
     p.config.dry_run_headers = true;
