@@ -90,7 +90,8 @@ pub(super) fn take<S: Store>(
 /// No owned slot for the request now (or others wait): it takes a ticket
 /// of the rule's line if its turn, behind those waiting, comes within
 /// `max_queue_delay` less the margin; else it is refused now. Under
-/// dry-run, no ticket: it would have waited (held until its turn, counted).
+/// dry-run the same: its ticket then waits without its request
+/// (`stream/enforce.rs`), so that later arrivals queue behind it.
 fn join_line<S: Store>(
     cx: &Ctx<'_, S>,
     reach: &Reach,
@@ -121,16 +122,6 @@ fn join_line<S: Store>(
         }
     };
     let mut turn = 0;
-    if cx.rule.dry_run {
-        turn = turn_of(&read);
-        return Ok(if turn <= limit {
-            Outcome::Hold {
-                until: now.saturating_add(turn),
-            }
-        } else {
-            refused(turn, limit)
-        });
-    }
     let (_, ticket) = tickets::take_ticket(&mut store.blob(BlobId::Classes(index)), 0, now, |t| {
         turn = turn_of(t);
         turn <= limit

@@ -31,14 +31,16 @@ pub(super) enum Next {
 }
 
 /// Whether a stage may answer "hold" or "wait": the worker has room. Under
-/// dry-run nothing is held, so there is room, except in a rule with classes:
-/// the tickets its requests leave in the line wait on the worker, bounded as
-/// held requests are (beyond, a request would be rejected, as enforced).
+/// dry-run nothing is held, so there is room, except in a rule with a line
+/// (classes, or a cluster rule's own line): the tickets its requests leave
+/// in the line wait on the worker, bounded as held requests are (beyond, a
+/// request would be rejected, as enforced).
 pub(super) fn can_hold(config: &Config, rule: &Rule, worker: &Worker) -> bool {
     let max_held = usize::try_from(config.max_held_per_worker).unwrap_or(usize::MAX);
-    match (rule.dry_run, rule.classes.is_empty()) {
-        (true, true) => true,
-        (true, false) => worker.held().saturating_add(worker.classes.dry_len()) < max_held,
+    let lined = !rule.classes.is_empty() || rule.cluster.is_some();
+    match (rule.dry_run, lined) {
+        (true, false) => true,
+        (true, true) => worker.held().saturating_add(worker.classes.dry_len()) < max_held,
         (false, _) => worker.held() < max_held,
     }
 }

@@ -143,7 +143,9 @@ struct Ctx<'a, S> {
     rule: &'a Rule,
     /// The monotonic time of the decision.
     now: u64,
-    /// The worker may hold one more request (always, under dry-run).
+    /// The worker may hold one more request (under dry-run: always, but in a
+    /// rule with a line, whose dry tickets take that room; see
+    /// [`enforce::can_hold`]).
     can_hold: bool,
 }
 

@@ -884,6 +884,12 @@ fn cluster(dry_run: bool) -> Proc {
 
 /// What the calling VM publishes: `mode`, and slots `[a, b)` of the grid.
 fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
+    publish_share(p, mode, (0, 0, 0), ranges);
+}
+
+/// [`publish`], with the share the process may expect: (grant rate per
+/// second, lead, spare per second).
+fn publish_share(p: &Proc, mode: Mode, share: (u64, u64, u64), ranges: &[(u64, u64)]) {
     let rule = &p.config.rules[0];
     let reach = cluster::rule_reach(rule).unwrap();
     let store = MemStore(&p.cells);
@@ -893,7 +899,7 @@ fn publish(p: &Proc, mode: Mode, ranges: &[(u64, u64)]) {
         &reach,
         p.clock.wall,
         mode,
-        (0, 0, 0),
+        share,
         ranges,
     )
     .unwrap();
@@ -1041,18 +1047,129 @@ fn a_waiter_the_fallback_cannot_serve_in_time_is_refused_at_its_deadline() {
 }
 
 #[test]
-fn a_cluster_dry_run_never_waits_nor_takes_a_place_in_the_line() {
+fn the_last_waiter_refused_at_its_deadline_leaves_the_waiting_count() {
+    let mut p = cluster(false);
+    spend_credit(&p);
+    assert_eq!(p.get(10), Verdict::Hold);
+    assert_eq!(waiting(&p), 1);
+    // No grant comes and the credit is spent: refused at its deadline; the
+    // fast path no longer sees anyone waiting (nor the claims).
+    p.at(1000);
+    p.tick();
+    assert_eq!(p.replies.get(&10).map(|r| r.status), Some(429));
+    assert_eq!(waiting(&p), 0);
+}
+
+/// The wait a dry-run note gives (`queued; wait_ms=N`).
+fn noted_wait_ms(note: &[(&'static str, String)]) -> u64 {
+    match note {
+        [(name, v)] if *name == "x-throttle-dry-run" => v
+            .strip_prefix("queued; wait_ms=")
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("not a wait: {v}")),
+        _ => panic!("no dry-run note: {note:?}"),
+    }
+}
+
+#[test]
+fn a_cluster_dry_run_leaves_a_ticket_later_arrivals_wait_behind() {
     let mut p = cluster(true);
     p.config.dry_run_headers = true;
     spend_credit(&p);
+    // No owned slot and no credit: each would wait in the rule's line. Each
+    // goes on at once; its ticket waits in its place.
     assert_eq!(p.get(10), Verdict::Continue);
-    assert_eq!(waiting(&p), 0);
-    let note = p.respond(10, true);
-    assert!(
-        matches!(&note[..], [(name, v)] if *name == "x-throttle-dry-run" && v.starts_with("queued; wait_ms=3")),
-        "its turn: the first shares, 300 ms ahead, then one slot: {note:?}"
+    assert_eq!(p.get(11), Verdict::Continue);
+    let first = noted_wait_ms(&p.respond(10, true));
+    let second = noted_wait_ms(&p.respond(11, true));
+    // The first shares come 300 ms ahead; then one slot per 20 ms (the
+    // 50/s expected here), reckoned a third slower: 26.7 ms.
+    assert_eq!(first, 326, "300 ms and one gap");
+    assert_eq!(second, 353, "behind the first: 300 ms and two gaps");
+    assert_eq!(waiting(&p), 2, "the fast path and the claims see both");
+    assert_eq!((p.worker.held(), p.worker.classes.dry_len()), (0, 2));
+    assert_eq!(p.stats(), s(&[("would_queue", 2)]));
+    // No grant comes: at their deadline the tickets leave the line; nobody
+    // is answered, nothing more is counted.
+    p.at(1000);
+    p.tick();
+    assert_eq!((waiting(&p), p.worker.classes.dry_len()), (0, 0));
+    assert!(p.replies.is_empty() && p.resumed.is_empty());
+    assert_eq!(p.stats(), s(&[("would_queue", 2)]));
+}
+
+/// One request waits in the line (credit spent, no grants); the engine then
+/// grants the slot due now and the next; a second request arrives before a
+/// tick. Returns the process once both slots are past.
+fn a_later_arrival_and_a_waiter(dry: bool) -> Proc {
+    let mut p = cluster(dry);
+    spend_credit(&p);
+    let first = p.get(10);
+    p.at(10);
+    // The slot due now and the next, at the 50/s this process expects.
+    let grid = cluster::rule_reach(&p.config.rules[0]).unwrap().grid;
+    let k = grid.slot_at_or_after(p.clock.wall);
+    assert_eq!(grid.slot_time(k), p.clock.wall);
+    publish_share(&p, Mode::Grid, (50, 0, 0), &[(k, k + 2)]);
+    let owed = cluster::Ahead::decode(p.cells.borrow().get(CellId::Ahead(0))).owed;
+    assert_eq!(owed, 1, "the credit is not repaid ahead of the waiter");
+    let second = p.get(11);
+    if dry {
+        assert_eq!((first, second), (Verdict::Continue, Verdict::Continue));
+    } else {
+        assert_eq!((first, second), (Verdict::Hold, Verdict::Hold));
+    }
+    p.tick();
+    p.at_ns(grid.slot_time(k + 1) - WALL0);
+    p.tick();
+    assert_eq!(waiting(&p), 0, "both granted");
+    p
+}
+
+#[test]
+fn a_cluster_dry_run_takes_no_owned_slot_ahead_of_a_waiting_ticket() {
+    // Enforced: the second waits behind the first (someone waits), and each
+    // is released on an owned slot.
+    let enforced = a_later_arrival_and_a_waiter(false);
+    assert_eq!(
+        enforced.resumed.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [10, 11]
     );
-    assert_eq!(p.stats(), s(&[("would_queue", 1)]));
+    assert_eq!(
+        enforced.stats(),
+        s(&[("queued", 2), ("released", 2), ("slots_taken", 2)])
+    );
+    // Dry-run: the same bookkeeping; the second does not take the slot the
+    // first's ticket is granted, and nothing is held or resumed.
+    let dry = a_later_arrival_and_a_waiter(true);
+    assert!(dry.resumed.is_empty() && dry.replies.is_empty());
+    assert_eq!((dry.worker.held(), dry.worker.classes.dry_len()), (0, 0));
+    assert_eq!(dry.stats(), s(&[("slots_taken", 2), ("would_queue", 2)]));
+}
+
+#[test]
+fn a_cluster_dry_run_line_counts_against_max_held_per_worker() {
+    let json = CLUSTER.replace("{\"engine\"", "{\"max_held_per_worker\": 2, \"engine\"");
+    let run = |dry: bool| {
+        let mut p = Proc::new(&json.replace("DRY", &dry.to_string()));
+        spend_credit(&p);
+        let verdicts: Vec<Verdict> = (10..13).map(|id| p.get(id)).collect();
+        (p, verdicts)
+    };
+    let (enforced, verdicts) = run(false);
+    assert_eq!(verdicts[..2], [Verdict::Hold, Verdict::Hold]);
+    assert!(
+        matches!(verdicts[2], Verdict::Reply(_)),
+        "the worker is full"
+    );
+    assert_eq!(
+        enforced.stats(),
+        s(&[("held", 2), ("queued", 2), ("rejected", 1)])
+    );
+    let (dry, verdicts) = run(true);
+    assert_eq!(verdicts, vec![Verdict::Continue; 3], "none is held");
+    assert_eq!((dry.worker.held(), dry.worker.classes.dry_len()), (0, 2));
+    assert_eq!(dry.stats(), s(&[("would_queue", 2), ("would_reject", 1)]));
 }
 
 impl Proc {

@@ -113,18 +113,29 @@ impl Worker {
                 self.granted_to(cfg, store, w, now, plan);
             }
         }
+        let expired = self.classes.expired(index, now);
+        let left = !expired.is_empty();
+        for w in expired {
+            self.expire(cfg, rule, store, w, (now, wall), plan);
+        }
         if counted_in_cursor {
+            // After the expired left (their tickets abandoned), so that the
+            // count drops to 0 with the last waiter of the process.
+            if left {
+                t = tickets::load(&mut blob)?.0;
+            }
             let waiting: u64 = t.waiting().iter().sum();
             let _ = cluster::set_waiting(&mut store.cell(CellId::Cursor(index)), waiting);
-        }
-        for w in self.classes.expired(index, now) {
-            self.expire(cfg, rule, store, w, (now, wall), plan);
         }
         if slots.denies()? {
             // The engine fails and the rule denies: nobody waits for a grant
             // that cannot come.
             for w in self.classes.of_rule(index) {
                 self.displace(cfg, store, w, 1, now, plan);
+            }
+            if counted_in_cursor {
+                let waiting: u64 = tickets::load(&mut blob)?.0.waiting().iter().sum();
+                let _ = cluster::set_waiting(&mut store.cell(CellId::Cursor(index)), waiting);
             }
             return Ok(());
         }
