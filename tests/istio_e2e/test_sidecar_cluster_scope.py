@@ -25,6 +25,7 @@ from harness.mesh import NAMESPACE
 from harness.net import wait_until
 from harness.procs import ROOT, stop
 from tests.support import istio
+from tests.support.repo import stat_features
 
 pytestmark = pytest.mark.istio
 
@@ -144,7 +145,8 @@ def test_metrics_reach_prometheus_and_the_dashboard(cluster, prometheus, figures
     """Prometheus finds the sidecars by their annotations and scrapes pilot-agent's merged
     endpoint (:15020); the shipped relabeling turns throttle_rule_<rule>_<stat> into
     throttle_<stat>{throttle_rule=...}; every panel query of the throttle dashboard has data, but
-    the priority classes' (the shipped rule has no classes)."""
+    the priority classes' and those of stats of features the shipped rule lacks (a rule defines
+    only the stats of its features: it is a cluster rule, without adaptive or concurrency)."""
     pods = cluster.pods["productpage-v1"]
     merged = pods[0].agent_get(15020, "/stats/prometheus")[1]
     mine = [ln for ln in merged.splitlines() if "throttle" in ln]
@@ -166,7 +168,9 @@ def test_metrics_reach_prometheus_and_the_dashboard(cluster, prometheus, figures
     time.sleep(3)
     at = time.time()
     dash = json.loads(DASH.read_text())
-    empty, answered, classes = [], 0, 0
+    feature = stat_features()
+    features = {"core", "enforce", "cluster"}
+    empty, answered, classes, other = [], 0, 0, 0
     for p in dash["panels"]:
         for t in p.get("targets", []):
             expr = t["expr"].replace("$__rate_interval", "1m")
@@ -180,10 +184,17 @@ def test_metrics_reach_prometheus_and_the_dashboard(cluster, prometheus, figures
                 assert r["data"]["result"] == [], (p["title"], r["data"]["result"])
                 classes += 1
                 continue
+            stats = re.findall(r"\bthrottle_(\w+?)(?:_bucket|_sum|_count)?\{", expr)
+            if not all(feature[s] in features for s in stats):
+                # A stat of another feature (adaptive, concurrency): not defined, no series.
+                assert r["data"]["result"] == [], (p["title"], expr, r["data"]["result"])
+                other += 1
+                continue
             if not r["data"]["result"]:
                 empty.append((p["title"], expr))
             answered += 1
     assert empty == [], empty
     pods_seen = prometheus.query(f'count by (pod) (throttle_admitted{{throttle_rule="{rule}"}})', at)
     figures["prometheus"] = {"panel_queries_with_data": answered, "class_queries_empty_as_expected": classes,
+                             "other_feature_queries_empty_as_expected": other,
                              "pods": sorted(s["metric"]["pod"] for s in pods_seen["data"]["result"])}
