@@ -426,9 +426,9 @@ def test_adaptive_panels_show_the_learner(scraped):
     values = panel_values(prom, at, "learned")
     lines = values["Learned rate vs passed, per proxy"]
     (learned,) = [v for k, v in lines.items() if k.endswith(" learned")]
-    # The learner moves its gauge every ~100 ms (since 2026-11-29 also toward the demand it
-    # sees): Prometheus's scrape and the stats read above are a moment apart (CI: 146.984 against
-    # 146.593). Within 2% still tells a wrong stat or a lost `/ 1000`.
+    # The learner may move its gauge every ~100 ms, and Prometheus's scrape and the stats read
+    # above are a moment apart (CI 2026-11-29: 146.984 against 146.593, seen once).
+    # Within 2% still tells a wrong stat or a lost `/ 1000`.
     assert abs(learned - s["adaptive_rate"] / 1000) <= 0.02 * learned, (lines, s)
     (passed,) = [v for k, v in lines.items() if k.endswith(" passed")]
     assert passed > 0, lines
