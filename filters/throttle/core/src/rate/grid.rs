@@ -85,9 +85,7 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> GridSource<C, B, F> {
             learned: false,
         }
     }
-}
 
-impl<C: SharedCell, B: SharedBlob, F: SharedCell> GridSource<C, B, F> {
     /// Takes the next owned slot now, before its time, if `ok(slot)`
     /// accepts it and the process may go ahead of its grants
     /// ([`cluster::before_its_time`], the rule's ahead cell `ahead`): for a

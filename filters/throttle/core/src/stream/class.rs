@@ -127,19 +127,22 @@ fn try_enter<S: Store, R: Request>(
             Admission::Contention => return Ok((Outcome::Contention, None)),
         }
     }
+    let ok = |slot: u64| classes::may_go_now(slot, c, &rule.classes, &waiting);
+    // A slot taken now: counted, and its arrival weighed by the classes below.
+    let go = |slot: u64, slots: &mut rate::Source<S>, counts: &mut Counts, blob: &mut _| {
+        counts.add(
+            Stat::SlotsTaken,
+            i32::try_from(slots.grid_taken()).unwrap_or(i32::MAX),
+        );
+        if c + 1 < rule.classes.len() {
+            tickets::count_arrival(blob, c, now)?;
+        }
+        let tat = slot.saturating_mul(interval).saturating_add(interval);
+        Ok((Outcome::Go, Some(Seen::new(tat.max(now), false))))
+    };
     if fast {
-        let ok = |slot: u64| classes::may_go_now(slot, c, &rule.classes, &waiting);
         if let Some(slot) = slots.take_due(now, busy, &ok)? {
-            counts.add(
-                Stat::SlotsTaken,
-                i32::try_from(slots.grid_taken()).unwrap_or(i32::MAX),
-            );
-            if c + 1 < rule.classes.len() {
-                // The classes below weigh this class's arrivals.
-                tickets::count_arrival(&mut blob, c, now)?;
-            }
-            let tat = slot.saturating_mul(interval).saturating_add(interval);
-            return Ok((Outcome::Go, Some(Seen::new(tat.max(now), false))));
+            return go(slot, &mut slots, counts, &mut blob);
         }
         // The slot went meanwhile, or it is a lower class's floor slot: queue.
     }
@@ -150,19 +153,10 @@ fn try_enter<S: Store, R: Request>(
     // 30% of a 5,000/s rule over 50 proxies, waits up to 83 ms (fleet
     // sweep seed 188).
     if !busy && outlook.known.is_some() && outlook.next_at > now {
-        let ok = |slot: u64| classes::may_go_now(slot, c, &rule.classes, &waiting);
         let ahead = &mut store.cell(CellId::Ahead(index));
         if let Some(slot) = slots.take_ahead(now, &ok, ahead)? {
-            counts.add(
-                Stat::SlotsTaken,
-                i32::try_from(slots.grid_taken()).unwrap_or(i32::MAX),
-            );
             counts.inc(Stat::SlotsAhead);
-            if c + 1 < rule.classes.len() {
-                tickets::count_arrival(&mut blob, c, now)?;
-            }
-            let tat = slot.saturating_mul(interval).saturating_add(interval);
-            return Ok((Outcome::Go, Some(Seen::new(tat.max(now), false))));
+            return go(slot, &mut slots, counts, &mut blob);
         }
     }
     // On the grid with no owned slot in reach and nobody waiting in any
