@@ -164,19 +164,25 @@ def storm(envoy, n: int, rate: int, delay_s: float, rng: random.Random) -> dict:
             await asyncio.sleep(0.05)
         heap_held = envoy.heap_bytes()
         rss_held = rss_kib(pid)
-        victims = [i for i in rng.sample(range(n), n // 3) if not crowd.tasks[i].done()]
+        t_pick = time.monotonic()
+        # Among the later two thirds of the crowd (sent last, so not due for seconds): a
+        # victim picked near the head may have been answered already, its answer still
+        # unread by this busy event loop, and would count as released, not cancelled.
+        victims = [i for i in rng.sample(range(n // 3, n), n // 3) if not crowd.tasks[i].done()]
         crowd.cancel(victims)
         answers = await crowd.wait()
-        return crowd, answers, victims, heap_held, rss_held, t0
+        # From the pick to the last victim's close: the filter keeps releasing at its rate.
+        closing_s = max((answers[i].done_at for i in victims), default=t_pick) - t_pick
+        return crowd, answers, victims, heap_held, rss_held, t0, closing_s
 
-    crowd, answers, victims, heap_held, rss_held, t0 = asyncio.run(run())
+    crowd, answers, victims, heap_held, rss_held, t0, closing_s = asyncio.run(run())
     stats = minus(wait_until(lambda: (s := envoy.rule_stats()) and s["held"] == 0 and s, 10, "held back to 0"), base)
     survivors = [a for i, a in enumerate(answers) if i not in crowd.cancelled]
     codes: dict = {}
     for a in survivors:
         codes[a.status] = codes.get(a.status, 0) + 1
     time.sleep(1.0)
-    return {"victims": len(victims), "survivors": codes, "stats": stats,
+    return {"victims": len(victims), "closing_s": round(closing_s, 3), "survivors": codes, "stats": stats,
             "last_survivor_s": round(max(a.done_at for a in survivors) - t0, 2),
             "heap_held": heap_held, "heap_after": envoy.heap_bytes(),
             "rss_held_kib": rss_held, "rss_after_kib": rss_kib(pid)}
@@ -207,9 +213,13 @@ def test_cancellation_storm(envoy_to, upstream):
         # Nothing lost: every request of the crowd is accounted for exactly once.
         assert st["admitted"] + st["released"] + st["cancelled"] + st["gone"] == n
         assert st["held"] == 0 and st["rejected"] == 0
-        # Clients that gave up while held were taken out of the queue; those the
-        # filter released in the ~100 ms it took their close to arrive count as released.
-        assert out["victims"] - 0.1 * rate <= st["cancelled"] + st["gone"] <= out["victims"]
+        # Clients that gave up while held were taken out of the queue; those the filter
+        # released while their closes were on their way count as released: at most the
+        # rate times the time from the pick to the last close (measured 13-15 ms), plus
+        # 50 ms for Envoy to read the last close. (Victims from the whole crowd gave
+        # 9-21 released: answered before the pick, but not yet read by the client.)
+        released_meanwhile = rate * (out["closing_s"] + 0.05) + 1
+        assert out["victims"] - released_meanwhile <= st["cancelled"] + st["gone"] <= out["victims"]
         # The survivors keep their turn: all served by the end of the schedule (+ slack for a busy machine).
         assert out["last_survivor_s"] <= n / rate + 3.0
         # Memory comes back: heap in use returns near idle (1 MiB slack for allocator caches and stats).
