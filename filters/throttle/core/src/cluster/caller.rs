@@ -510,6 +510,12 @@ impl Caller {
     /// [`RuleFacts`] per rule. Returns the call to send, if any, and the
     /// rules whose mode changed (publish them).
     pub fn tick(&mut self, now: u64, facts: &[RuleFacts]) -> (Option<Call>, Vec<RuleUpdate>) {
+        // The simulations check [`Caller::may_plan`] on every tick: a rule
+        // it calls not due must not plan (its `owned_soon` was not read).
+        #[cfg(any(test, feature = "testing"))]
+        let before: Vec<(bool, Option<u64>)> = (0..self.rules.len())
+            .map(|i| (self.may_plan(now, i), self.rules[i].last_epoch))
+            .collect();
         let mut updates = Vec::new();
         if let Some(f) = &self.in_flight {
             if now.saturating_sub(f.sent_at) > lost_after(self.timeout_ns) {
@@ -521,7 +527,45 @@ impl Caller {
         }
         updates.extend(self.fallback_if_due(now));
         let call = self.plan(now, facts);
+        #[cfg(any(test, feature = "testing"))]
+        for (r, (due, last)) in self.rules.iter().zip(before) {
+            assert!(
+                due || r.last_epoch.is_none() || r.last_epoch == last,
+                "may_plan said not due, but the caller planned epoch {:?}",
+                r.last_epoch
+            );
+        }
         (call, updates)
+    }
+
+    /// Whether a call is held back now: one in flight, or the pace's due
+    /// time not reached.
+    fn paced_out(&self, now: u64) -> bool {
+        self.in_flight.is_some()
+            || self.call_due.is_some_and(|t| now.saturating_add(CALL_TOLERANCE_NS) < t)
+    }
+
+    /// Whether `tick(now, ..)` may plan a claim for caller rule `i`: the
+    /// facts that cost a host read (`owned_soon`) are needed only then.
+    /// The gates of [`Caller::plan`], read without changing anything; a
+    /// call given up as lost and a clock stepped back count as due.
+    pub fn may_plan(&self, now: u64, i: usize) -> bool {
+        let lost = self
+            .in_flight
+            .as_ref()
+            .is_some_and(|f| now.saturating_sub(f.sent_at) > lost_after(self.timeout_ns));
+        let stepped_back = self
+            .call_due
+            .is_some_and(|t| t > now.saturating_add(2 * MIN_CALL_INTERVAL_NS));
+        if !lost && !stepped_back && self.paced_out(now) {
+            return false;
+        }
+        self.rules.get(i).is_some_and(|r| {
+            let now = r.fleet_time(now);
+            let e = r.spec.grid.epoch_of(now);
+            r.last_epoch.is_some_and(|last| last > e + 1)
+                || epoch_due(r, e, now, self.phase_permille)
+        })
     }
 
     fn plan(&mut self, now: u64, facts: &[RuleFacts]) -> Option<Call> {
@@ -533,11 +577,7 @@ impl Caller {
             // stepped back. Pace from now.
             self.call_due = None;
         }
-        if self.in_flight.is_some()
-            || self
-                .call_due
-                .is_some_and(|t| now.saturating_add(CALL_TOLERANCE_NS) < t)
-        {
+        if self.paced_out(now) {
             return None;
         }
         let (skew, timeout) = (self.skew_ns, self.timeout_ns);
@@ -553,11 +593,7 @@ impl Caller {
                 r.forget_grants();
                 r.skew.restart();
             }
-            if r.last_epoch.is_some_and(|last| last >= e) {
-                continue;
-            }
-            let offset = phase_offset(g.epoch_ns, self.phase_permille);
-            if now < g.epoch_start(e).saturating_add(offset) {
+            if !epoch_due(r, e, now, self.phase_permille) {
                 continue;
             }
             r.granted.retain(|(f, _)| *f > e);
@@ -793,4 +829,12 @@ fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     if r.arrived_samples.len() > ARRIVAL_SAMPLES {
         r.arrived_samples.remove(0);
     }
+}
+
+/// Whether rule `r` plans epoch `e` now (fleet time): not yet planned, and
+/// this proxy's phase of the epoch reached.
+fn epoch_due(r: &RuleState, e: u64, now: u64, phase_permille: u64) -> bool {
+    let g = r.spec.grid;
+    !r.last_epoch.is_some_and(|last| last >= e)
+        && now >= g.epoch_start(e).saturating_add(phase_offset(g.epoch_ns, phase_permille))
 }

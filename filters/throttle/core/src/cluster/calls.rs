@@ -117,7 +117,8 @@ impl Calls {
             .rules
             .iter()
             .zip(&self.reaches)
-            .map(|(&i, reach)| {
+            .enumerate()
+            .map(|(ci, (&i, reach))| {
                 // The cursor counts the waiters of a line without classes
                 // (a hint, for its fast path); the `held` gauge counts a
                 // line with classes too. Until issue 29 only the first was
@@ -133,9 +134,10 @@ impl Calls {
                     owed: store
                         .load(CellId::Ahead(i))
                         .map_or(0, |(v, _)| Ahead::decode(v).owed),
-                    // Read only while requests wait (the grants blob is
-                    // the costly read): they take these slots first.
-                    owned_soon: if waiting > 0 {
+                    // Read only while requests wait, on the ticks that
+                    // may plan a claim (the grants blob is the costly
+                    // read): they take these slots first.
+                    owned_soon: if waiting > 0 && self.caller.may_plan(now, ci) {
                         owned_this_epoch(
                             &mut store.blob(BlobId::Grants(i)),
                             reach,
