@@ -513,8 +513,11 @@ impl Caller {
         // The simulations check [`Caller::may_plan`] on every tick: a rule
         // it calls not due must not plan (its `owned_soon` was not read).
         #[cfg(any(test, feature = "testing"))]
-        let before: Vec<(bool, Option<u64>)> = (0..self.rules.len())
-            .map(|i| (self.may_plan(now, i), self.rules[i].last_epoch))
+        let before: Vec<(bool, Option<u64>)> = self
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (self.may_plan(now, i), r.last_epoch))
             .collect();
         let mut updates = Vec::new();
         if let Some(f) = &self.in_flight {
@@ -542,12 +545,14 @@ impl Caller {
     /// time not reached.
     fn paced_out(&self, now: u64) -> bool {
         self.in_flight.is_some()
-            || self.call_due.is_some_and(|t| now.saturating_add(CALL_TOLERANCE_NS) < t)
+            || self
+                .call_due
+                .is_some_and(|t| now.saturating_add(CALL_TOLERANCE_NS) < t)
     }
 
     /// Whether `tick(now, ..)` may plan a claim for caller rule `i`: the
     /// facts that cost a host read (`owned_soon`) are needed only then.
-    /// The gates of [`Caller::plan`], read without changing anything; a
+    /// The gates of the planning in `tick`, read without changing anything; a
     /// call given up as lost and a clock stepped back count as due.
     pub fn may_plan(&self, now: u64, i: usize) -> bool {
         let lost = self
@@ -835,6 +840,8 @@ fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
 /// this proxy's phase of the epoch reached.
 fn epoch_due(r: &RuleState, e: u64, now: u64, phase_permille: u64) -> bool {
     let g = r.spec.grid;
-    !r.last_epoch.is_some_and(|last| last >= e)
-        && now >= g.epoch_start(e).saturating_add(phase_offset(g.epoch_ns, phase_permille))
+    r.last_epoch.is_none_or(|last| last < e)
+        && now
+            >= g.epoch_start(e)
+                .saturating_add(phase_offset(g.epoch_ns, phase_permille))
 }
