@@ -120,10 +120,12 @@ impl Calls {
             .enumerate()
             .map(|(ci, (&i, reach))| {
                 // The cursor counts the waiters of a line without classes
-                // (a hint, for its fast path); the `held` gauge counts a
-                // line with classes too. Until issue 29 only the first was
+                // (a hint, for its fast path), and the tickets of a dry-run
+                // line with classes; the `held` gauge counts an enforced
+                // line with classes. Until issue 29 only the first was
                 // read: a proxy whose arrivals stopped claimed nothing for
-                // its held class requests.
+                // its held class requests; until issue 30 a dry-run class
+                // rule claimed as if nobody waited.
                 let cursor = store
                     .load(CellId::Cursor(i))
                     .map_or(Cursor::default(), |(v, _)| Cursor::decode(v));

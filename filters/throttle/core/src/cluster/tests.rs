@@ -1,10 +1,11 @@
 //! The caller against the in-memory engine (exact nanoseconds), and whole
 //! simulated worlds of proxies.
 
-use super::sim::{first_overlap, max_in_window, Net, SimProxy, SimRule, World};
+use super::sim::{first_overlap, max_in_window, Fate, Net, SimProxy, SimRule, World};
 use super::*;
 use crate::clock::{NS_PER_MS, NS_PER_S};
 use crate::config::{Config, EngineConfig, OnEngineFailure};
+use crate::stats::Stat;
 
 const MS: u64 = NS_PER_MS;
 /// 2026-11-23 20:00:00 UTC + 10 min: well inside an hour.
@@ -814,5 +815,92 @@ fn an_epoch_without_a_call_does_not_cost_a_lone_proxy_its_spare() {
     assert!(
         short.is_empty(),
         "calls that claimed little: {short:?} of {claimed:?}"
+    );
+}
+
+// ---- a dry-run class rule claims as its enforcing twin (issue 30) ----------
+
+/// A 100/s cluster rule with classes over 2 replicas (50/s each), `dry_run`
+/// as given; every request is of the default class (batch).
+fn class_rule(dry_run: bool) -> Config {
+    let json = r#"{"engine": {"cluster": "throttle_engine", "timeout": "50ms"},
+      "rules": [{"name": "orders", "rate": "100/s", "max_queue_delay": "1s",
+        "scope": "cluster", "expected_replicas": 2, "dry_run": DRY,
+        "classes": [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
+                    {"name": "batch"}]}]}"#;
+    json.replace("DRY", &dry_run.to_string()).parse().unwrap()
+}
+
+/// The slots a call claims (`throttle_slots`) and the demand it adds
+/// (`throttle_demand`), summed over its epochs.
+fn claimed(body: &[u8]) -> (u64, u64) {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+    let mut sums = (0, 0);
+    for d in v["descriptors"].as_array().unwrap() {
+        let e = &d["entries"][0];
+        let hits: u64 = d["hitsAddend"].as_str().unwrap().parse().unwrap();
+        match e["key"].as_str() {
+            Some("throttle_slots") => sums.0 += hits,
+            Some("throttle_demand") => sums.1 += hits,
+            _ => {}
+        }
+    }
+    sums
+}
+
+/// One proxy of `config` under 300/s (6 times its share) for 6 s, its
+/// calls answered at once by the in-memory engine: each call's claims, the
+/// requests queued and rejected at arrival (under dry-run: that would have
+/// been), and the slots taken and taken ahead.
+fn claims_under_overload(config: &Config) -> (Vec<(u64, u64)>, [u64; 4]) {
+    let mut p = SimProxy::new(config, 0).unwrap();
+    let mut eng = FakeEngine::default();
+    let (start, end, gap) = (T0, T0 + 6 * NS_PER_S, NS_PER_S / 300);
+    let mut next = start + gap;
+    let mut claims = Vec::new();
+    let (mut t, mut refused) = (start, 0);
+    while t < end {
+        t += MS;
+        while next <= t {
+            refused += u64::from(p.arrive(0, next) == Fate::Rejected);
+            next += gap;
+        }
+        if (t - start) % (5 * MS) != 0 {
+            continue;
+        }
+        if let Some(call) = p.tick(t) {
+            claims.push(claimed(&call.request.body));
+            let (status, body) = eng.handle(&call.request.body, t);
+            p.answer(t, Ok((status, &body)));
+        }
+    }
+    let st = |s| p.total(0, s);
+    let (queued, rejected) = if config.rules[0].dry_run {
+        (st(Stat::WouldQueue), st(Stat::WouldReject))
+    } else {
+        (st(Stat::Queued), refused)
+    };
+    let taken = (st(Stat::SlotsTaken), st(Stat::SlotsAhead));
+    (claims, [queued, rejected, taken.0, taken.1])
+}
+
+#[test]
+fn a_dry_run_class_rule_claims_as_its_enforcing_twin() {
+    // The line of a class rule under dry-run is its tickets (no request is
+    // held): until issue 30 the caller read the waiting count from the
+    // cursor and the `held` gauge only, so a dry-run class rule claimed as
+    // if nobody waited, and its would-be figures were not the enforced ones.
+    let (enforced, enforced_counts) = claims_under_overload(&class_rule(false));
+    let (dry, dry_counts) = claims_under_overload(&class_rule(true));
+    let total = |c: &[(u64, u64)]| c.iter().fold((0, 0), |(a, b), &(x, y)| (a + x, b + y));
+    assert!(
+        enforced_counts[0] > 0 && enforced_counts[1] > 0,
+        "overload: {enforced_counts:?}"
+    );
+    assert_eq!(total(&dry), total(&enforced), "claims: slots, demand");
+    assert_eq!(dry, enforced, "each call's claims");
+    assert_eq!(
+        dry_counts, enforced_counts,
+        "(would_)queued, (would_)rejected at arrival, slots taken, ahead"
     );
 }

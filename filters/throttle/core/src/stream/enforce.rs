@@ -12,11 +12,12 @@
 
 use crate::classes::ClassWaiter;
 use crate::clock::NS_PER_MS;
+use crate::cluster;
 use crate::config::{Config, Rule};
 use crate::matcher::{Facts, Request};
 use crate::reply::{rejection, Reply};
 use crate::stats::{ClassStat, Counts, Stat};
-use crate::store::Store;
+use crate::store::{CellId, Store};
 use crate::worker::Worker;
 
 use super::{Ctx, Decision, Outcome, Stream, Verdict, Wait};
@@ -157,6 +158,16 @@ impl Stream {
                     deadline,
                     dry: true,
                 });
+                // A cluster rule's tickets that wait without their request
+                // are counted in its cursor, so that the engine caller claims
+                // for them as it does for held requests (the `held` gauge,
+                // which a dry-run rule does not define); its tick keeps the
+                // count (`worker/lines.rs`). A line without classes counted
+                // its ticket when it took it (`stream/cluster.rs`).
+                if cx.rule.cluster.is_some() && !cx.rule.classes.is_empty() {
+                    let _ =
+                        cluster::add_waiting(&mut cx.env.store.cell(CellId::Cursor(cx.index)), 1);
+                }
                 (Stat::WouldQueue, wait_note(until, cx.now), Next::Stage)
             }
             Outcome::Wait(Wait::Gate { .. }) => {

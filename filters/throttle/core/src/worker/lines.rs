@@ -77,7 +77,14 @@ impl Worker {
         let line = rule.line();
         // A cluster rule's own line (no classes): its waiters are counted in
         // the rule's cursor, for the fast path ([`cluster::Cursor::waiting`]).
-        let counted_in_cursor = rule.cluster.is_some() && rule.classes.is_empty();
+        // A cluster rule with classes under dry-run too: its tickets wait
+        // without their requests, so the `held` gauge the engine caller
+        // reads for an enforced class rule is not there (and the rule does
+        // not define it); the cursor's count tells the caller instead.
+        // (Enforced, a class rule's count stays out of the cursor: as a
+        // hint for the credit repayment it cost late refusals, see
+        // `cluster::calls`.)
+        let counted_in_cursor = rule.cluster.is_some() && (rule.classes.is_empty() || rule.dry_run);
         let mut blob = store.blob(BlobId::Classes(index));
         let mut t = Tickets::default();
         for _ in 0..ROUNDS {
