@@ -644,7 +644,11 @@ impl Caller {
                 .first_answer
                 .is_some_and(|first| now.saturating_sub(first) >= SETTLING_NS);
             let extra = if settled && r.mode == Mode::Grid && r.stats.demand > 0 {
-                spare(&g, g.slots_in(next), r.stats.demand, r.stats.members)
+                // Each proxy's floor rotated apart from the others' (its
+                // call phase), so that their parts do not round up at once.
+                let phi = epoch_phase(next)
+                    .wrapping_add(self.phase_permille.wrapping_mul(u64::MAX / 1000));
+                spare(&g, g.slots_in(next), r.stats.demand, r.stats.members, phi)
             } else {
                 0
             };
