@@ -171,7 +171,7 @@ mod tests {
         // Half the rate, in demand units per epoch.
         let total = DEMAND_UNIT * l / 2;
         let epochs = 1000u64;
-        let mut sum = vec![0u64; 8];
+        let mut sum = [0u64; 8];
         for f in 0..epochs {
             let mut in_epoch = 0;
             for (p, s) in sum.iter_mut().enumerate() {
