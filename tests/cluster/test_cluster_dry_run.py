@@ -76,6 +76,19 @@ def totals(lab: ClusterLab, name: str) -> dict[str, int]:
     return out
 
 
+def side_by_side(lab: ClusterLab) -> tuple[list[fortio.Result], dict, dict]:
+    """The same load on the enforcing rule (/e/) and the dry-run one (/d/) of every proxy:
+    the clients' results (enforcing ones first), then each rule's counters."""
+    loads = [uniform_load(p.url + path, qps=PER_PROXY, duration_s=SECS, max_queue_delay_s=MQD_S).start()
+             for path in ("/e/x", "/d/x") for p in lab.proxies]
+    try:
+        results: list[fortio.Result] = [r.result() for r in loads]
+    finally:
+        for r in loads:
+            r.kill()
+    return results, totals(lab, "enforced"), totals(lab, "dry")
+
+
 def test_a_dry_run_cluster_rule_counts_what_enforcement_holds_and_rejects(lab: ClusterLab) -> None:
     """Side by side, 1.5 x the rate: the dry-run rule answers every request 200
     within 100 ms (p99) and holds none; its `would_queue` and `would_reject`
@@ -84,14 +97,7 @@ def test_a_dry_run_cluster_rule_counts_what_enforcement_holds_and_rejects(lab: C
     would_queue + would_reject). On the code before the dry ticket (no ticket
     when a request would join the line) this failed: would_queue 97.8%
     against queued 68.7%, would_reject 0.25% against rejected 31.3%."""
-    loads = [uniform_load(p.url + path, qps=PER_PROXY, duration_s=SECS, max_queue_delay_s=MQD_S).start()
-             for path in ("/e/x", "/d/x") for p in lab.proxies]
-    try:
-        results: list[fortio.Result] = [r.result() for r in loads]
-    finally:
-        for r in loads:
-            r.kill()
-    enforced, dry = totals(lab, "enforced"), totals(lab, "dry")
+    results, enforced, dry = side_by_side(lab)
     e_codes = [r.codes for r in results[:2]]
     d_res = results[2:]
     share = {k: dry.get(k, 0) / max(1, dry["requests"]) for k in ("admitted", "would_queue", "would_reject")}
@@ -141,14 +147,7 @@ def test_a_dry_run_cluster_class_rule_counts_what_enforcement_holds_and_rejects(
     31.8%): the shortfall in claims shows in the core test
     `cluster::tests::a_dry_run_class_rule_claims_as_its_enforcing_twin`."""
     lab = class_lab
-    loads = [uniform_load(p.url + path, qps=PER_PROXY, duration_s=SECS, max_queue_delay_s=MQD_S).start()
-             for path in ("/e/x", "/d/x") for p in lab.proxies]
-    try:
-        results: list[fortio.Result] = [r.result() for r in loads]
-    finally:
-        for r in loads:
-            r.kill()
-    enforced, dry = totals(lab, "enforced"), totals(lab, "dry")
+    results, enforced, dry = side_by_side(lab)
     d_res = results[2:]
     n_d, n_e = max(1, dry["requests"]), max(1, enforced["requests"])
     share = {"queued": dry.get("would_queue", 0) / n_d,
