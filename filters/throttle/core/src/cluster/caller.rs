@@ -520,10 +520,8 @@ impl Caller {
             .map(|(i, r)| (self.may_plan(now, i), r.last_epoch))
             .collect();
         let mut updates = Vec::new();
-        if let Some(f) = &self.in_flight {
-            if now.saturating_sub(f.sent_at) > lost_after(self.timeout_ns) {
-                updates = self.failed(now, Failure::Timeout);
-            }
+        if self.call_lost(now) {
+            updates = self.failed(now, Failure::Timeout);
         }
         for (r, fact) in self.rules.iter_mut().zip(facts) {
             sample_arrivals(r, now, fact.arrived_total);
@@ -555,29 +553,32 @@ impl Caller {
     /// The gates of the planning in `tick`, read without changing anything; a
     /// call given up as lost and a clock stepped back count as due.
     pub fn may_plan(&self, now: u64, i: usize) -> bool {
-        let lost = self
-            .in_flight
-            .as_ref()
-            .is_some_and(|f| now.saturating_sub(f.sent_at) > lost_after(self.timeout_ns));
-        let stepped_back = self
-            .call_due
-            .is_some_and(|t| t > now.saturating_add(2 * MIN_CALL_INTERVAL_NS));
-        if !lost && !stepped_back && self.paced_out(now) {
+        if !self.call_lost(now) && !self.pace_stepped_back(now) && self.paced_out(now) {
             return false;
         }
         self.rules.get(i).is_some_and(|r| {
             let now = r.fleet_time(now);
             let e = r.spec.grid.epoch_of(now);
-            r.last_epoch.is_some_and(|last| last > e + 1)
-                || epoch_due(r, e, now, self.phase_permille)
+            epoch_stepped_back(r, e) || epoch_due(r, e, now, self.phase_permille)
         })
     }
 
-    fn plan(&mut self, now: u64, facts: &[RuleFacts]) -> Option<Call> {
-        if self
-            .call_due
+    /// Whether the call in flight is given up as lost by `now`.
+    fn call_lost(&self, now: u64) -> bool {
+        self.in_flight
+            .as_ref()
+            .is_some_and(|f| now.saturating_sub(f.sent_at) > lost_after(self.timeout_ns))
+    }
+
+    /// Whether the pace's due time lies further ahead than the pace allows
+    /// (the clock stepped back).
+    fn pace_stepped_back(&self, now: u64) -> bool {
+        self.call_due
             .is_some_and(|t| t > now.saturating_add(2 * MIN_CALL_INTERVAL_NS))
-        {
+    }
+
+    fn plan(&mut self, now: u64, facts: &[RuleFacts]) -> Option<Call> {
+        if self.pace_stepped_back(now) {
             // A due time further ahead than the pace allows: the clock
             // stepped back. Pace from now.
             self.call_due = None;
@@ -592,7 +593,7 @@ impl Caller {
             // Epochs are counted on the fleet's clock.
             let now = r.fleet_time(now);
             let e = g.epoch_of(now);
-            if r.last_epoch.is_some_and(|last| last > e + 1) {
+            if epoch_stepped_back(r, e) {
                 // The clock stepped back: grants planned ahead of it no
                 // longer line up. Plan afresh from here.
                 r.forget_grants();
@@ -848,4 +849,9 @@ fn epoch_due(r: &RuleState, e: u64, now: u64, phase_permille: u64) -> bool {
         && now
             >= g.epoch_start(e)
                 .saturating_add(phase_offset(g.epoch_ns, phase_permille))
+}
+
+/// Whether rule `r` planned epochs beyond `e + 1` (the clock stepped back).
+fn epoch_stepped_back(r: &RuleState, e: u64) -> bool {
+    r.last_epoch.is_some_and(|last| last > e + 1)
 }
