@@ -20,8 +20,10 @@
 //! away: we take it that we are ahead only with two others at least (with
 //! one, it moves instead, so two proxies never chase each other), only if
 //! they are present further back, and only if the answer stays put over two
-//! sweeps (an idle or gone proxy's absence grows). Behind twice in a row (the
-//! smaller of the two: a count right at an offset may tip either way), or
+//! sweeps (an idle or gone proxy's absence grows). Behind twice in a row,
+//! the two answers at most an offset step apart (the smaller of the two: a
+//! count right at an offset may tip either way; further apart, a count at
+//! half the fleet lost an add, and the next sweep decides), or
 //! ahead twice within an epoch, is a correction: the caller
 //! then counts epochs on the fleet's clock, that many epochs off its own, and
 //! keeps the grants in its own time ([`super::caller`]). With offsets at most
@@ -130,9 +132,12 @@ impl Skew {
         let now = now.filter(|m| m.abs() >= self.min_move);
         let confirmed = match (self.pending, now) {
             // Behind (others' adds are in our future: unambiguous): the same
-            // direction twice (a count right at an offset may tip either
-            // way), the smaller of the two.
-            (Some(a), Some(b)) if a < 0 && b < 0 => Some(a.max(b)),
+            // twice, the smaller of the two. A count right at an offset may
+            // tip either way (the answers one offset step apart, at most 2
+            // epochs ahead as far as 1.5 s); further apart, one sweep missed
+            // an add where the count stood at half the fleet, and the next
+            // sweep decides (sweep seed 69: -9 then -4).
+            (Some(a), Some(b)) if a < 0 && b < 0 && a.abs_diff(b) <= 2 => Some(a.max(b)),
             // Ahead (others missing from our recent past): only if it stays
             // put, which a proxy that went idle or away does not (its
             // absence grows sweep after sweep).
@@ -306,6 +311,41 @@ mod tests {
         assert_eq!(s.estimate(), Some(-9));
     }
 
+    /// Sweep seed 69 (8 proxies, 4 of them 800 ms behind the other 4, with
+    /// demand that comes and goes): a proxy of the half behind saw the half
+    /// ahead at +1..+8 in one sweep, and in the next missed one of them at +5
+    /// and +6 (an epoch it had no demand). Half of the fleet is a tie at the
+    /// threshold, so that sweep read the half ahead only 4 epochs away; the
+    /// smaller of the two answers moved the proxy 4 epochs, not 9. The 5 left
+    /// over then moved the half ahead back, and both halves chased each other
+    /// (9 moves for one skew event). Two answers that are more than an offset
+    /// step apart are not a confirmation: the next sweep decides.
+    #[test]
+    fn two_sweeps_far_apart_do_not_confirm_a_move() {
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        let whole = |j: i64| if j <= 8 { 4 } else { 0 };
+        let missed = |j: i64| match j {
+            5 | 6 => 3,
+            j if j <= 8 => 4,
+            _ => 0,
+        };
+        sweep(&mut s, whole, |_| 7);
+        assert_eq!(s.estimate(), None, "one sweep is not enough");
+        sweep(&mut s, missed, |_| 7);
+        assert_eq!(s.estimate(), None, "-9 then -4: no move");
+        sweep(&mut s, whole, |_| 7);
+        assert_eq!(s.estimate(), None, "-4 then -9: no move");
+        sweep(&mut s, whole, |_| 7);
+        assert_eq!(s.estimate(), Some(-9), "-9 twice");
+        // A count right at an offset tipping either way still confirms: the
+        // nearer of the two.
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        sweep(&mut s, whole, |_| 7);
+        s.estimate();
+        sweep(&mut s, |j| if j <= 10 { 4 } else { 0 }, |_| 7);
+        assert_eq!(s.estimate(), Some(-9));
+    }
+
     #[test]
     fn three_epochs_ahead_of_two_others_is_corrected_after_two_sweeps() {
         let mut s = Skew::new(100 * MS, 100 * MS);
@@ -399,12 +439,19 @@ mod tests {
         assert_eq!(s.estimate(), None);
         sweep(&mut s, |_| 0, |j| if j <= 6 { 0 } else { 2 });
         assert_eq!(s.estimate(), None, "2 then 7: not put");
-        // Behind: the same direction twice, the smaller.
+        // Behind: the same direction twice, one offset step apart at most,
+        // the smaller; -3 then -7 is no confirmation, -7 twice is.
         let mut s = Skew::new(100 * MS, 100 * MS);
         sweep(&mut s, |j| if j <= 3 { 2 } else { 0 }, |_| 2);
         assert_eq!(s.estimate(), None);
+        sweep(&mut s, |j| if j <= 4 { 2 } else { 0 }, |_| 2);
+        assert_eq!(s.estimate(), Some(-3), "-3 then -4: the smaller");
+        sweep(&mut s, |j| if j <= 3 { 2 } else { 0 }, |_| 2);
+        assert_eq!(s.estimate(), None);
         sweep(&mut s, |j| if j <= 6 { 2 } else { 0 }, |_| 2);
-        assert_eq!(s.estimate(), Some(-3), "-3 then -7: the smaller");
+        assert_eq!(s.estimate(), None, "-3 then -7: apart");
+        sweep(&mut s, |j| if j <= 6 { 2 } else { 0 }, |_| 2);
+        assert_eq!(s.estimate(), Some(-7), "-7 twice");
         // Ahead, then behind: no answer; then behind twice.
         let mut s = Skew::new(100 * MS, 100 * MS);
         sweep(&mut s, |_| 0, |j| if j <= 3 { 0 } else { 2 });
