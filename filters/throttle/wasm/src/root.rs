@@ -80,7 +80,11 @@ impl<H: Host> Root<H> {
                 &format!("rule {name}: could not initialise its shared cells"),
             );
         }
-        if self.queue.is_none() && plugin.config.rules.iter().any(|r| r.concurrency.is_some()) {
+        // A returned concurrency slot, or a class grant passed on to another
+        // worker's ticket, wakes the workers through their queues.
+        let wakes =
+            |r: &throttle_core::config::Rule| r.concurrency.is_some() || !r.classes.is_empty();
+        if self.queue.is_none() && plugin.config.rules.iter().any(wakes) {
             let mut tag = [0u8; 8];
             let _ = self.host.random(&mut tag);
             let name = format!("{WAKE_QUEUE_PREFIX}{:016x}", u64::from_le_bytes(tag));
@@ -88,7 +92,7 @@ impl<H: Host> Root<H> {
             if !self.queue.is_some_and(|q| add_wake_queue(self.host, q)) {
                 self.log(
                     Level::Warn,
-                    "no wake queue: freed concurrency slots reach waiters at the next tick",
+                    "no wake queue: freed concurrency slots and passed-on grants reach waiters at the next tick",
                 );
             }
         }
