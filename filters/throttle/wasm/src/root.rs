@@ -17,7 +17,7 @@ use crate::caller::Calls;
 use crate::host::{Host, HostClock, Level};
 use crate::http::HttpStream;
 use crate::plugin::Plugin;
-use crate::shared::{add_wake_queue, shared_seed, SharedStore};
+use crate::shared::{add_wake_queue, shared_seed, wake_all, SharedStore};
 use crate::worker::WorkerGlue;
 use throttle_core::clock::Clock;
 
@@ -80,7 +80,11 @@ impl<H: Host> Root<H> {
                 &format!("rule {name}: could not initialise its shared cells"),
             );
         }
-        if self.queue.is_none() && plugin.config.rules.iter().any(|r| r.concurrency.is_some()) {
+        // A returned concurrency slot, or a class grant passed on to another
+        // worker's ticket, wakes the workers through their queues.
+        let wakes =
+            |r: &throttle_core::config::Rule| r.concurrency.is_some() || !r.classes.is_empty();
+        if self.queue.is_none() && plugin.config.rules.iter().any(wakes) {
             let mut tag = [0u8; 8];
             let _ = self.host.random(&mut tag);
             let name = format!("{WAKE_QUEUE_PREFIX}{:016x}", u64::from_le_bytes(tag));
@@ -88,7 +92,7 @@ impl<H: Host> Root<H> {
             if !self.queue.is_some_and(|q| add_wake_queue(self.host, q)) {
                 self.log(
                     Level::Warn,
-                    "no wake queue: freed concurrency slots reach waiters at the next tick",
+                    "no wake queue: freed concurrency slots and passed-on grants reach waiters at the next tick",
                 );
             }
         }
@@ -169,7 +173,11 @@ impl<H: Host> Root<H> {
             Ok(mut w) => w.plan_tick(&plugin.config, self.store(&plugin), &mut clock),
             Err(_) => TickPlan::default(),
         };
+        let wake = plan.wake;
         self.carry_out(&plugin, plan);
+        if wake {
+            wake_all(self.host);
+        }
         if self.learners.is_some() {
             self.learn(&plugin, now);
         }
@@ -227,19 +235,29 @@ impl<H: Host> Root<H> {
         }
     }
 
-    /// A concurrency slot went back somewhere in the process: the waiters
-    /// whose turn came go now, not at the next tick.
+    /// A concurrency slot went back somewhere in the process, or another
+    /// worker passed a grant on to a ticket here: the waiters whose turn
+    /// came go now, not at the next tick (a grant passed on again wakes
+    /// the workers again).
     pub fn on_queue_ready(&mut self, queue: u32) {
         while self.host.dequeue(queue).is_some() {}
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
-        let now = self.host.monotonic_ns();
+        let mut host_clock = HostClock(self.host);
+        let mut clock = throttle_core::clock::Fixed {
+            mono: host_clock.mono(),
+            wall: host_clock.wall(),
+        };
         let plan = match self.worker.core.try_borrow_mut() {
-            Ok(mut w) => w.plan_gate(&plugin.config, self.store(&plugin), now),
+            Ok(mut w) => w.plan_wake(&plugin.config, self.store(&plugin), &mut clock),
             Err(_) => TickPlan::default(),
         };
+        let wake = plan.wake;
         self.carry_out(&plugin, plan);
+        if wake {
+            wake_all(self.host);
+        }
     }
 
     fn store<'p>(&self, plugin: &'p Plugin) -> SharedStore<'p, H> {

@@ -927,6 +927,31 @@ fn classes_order_releases_across_workers_and_count_per_class() {
 }
 
 #[test]
+fn a_grant_passed_on_to_another_workers_ticket_wakes_it() {
+    let host = Fake::new();
+    let mut a = Worker::new(host, 1, CLASSES);
+    let mut b = Worker::new(host, 2, CLASSES);
+    a.at(0);
+    assert_eq!(a.request(10, &[]), Flow::Continue);
+    assert_eq!(a.request(11, &[("x-priority", "critical")]), Flow::Pause);
+    assert_eq!(b.request(20, &[("x-priority", "critical")]), Flow::Pause);
+    // Worker b grants the slot at 100 ms to a's request, whose client goes.
+    b.at(100);
+    b.tick();
+    a.done(11);
+    let queued = |host: Fake| -> usize { host.state().queues.iter().map(|(_, q)| q.len()).sum() };
+    assert_eq!(queued(host), 0);
+    // Worker a passes the slot on to b's request at its tick and wakes the
+    // workers: b resumes it without waiting for its own tick.
+    a.at(101);
+    a.tick();
+    assert!(host.state().resumed.is_empty());
+    assert!(queued(host) > 0, "a wake");
+    b.root.on_queue_ready(1);
+    assert_eq!(host.state().resumed, vec![20]);
+}
+
+#[test]
 fn a_displaced_request_is_answered_and_counted() {
     let host = Fake::new();
     let json = CLASSES.replace(

@@ -292,14 +292,38 @@ fn a_granted_ticket_whose_client_left_passes_its_slot_on() {
     // ... whose client goes before worker 0 resumes it.
     p.done(2);
     p.tick(0, t0 + 11 * MS);
-    // The grant went on to request 3 at once (no new slot taken).
-    p.tick(1, t0 + 12 * MS);
-    assert_eq!(p.seen[&3].fate, Fate::Released(t0 + 12 * MS));
+    // The grant went on to request 3 at once (no new slot taken), worker 1
+    // woken for it.
+    assert_eq!(p.seen[&3].fate, Fate::Released(t0 + 11 * MS));
     assert_eq!(
         p.request(0, 4, req("critical"), t0 + 19 * MS),
         Verdict::Hold,
         "next slot at +20"
     );
+}
+
+/// Fleet sweep seed 294: a slot granted to an abandoned ticket went on to
+/// the next ticket only at its holder's tick, and from there to the next
+/// worker's ticket at that worker's tick: through a run of batch tickets
+/// whose clients left, held by two workers in turn, slots due at +7..+12
+/// ms left at +24 ms, 19 releases in 100 ms beyond a 2,000/s rate (bound
+/// 214 with the 6 ms tick gap, 219 sent). A grant passed on to another
+/// worker's ticket wakes the workers, as a returned concurrency slot does:
+/// it leaves at the tick that passed it on, not one tick per worker later.
+#[test]
+fn a_grant_passed_on_to_another_workers_ticket_leaves_at_once() {
+    let mut p = Process::new(CONTRACT, 2).unwrap();
+    let t0 = plain_run(&p, 1000 * NS_PER_S, 3);
+    assert_eq!(p.request(0, 1, req("critical"), t0), Verdict::Continue);
+    assert_eq!(p.request(0, 2, req("critical"), t0 + MS), Verdict::Hold);
+    assert_eq!(p.request(1, 3, req("critical"), t0 + MS), Verdict::Hold);
+    // Worker 1 grants the slot due at +10 ms to request 2 (worker 0) ...
+    p.tick(1, t0 + 10 * MS);
+    // ... whose client goes; worker 0 passes the slot on at its tick, to
+    // request 3 on worker 1, which leaves then, not at worker 1's next tick.
+    p.done(2);
+    p.tick(0, t0 + 12 * MS);
+    assert_eq!(p.seen[&3].fate, Fate::Released(t0 + 12 * MS));
 }
 
 #[test]

@@ -134,7 +134,9 @@ impl Process {
         d.verdict
     }
 
-    /// A tick of `worker` at `now`, carried out.
+    /// A tick of `worker` at `now`, carried out; a plan that wakes the
+    /// workers (the glue's wake queues) runs each one's wake plan at once,
+    /// until none wakes them again.
     pub fn tick(&mut self, worker: usize, now: u64) {
         let mut clock = Fixed {
             mono: now,
@@ -144,6 +146,27 @@ impl Process {
             return;
         };
         let plan = w.plan_tick(&self.config, MemStore(&self.cells), &mut clock);
+        let mut wake = plan.wake;
+        self.carry_out(worker, now, plan);
+        // Each wake settles at least one abandoned ticket: a bound only
+        // against a loop.
+        for _ in 0..1000 {
+            if !wake {
+                break;
+            }
+            wake = false;
+            for v in 0..self.workers.len() {
+                let Some(w) = self.workers.get_mut(v) else {
+                    continue;
+                };
+                let plan = w.plan_wake(&self.config, MemStore(&self.cells), &mut clock);
+                wake |= plan.wake;
+                self.carry_out(v, now, plan);
+            }
+        }
+    }
+
+    fn carry_out(&mut self, worker: usize, now: u64, plan: crate::worker::TickPlan) {
         for (rule, c) in &plan.counts {
             self.count(*rule, c);
         }

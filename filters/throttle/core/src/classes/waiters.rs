@@ -163,6 +163,12 @@ impl ClassWaiters {
         true
     }
 
+    /// Whether this worker holds ticket `place` (waiting, or abandoned and
+    /// not yet settled).
+    pub fn holds(&self, place: Place) -> bool {
+        self.by_place.contains_key(&place) || self.abandoned.contains_key(&place)
+    }
+
     /// Keeps an abandoned ticket until its grant is passed on.
     pub fn abandon(&mut self, rule: usize, class: usize, ticket: u64, counted: bool) {
         self.abandoned.insert((rule, class, ticket), counted);

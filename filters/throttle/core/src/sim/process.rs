@@ -462,16 +462,33 @@ impl Process {
             self.count(vm, rule, &counts_d);
         }
         if wake {
-            let now = self.mono(t);
+            self.wake(t, out);
+        }
+    }
+
+    /// The glue's wake queues: every VM runs its wake plan at true time `t`
+    /// (a returned concurrency slot, or a grant passed on to another VM's
+    /// ticket), again while a plan wakes them.
+    fn wake(&mut self, t: u64, out: &mut Out) {
+        // Each further wake settles an abandoned ticket: a bound only
+        // against a loop.
+        for _ in 0..1000 {
+            let mut again = false;
             for v in 0..self.vms.len() {
+                let mut clock = self.clocks(t);
                 let plan = {
                     let store = sim_store(&self.cells, &self.taken);
                     let Some(worker) = self.vms.get_mut(v).map(|x| &mut x.worker) else {
                         continue;
                     };
-                    worker.plan_gate(&self.config, store, now)
+                    worker.plan_wake(&self.config, store, &mut clock)
                 };
+                again |= plan.wake;
+                self.taken.borrow_mut().clear();
                 self.carry_out(t, v, plan, out);
+            }
+            if !again {
+                break;
             }
         }
     }
@@ -526,7 +543,11 @@ impl Process {
         // The lines' grants take slots for tickets, not for a request of
         // their own: a request released on a grant is not matched to a slot.
         self.taken.borrow_mut().clear();
+        let wake = plan.wake;
         self.carry_out(t, vm, plan, out);
+        if wake {
+            self.wake(t, out);
+        }
         if let Some(p) = self.pending.get_mut(vm) {
             for (k, d) in std::mem::take(p) {
                 *self.flushed.entry(k).or_default() += d;

@@ -101,6 +101,13 @@ impl Worker {
                     self.classes.passed_on(index, c, ticket);
                     passed = true;
                 }
+                // Its slot went to the class's next ticket: if another worker
+                // holds it, that one is woken (it leaves, or passes it on in
+                // turn, now); one of this worker's goes in this tick.
+                let to = t.lines.get(c).map_or(0, |l| l.granted.saturating_sub(1));
+                if out == Settled::PassedOn && !self.classes.holds((index, c, to)) {
+                    plan.wake = true;
+                }
             }
             if !passed {
                 break;

@@ -77,6 +77,12 @@ pub enum TickAction {
 pub struct TickPlan {
     pub actions: Vec<TickAction>,
     pub counts: Vec<(usize, Counts)>,
+    /// A grant went on to a ticket another worker holds (an abandoned
+    /// ticket's slot, passed on): the glue wakes the workers (their wake
+    /// queues, [`Worker::plan_wake`]) so it leaves now, not at that
+    /// worker's next tick (a run of abandoned tickets held by several
+    /// workers in turn took a tick per worker, fleet sweep seed 294).
+    pub wake: bool,
 }
 
 impl TickPlan {
@@ -242,6 +248,23 @@ impl Worker {
     pub fn plan_releases<S: Store>(&mut self, cfg: &Config, store: S, now: u64) -> TickPlan {
         let mut plan = TickPlan::default();
         self.rate_releases(cfg, store, now, &mut plan);
+        plan
+    }
+
+    /// The plan for a wake (the glue's wake queue): the lines (a grant
+    /// another worker passed on to a ticket here leaves now, or goes on)
+    /// and the gate (a concurrency slot was returned somewhere in the
+    /// process), as on a tick.
+    pub fn plan_wake<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        clock: &mut impl Clock,
+    ) -> TickPlan {
+        let mut plan = TickPlan::default();
+        let now = clock.mono();
+        self.class_turns(cfg, store, clock, &mut plan);
+        self.gate_turns(cfg, store, now, &mut plan);
         plan
     }
 
