@@ -510,14 +510,11 @@ impl Caller {
     /// [`RuleFacts`] per rule. Returns the call to send, if any, and the
     /// rules whose mode changed (publish them).
     pub fn tick(&mut self, now: u64, facts: &[RuleFacts]) -> (Option<Call>, Vec<RuleUpdate>) {
-        // The simulations check [`Caller::may_plan`] on every tick: a rule
-        // it calls not due must not plan (its `owned_soon` was not read).
-        #[cfg(any(test, feature = "testing"))]
-        let before: Vec<(bool, Option<u64>)> = self
-            .rules
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (self.may_plan(now, i), r.last_epoch))
+        // The gates of the planning, read before anything changes: the very
+        // reading [`Caller::may_plan`] gave the glue for these facts.
+        let held_back = self.held_back(now);
+        let epochs: Vec<Option<u64>> = (0..self.rules.len())
+            .map(|i| self.plan_epoch(now, i))
             .collect();
         let mut updates = Vec::new();
         if self.call_lost(now) {
@@ -527,40 +524,51 @@ impl Caller {
             sample_arrivals(r, now, fact.arrived_total);
         }
         updates.extend(self.fallback_if_due(now));
-        let call = self.plan(now, facts);
-        #[cfg(any(test, feature = "testing"))]
-        for (r, (due, last)) in self.rules.iter().zip(before) {
-            assert!(
-                due || r.last_epoch.is_none() || r.last_epoch == last,
-                "may_plan said not due, but the caller planned epoch {:?}",
-                r.last_epoch
-            );
-        }
+        let call = self.plan(now, facts, held_back, &epochs);
         (call, updates)
     }
 
-    /// Whether a call is held back now: one in flight, or the pace's due
-    /// time not reached.
-    fn paced_out(&self, now: u64) -> bool {
-        self.in_flight.is_some()
-            || self
-                .call_due
-                .is_some_and(|t| now.saturating_add(CALL_TOLERANCE_NS) < t)
+    /// Whether `tick(now, ..)` sends no call: one in flight, or the pace's
+    /// due time not reached. Read before the tick changes anything: a call
+    /// given up as lost is dropped by then, and a due time further ahead
+    /// than the pace allows (the clock stepped back) is reset.
+    fn held_back(&self, now: u64) -> bool {
+        (self.in_flight.is_some() && !self.call_lost(now))
+            || (!self.pace_stepped_back(now)
+                && self
+                    .call_due
+                    .is_some_and(|t| now.saturating_add(CALL_TOLERANCE_NS) < t))
     }
 
-    /// Whether `tick(now, ..)` may plan a claim for caller rule `i`: the
-    /// facts that cost a host read (`owned_soon`) are needed only then.
-    /// The gates of the planning in `tick`, read without changing anything; a
-    /// call given up as lost and a clock stepped back count as due.
-    pub fn may_plan(&self, now: u64, i: usize) -> bool {
-        if !self.call_lost(now) && !self.pace_stepped_back(now) && self.paced_out(now) {
-            return false;
+    /// The epoch `tick(now, ..)` plans a claim of caller rule `i` for, or
+    /// `None` if it plans none for the rule: the call not held back
+    /// ([`Caller::held_back`]) and the rule's epoch on the fleet's clock due
+    /// ([`epoch_due`]; a rule whose epoch clock stepped back forgets what it
+    /// planned first). Read without changing anything. The one reading of
+    /// the planning gates: `tick` reads it first and plans for exactly these
+    /// epochs, and [`Caller::may_plan`] is whether it is `Some`.
+    fn plan_epoch(&self, now: u64, i: usize) -> Option<u64> {
+        if self.held_back(now) {
+            return None;
         }
-        self.rules.get(i).is_some_and(|r| {
-            let now = r.fleet_time(now);
-            let e = r.spec.grid.epoch_of(now);
-            epoch_stepped_back(r, e) || epoch_due(r, e, now, self.phase_permille)
-        })
+        let r = self.rules.get(i)?;
+        let now = r.fleet_time(now);
+        let e = r.spec.grid.epoch_of(now);
+        let last = if epoch_stepped_back(r, e) {
+            None
+        } else {
+            r.last_epoch
+        };
+        epoch_due(&r.spec.grid, last, e, now, self.phase_permille).then_some(e)
+    }
+
+    /// Whether `tick(now, ..)` plans a claim for caller rule `i`: the facts
+    /// that cost a host read (`owned_soon`) are needed only then. Cheap: it
+    /// reads only the caller's own state. Both this and the planning in
+    /// `tick` are `plan_epoch` on the same state, so they cannot
+    /// disagree (testing builds no longer check it on every tick).
+    pub fn may_plan(&self, now: u64, i: usize) -> bool {
+        self.plan_epoch(now, i).is_some()
     }
 
     /// Whether the call in flight is given up as lost by `now`.
@@ -577,13 +585,22 @@ impl Caller {
             .is_some_and(|t| t > now.saturating_add(2 * MIN_CALL_INTERVAL_NS))
     }
 
-    fn plan(&mut self, now: u64, facts: &[RuleFacts]) -> Option<Call> {
+    /// Plans the call of this tick: `held_back` and `epochs` (one per rule)
+    /// are [`Caller::held_back`] and [`Caller::plan_epoch`] read at the
+    /// start of the tick.
+    fn plan(
+        &mut self,
+        now: u64,
+        facts: &[RuleFacts],
+        held_back: bool,
+        epochs: &[Option<u64>],
+    ) -> Option<Call> {
         if self.pace_stepped_back(now) {
             // A due time further ahead than the pace allows: the clock
             // stepped back. Pace from now.
             self.call_due = None;
         }
-        if self.paced_out(now) {
+        if held_back {
             return None;
         }
         let (skew, timeout) = (self.skew_ns, self.timeout_ns);
@@ -599,7 +616,9 @@ impl Caller {
                 r.forget_grants();
                 r.skew.restart();
             }
-            if !epoch_due(r, e, now, self.phase_permille) {
+            // Planned only for the epoch `plan_epoch` named at the start of
+            // the tick (`e`, if due).
+            if epochs.get(i).copied().flatten() != Some(e) {
                 continue;
             }
             r.granted.retain(|(f, _)| *f > e);
@@ -841,11 +860,11 @@ fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
     }
 }
 
-/// Whether rule `r` plans epoch `e` now (fleet time): not yet planned, and
-/// this proxy's phase of the epoch reached.
-fn epoch_due(r: &RuleState, e: u64, now: u64, phase_permille: u64) -> bool {
-    let g = r.spec.grid;
-    r.last_epoch.is_none_or(|last| last < e)
+/// Whether a rule on grid `g` that last planned epoch `last` plans epoch `e`
+/// now (fleet time): not yet planned, and this proxy's phase of the epoch
+/// reached.
+fn epoch_due(g: &Grid, last: Option<u64>, e: u64, now: u64, phase_permille: u64) -> bool {
+    last.is_none_or(|last| last < e)
         && now
             >= g.epoch_start(e)
                 .saturating_add(phase_offset(g.epoch_ns, phase_permille))
