@@ -266,6 +266,9 @@ struct RuleState {
     spec: RuleSpec,
     /// Epoch in which this rule last planned a claim.
     last_epoch: Option<u64>,
+    /// The epoch this tick plans a claim for ([`Caller::plan_epoch`], read
+    /// at the start of the tick), if any.
+    plan_for: Option<u64>,
     /// Epochs whose member counter this process added 1 to (recent ones).
     member_adds: Vec<u64>,
     /// Highest counter seen per slot epoch (recent ones), to catch counters going back.
@@ -429,6 +432,7 @@ impl Caller {
                 .map(|(epoch_ns, spec)| RuleState {
                     spec,
                     last_epoch: None,
+                    plan_for: None,
                     member_adds: Vec::new(),
                     seen: Vec::new(),
                     granted: Vec::new(),
@@ -513,9 +517,12 @@ impl Caller {
         // The gates of the planning, read before anything changes: the very
         // reading [`Caller::may_plan`] gave the glue for these facts.
         let held_back = self.held_back(now);
-        let epochs: Vec<Option<u64>> = (0..self.rules.len())
-            .map(|i| self.plan_epoch(now, i))
-            .collect();
+        for i in 0..self.rules.len() {
+            let e = self.plan_epoch(now, i);
+            if let Some(r) = self.rules.get_mut(i) {
+                r.plan_for = e;
+            }
+        }
         let mut updates = Vec::new();
         if self.call_lost(now) {
             updates = self.failed(now, Failure::Timeout);
@@ -524,7 +531,7 @@ impl Caller {
             sample_arrivals(r, now, fact.arrived_total);
         }
         updates.extend(self.fallback_if_due(now));
-        let call = self.plan(now, facts, held_back, &epochs);
+        let call = self.plan(now, facts, held_back);
         (call, updates)
     }
 
@@ -585,16 +592,10 @@ impl Caller {
             .is_some_and(|t| t > now.saturating_add(2 * MIN_CALL_INTERVAL_NS))
     }
 
-    /// Plans the call of this tick: `held_back` and `epochs` (one per rule)
-    /// are [`Caller::held_back`] and [`Caller::plan_epoch`] read at the
-    /// start of the tick.
-    fn plan(
-        &mut self,
-        now: u64,
-        facts: &[RuleFacts],
-        held_back: bool,
-        epochs: &[Option<u64>],
-    ) -> Option<Call> {
+    /// Plans the call of this tick: `held_back` is [`Caller::held_back`],
+    /// and each rule's `plan_for` [`Caller::plan_epoch`], read at the start
+    /// of the tick.
+    fn plan(&mut self, now: u64, facts: &[RuleFacts], held_back: bool) -> Option<Call> {
         if self.pace_stepped_back(now) {
             // A due time further ahead than the pace allows: the clock
             // stepped back. Pace from now.
@@ -618,7 +619,7 @@ impl Caller {
             }
             // Planned only for the epoch `plan_epoch` named at the start of
             // the tick (`e`, if due).
-            if epochs.get(i).copied().flatten() != Some(e) {
+            if r.plan_for != Some(e) {
                 continue;
             }
             r.granted.retain(|(f, _)| *f > e);
