@@ -236,8 +236,7 @@ impl Worker {
             self.follow_learned_rates(cfg, store, now);
         }
         self.rate_releases(cfg, store, now, &mut plan);
-        self.class_turns(cfg, store, clock, &mut plan);
-        self.gate_turns(cfg, store, now, &mut plan);
+        self.lines_and_gate(cfg, store, clock, now, &mut plan);
         plan
     }
 
@@ -263,9 +262,22 @@ impl Worker {
     ) -> TickPlan {
         let mut plan = TickPlan::default();
         let now = clock.mono();
-        self.class_turns(cfg, store, clock, &mut plan);
-        self.gate_turns(cfg, store, now, &mut plan);
+        self.lines_and_gate(cfg, store, clock, now, &mut plan);
         plan
+    }
+
+    /// The class lines' and the gate's part of a tick (`now`: the tick's
+    /// monotonic time), also run on a wake.
+    fn lines_and_gate<S: Store>(
+        &mut self,
+        cfg: &Config,
+        store: S,
+        clock: &mut impl Clock,
+        now: u64,
+        plan: &mut TickPlan,
+    ) {
+        self.class_turns(cfg, store, clock, plan);
+        self.gate_turns(cfg, store, now, plan);
     }
 
     /// Only the gate part of a tick: waiters whose turn came (a slot was
