@@ -7,6 +7,7 @@
 //! fleet-sweep --seed SEED [--verbose]                    replay one seed
 //! fleet-sweep --scenario NAME                            a named scenario (--scenario list)
 //! fleet-sweep --seed SEED|--scenario NAME --trace RULE   every request of a rule and its end
+//! fleet-sweep --seed SEED|--scenario NAME --logs         every proxy's log lines, in time order
 //! fleet-sweep --seeds N --known FILE                     a ratchet (CI): see below
 //! ```
 //! Exit status 1 if any invariant failed.
@@ -71,9 +72,10 @@ fn report(o: &Outcome, verbose: bool) -> bool {
     o.violations.is_empty()
 }
 
-/// One line per request of rule `rule`, in arrival order: proxy, arrival
-/// and end, in ms from the start.
-fn trace(sc: &Scenario, rule: usize) {
+/// One line per request of rule `rule` (if any), in arrival order: proxy,
+/// arrival and end, in ms from the start; with `logs`, then every proxy's
+/// log lines (clock moves, fallbacks, warnings), in time order.
+fn trace(sc: &Scenario, rule: Option<usize>, logs: bool) {
     let t = match fleet::run(sc) {
         Ok(t) => t,
         Err(e) => {
@@ -83,8 +85,10 @@ fn trace(sc: &Scenario, rule: usize) {
     };
     let start = sc.start_ns();
     let ms = |x: u64| x.saturating_sub(start) as f64 / 1e6;
-    let interval_ns = sc.rules.get(rule).map_or(1, |r| r.interval_ns());
-    let mut rows: Vec<_> = t.records.iter().filter(|r| r.rule == rule).collect();
+    let interval_ns = rule
+        .and_then(|rule| sc.rules.get(rule))
+        .map_or(1, |r| r.interval_ns());
+    let mut rows: Vec<_> = t.records.iter().filter(|r| Some(r.rule) == rule).collect();
     rows.sort_by_key(|r| r.arrived);
     for r in rows {
         let end = match r.end {
@@ -121,15 +125,32 @@ fn trace(sc: &Scenario, rule: usize) {
             ms(r.arrived)
         );
     }
+    if logs {
+        let mut lines: Vec<(u64, usize, &str)> = t
+            .processes
+            .iter()
+            .enumerate()
+            .flat_map(|(p, proc_)| proc_.log.iter().map(move |(at, l)| (*at, p, l.as_str())))
+            .collect();
+        lines.sort_by_key(|&(at, p, _)| (at, p));
+        for (at, p, l) in lines {
+            println!("{:.1} ms proxy {p}: {l}", ms(at));
+        }
+    }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verbose = args.iter().any(|a| a == "--verbose");
-    if let Some(rule) = arg(&args, "--trace") {
-        let Ok(rule) = rule.parse::<usize>() else {
-            eprintln!("fleet-sweep: --trace takes a rule's index");
-            std::process::exit(2);
+    let logs = args.iter().any(|a| a == "--logs");
+    if arg(&args, "--trace").is_some() || logs {
+        let rule = match arg(&args, "--trace").map(|r| r.parse::<usize>()) {
+            None => None,
+            Some(Ok(rule)) => Some(rule),
+            Some(Err(_)) => {
+                eprintln!("fleet-sweep: --trace takes a rule's index");
+                std::process::exit(2);
+            }
         };
         let sc = match (arg(&args, "--seed"), arg(&args, "--scenario")) {
             (Some(seed), _) => seed.parse().ok().map(sweep::draw),
@@ -137,10 +158,10 @@ fn main() {
             _ => None,
         };
         let Some(sc) = sc else {
-            eprintln!("fleet-sweep: --trace needs --seed SEED or --scenario NAME");
+            eprintln!("fleet-sweep: --trace and --logs need --seed SEED or --scenario NAME");
             std::process::exit(2);
         };
-        trace(&sc, rule);
+        trace(&sc, rule, logs);
         return;
     }
     if let Some(name) = arg(&args, "--scenario") {
