@@ -591,6 +591,72 @@ fn in_cluster_scope_a_class_request_takes_its_next_slot_early() {
     assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 40 * MS));
 }
 
+/// In cluster scope, a class request with nobody waiting whose next owned
+/// slot lies beyond the coming epoch goes on credit, as one without classes
+/// does (`cluster::take`), and the slot stays for the next. Until issue 29
+/// it went on credit only with no owned slot known, and was refused first
+/// when its turn could not be reckoned (fleet sweep seeds 72, 181: requests
+/// within the rate waited or were refused).
+#[test]
+fn in_cluster_scope_a_class_request_goes_on_credit_before_a_slot_beyond_the_epoch() {
+    let t0 = 1000 * NS_PER_S;
+    // The first owned slot, 100_030, is due at t0 + 300 ms.
+    let mut p = cluster(&[(100_030, 100_040)], crate::cluster::Mode::Grid);
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.totals[&(0, Stat::SlotsAhead)], 1);
+    // The credit is spent (burst 0: one): the next holds for that slot.
+    assert_eq!(p.request(0, 2, req("critical"), t0 + MS), Verdict::Hold);
+    for ms in 2..=300 {
+        p.tick(0, t0 + ms * MS);
+    }
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 300 * MS));
+    // The first owned slot beyond max_queue_delay (1 s): credit all the
+    // same, not a refusal for a turn out of reach; the next is refused.
+    let mut p = cluster(&[(100_150, 100_160)], crate::cluster::Mode::Grid);
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert!(matches!(
+        p.request(0, 2, req("batch"), t0 + MS),
+        Verdict::Reply(_)
+    ));
+}
+
+/// In cluster scope, a credit is repaid only while no class request waits
+/// (as for a rule without classes: the cursor counts the tickets): the
+/// repayment does not take the owned slot a held request counts on. Until
+/// issue 29 it did, and the batch request held for it was refused at its
+/// deadline (fleet sweep seeds 10, 62, 147).
+#[test]
+fn in_cluster_scope_a_credit_is_not_repaid_from_a_slot_a_class_request_holds_for() {
+    let t0 = 1000 * NS_PER_S;
+    let mut p = cluster(&[(100_030, 100_040)], crate::cluster::Mode::Grid);
+    assert_eq!(p.request(0, 1, req("batch"), t0), Verdict::Continue);
+    assert_eq!(p.request(0, 2, req("batch"), t0 + MS), Verdict::Hold);
+    fn repay(p: &Process, now: u64) -> u64 {
+        let store = crate::testing::MemStore(&p.cells);
+        let reach = crate::cluster::rule_reach(&p.config.rules[0]).unwrap();
+        crate::cluster::repay(
+            &mut crate::store::Store::cell(store, crate::store::CellId::Cursor(0)),
+            &mut crate::store::Store::blob(store, crate::store::BlobId::Grants(0)),
+            &mut crate::store::Store::cell(store, crate::store::CellId::Ahead(0)),
+            &reach,
+            now,
+        )
+        .unwrap()
+    }
+    for ms in 2..=250 {
+        p.tick(0, t0 + ms * MS);
+    }
+    // Slot 100_030 is within the coming epoch, but the batch request holds for it.
+    assert_eq!(repay(&p, t0 + 250 * MS), 0);
+    for ms in 251..=300 {
+        p.tick(0, t0 + ms * MS);
+    }
+    assert_eq!(p.seen[&2].fate, Fate::Released(t0 + 300 * MS));
+    // Nobody waits: the next owned slot repays the credit.
+    p.tick(0, t0 + 301 * MS);
+    assert_eq!(repay(&p, t0 + 301 * MS), 1);
+}
+
 #[test]
 fn in_cluster_scope_deny_rejects_and_local_paces() {
     let t0 = 1000 * NS_PER_S;

@@ -176,6 +176,19 @@ pub fn on_credit<A: SharedCell>(
     }
 }
 
+/// Whether a new request could go on credit now ([`on_credit`]): less than
+/// `burst + 1` owed or ahead. Only reads the cell: a stage that would refuse
+/// a request whose turn it cannot reckon asks this first, so that a request
+/// the process may let go on credit is not refused at once.
+pub fn credit_left<A: SharedCell>(
+    ahead: &mut A,
+    reach: &Reach,
+    now: u64,
+) -> Result<bool, StoreError> {
+    let a = Ahead::decode(ahead.load()?.0);
+    Ok(a.owed + a.pending_at(now) < reach.credit)
+}
+
 /// A new request with nobody ahead of it takes its next owned slot, due at
 /// wall time `slot_time`, now, before its time, if the process may (near:
 /// within two of its gaps; early: within the epoch, beyond one interval,

@@ -119,13 +119,14 @@ impl Calls {
             .zip(&self.reaches)
             .enumerate()
             .map(|(ci, (&i, reach))| {
-                // The cursor counts the waiters of a line without classes
-                // (a hint, for its fast path), and the tickets of a dry-run
-                // line with classes; the `held` gauge counts an enforced
-                // line with classes. Until issue 29 only the first was
-                // read: a proxy whose arrivals stopped claimed nothing for
-                // its held class requests; until issue 30 a dry-run class
-                // rule claimed as if nobody waited.
+                // The cursor counts the waiters of the rule's line or
+                // classes (as of the last tick; a dry-run rule's tickets,
+                // which wait without their requests, too); the `held` gauge
+                // the requests held now. Until issue 29 only the first was
+                // read, and without an enforced rule's classes: a proxy
+                // whose arrivals stopped claimed nothing for its held class
+                // requests; until issue 30 a dry-run class rule claimed as
+                // if nobody waited.
                 let cursor = store
                     .load(CellId::Cursor(i))
                     .map_or(Cursor::default(), |(v, _)| Cursor::decode(v));

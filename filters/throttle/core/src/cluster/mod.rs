@@ -71,7 +71,7 @@ pub mod sim;
 pub mod skew;
 pub mod wire;
 
-pub use ahead::{at_deadline, before_its_time, on_credit, repay, set_gap, Ahead};
+pub use ahead::{at_deadline, before_its_time, credit_left, on_credit, repay, set_gap, Ahead};
 pub use caller::{
     Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
     MIN_CALL_INTERVAL_NS,

@@ -85,6 +85,19 @@ fn try_enter<S: Store, R: Request>(
     let limit = max_delay.saturating_sub(margin);
     let fits = |turn: Option<u64>| turn.is_some_and(|ns| outlook.fits(now, ns, max_delay, margin));
     let fast = outlook.next_at <= now && !waiting.iter().take(c + 1).any(|&w| w > 0);
+    // On the grid with nobody waiting in any class and no owned slot within
+    // the coming epoch (none known, or the next beyond it): the request may
+    // go on credit, as for a rule without classes (`cluster::take`), before
+    // its turn is weighed. Until issue 29 a class request went on credit
+    // only with no owned slot known, and was refused first when its turn
+    // could not be reckoned (fleet sweep seeds 72, 181: requests within the
+    // rate waited or were refused).
+    let credit_reach = cluster::rule_reach(rule).filter(|reach| {
+        !busy
+            && outlook.interval_ns > 0
+            && (outlook.known.is_none()
+                || outlook.next_at.saturating_sub(now) > reach.grid.epoch_ns)
+    });
     if !fast {
         // Would it be rejected? Then nothing is touched (not even the quota).
         let b = Backlog {
@@ -94,7 +107,13 @@ fn try_enter<S: Store, R: Request>(
             now,
         };
         let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
-        if !cx.can_hold || !fits(turn) {
+        let may_credit = match &credit_reach {
+            Some(reach) => {
+                cluster::credit_left(&mut store.cell(CellId::Ahead(index)), reach, wall)?
+            }
+            None => false,
+        };
+        if !may_credit && (!cx.can_hold || !fits(turn)) {
             return Ok(reject(turn, limit, cx.can_hold, now, &t, c, interval));
         }
     }
@@ -159,21 +178,17 @@ fn try_enter<S: Store, R: Request>(
             return go(slot, &mut slots, counts, &mut blob);
         }
     }
-    // On the grid with no owned slot in reach and nobody waiting in any
-    // class: credit, as for a rule without classes (`cluster::take`; the
-    // credit a waiter may need at its deadline is not spent while one
-    // waits).
-    if !busy && outlook.known.is_none() && outlook.interval_ns > 0 {
-        if let Some(reach) = cluster::rule_reach(rule) {
-            let ahead = &mut store.cell(CellId::Ahead(index));
-            if cluster::on_credit(ahead, &reach, wall)? {
-                counts.inc(Stat::SlotsTaken);
-                counts.inc(Stat::SlotsAhead);
-                if c + 1 < rule.classes.len() {
-                    tickets::count_arrival(&mut blob, c, now)?;
-                }
-                return Ok((Outcome::Go, Some(Seen::new(now, false))));
+    // Credit (`credit_reach` above; the credit a waiter may need at its
+    // deadline is not spent while one waits).
+    if let Some(reach) = credit_reach {
+        let ahead = &mut store.cell(CellId::Ahead(index));
+        if cluster::on_credit(ahead, &reach, wall)? {
+            counts.inc(Stat::SlotsTaken);
+            counts.inc(Stat::SlotsAhead);
+            if c + 1 < rule.classes.len() {
+                tickets::count_arrival(&mut blob, c, now)?;
             }
+            return Ok((Outcome::Go, Some(Seen::new(now, false))));
         }
     }
     if !cx.can_hold {

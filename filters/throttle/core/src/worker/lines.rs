@@ -75,16 +75,17 @@ impl Worker {
             return Ok(());
         };
         let line = rule.line();
-        // A cluster rule's own line (no classes): its waiters are counted in
-        // the rule's cursor, for the fast path ([`cluster::Cursor::waiting`]).
-        // A cluster rule with classes under dry-run too: its tickets wait
-        // without their requests, so the `held` gauge the engine caller
-        // reads for an enforced class rule is not there (and the rule does
-        // not define it); the cursor's count tells the caller instead.
-        // (Enforced, a class rule's count stays out of the cursor: as a
-        // hint for the credit repayment it cost late refusals, see
-        // `cluster::calls`.)
-        let counted_in_cursor = rule.cluster.is_some() && (rule.classes.is_empty() || rule.dry_run);
+        // A cluster rule's waiters, of its own line or of its classes, are
+        // counted in the rule's cursor ([`cluster::Cursor::waiting`]): the
+        // fast path of a line without classes queues behind them, and a
+        // credit is repaid only while nobody waits ([`cluster::repay`]), so
+        // that the repayment never takes the slot a held request counts on.
+        // Until issue 29 an enforced class rule's tickets stayed out of it
+        // (class requests went on credit only with no owned slot known);
+        // with credit taken as without classes, a repayment then took the
+        // slot a held batch request counted on, which was refused at its
+        // deadline (fleet sweep seeds 10, 62, 147).
+        let counted_in_cursor = rule.cluster.is_some();
         let mut blob = store.blob(BlobId::Classes(index));
         let mut t = Tickets::default();
         for _ in 0..ROUNDS {
