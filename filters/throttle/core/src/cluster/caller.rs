@@ -22,8 +22,10 @@
 //!   rule's name and under its grid, and a look at both two seconds back:
 //!   more under the name is another rate under the same name (counted,
 //!   logged);
-//! * four looks at member counters around `e+k` ([`Skew::probes`]): where
-//!   the other proxies' clocks stand against ours;
+//! * six looks at member counters around `e+k` ([`Skew::probes`]): where
+//!   the other proxies' clocks stand against ours; and, when it seems ahead
+//!   of them, a look again at a past counter they were missing from, for
+//!   the proof ([`Skew::recheck_due`]);
 //! * a look at `members(e+1)`: `N`, the proxies with demand (the fallback
 //!   divides by the most seen over ~5 s), and a loss detector (it must include
 //!   this proxy's own add);
@@ -229,6 +231,9 @@ impl RuleStats {
 enum Purpose {
     /// Where the other proxies' clocks stand: a look at `members(e+k+j)`.
     Probe(i64),
+    /// The proof of an answer ahead: a look again at a member counter
+    /// where the others were missing ([`Skew::recheck_due`]).
+    Recheck,
     /// The per-hour count of calls: it only grows, or counters were lost.
     Gen,
     /// Once per second: this proxy in the second's counters of the rule's
@@ -716,6 +721,11 @@ impl Caller {
                     push(Purpose::Probe(j), at, 0);
                 }
             }
+            if let Some(at) = r.skew.recheck_due(ahead) {
+                if g.may_claim(at, now, skew, timeout) {
+                    push(Purpose::Recheck, at, 0);
+                }
+            }
             if g.may_claim(next, now, skew, timeout) {
                 // Also the loss detector: it includes this proxy's own add.
                 push(Purpose::MemberLook, next, 0);
@@ -760,6 +770,7 @@ impl Caller {
                     Purpose::MemberAdd
                     | Purpose::MemberLook
                     | Purpose::Probe(_)
+                    | Purpose::Recheck
                     | Purpose::Gen
                     | Purpose::NameAdd
                     | Purpose::GridAdd

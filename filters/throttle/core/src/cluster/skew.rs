@@ -19,12 +19,17 @@
 //! missing from our recent past could also have started, gone idle or gone
 //! away: we take it that we are ahead only with two others at least (with
 //! one, it moves instead, so two proxies never chase each other), only if
-//! they are present further back, and only if the answer stays put over two
-//! sweeps (an idle or gone proxy's absence grows). Behind twice in a row,
+//! they are present further back, and only once it is proven: the counter
+//! where they were missing, looked at again after they would have reached it
+//! had they been behind, counts them now ([`Skew::recheck_due`]). A proxy
+//! that went idle never adds to a past counter, so its absence, however it
+//! comes and goes, moves nobody (until issue 29 an answer that stayed put
+//! over two sweeps was taken, and a fleet of 50 with demand that came and
+//! went in step moved a proxy 400 ms and back: fleet sweep seed 48). Behind twice in a row,
 //! the two answers at most an offset step apart (the smaller of the two: a
 //! count right at an offset may tip either way; further apart, a count at
 //! half the fleet lost an add, and the next sweep decides), or
-//! ahead twice within an epoch, is a correction: the caller
+//! ahead proven, is a correction: the caller
 //! then counts epochs on the fleet's clock, that many epochs off its own, and
 //! keeps the grants in its own time ([`super::caller`]). With offsets at most
 //! 5 epochs apart, one correction leaves us within 2 epochs, which the grid's
@@ -42,6 +47,29 @@ const OFFSETS: [i64; 15] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20, 22, 25]
 /// ([`super::caller`]) catches it instead.
 pub const REACH_NS: u64 = 2_600_000_000;
 
+/// An answer "ahead by `m`" waiting for its proof: `members(epoch)`, where
+/// more than half of the fleet was missing, looked at again once they would
+/// have added to it had they been behind by `m` (our `e + k` at `due`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Recheck {
+    epoch: u64,
+    due: u64,
+    m: i64,
+    /// The others counted there at the sweep, and the fleet.
+    seen: u64,
+    fleet: u64,
+}
+
+/// Epochs after its due time a proof is given up (its look never answered).
+const RECHECK_GIVE_UP: u64 = 10;
+
+/// One sweep's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Behind(i64),
+    Ahead(Recheck),
+}
+
 /// One rule's view of its clock against the other proxies'.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skew {
@@ -52,8 +80,14 @@ pub struct Skew {
     behind: Vec<Option<u64>>,
     /// The next offset to probe.
     next: usize,
-    /// The last sweep's answer, waiting to be confirmed by the next.
+    /// The counter epoch of each look at `-offsets[i]`.
+    behind_at: Vec<Option<u64>>,
+    /// The last sweep's answer behind, waiting to be confirmed by the next.
     pending: Option<i64>,
+    /// An answer ahead, waiting for its proof.
+    recheck: Option<Recheck>,
+    /// An answer ahead, proven: the next [`Skew::estimate`] returns it.
+    proven: Option<i64>,
     /// Our clock's offset from the fleet's, in epochs (positive: ahead).
     pub offset_epochs: i64,
     /// The smallest correction made, in epochs: more than `max_clock_skew`
@@ -80,8 +114,11 @@ impl Skew {
             offsets,
             ahead: vec![None; n],
             behind: vec![None; n],
+            behind_at: vec![None; n],
             next: 0,
             pending: None,
+            recheck: None,
+            proven: None,
             offset_epochs: 0,
             min_move: i64::try_from(skew_ns / epoch_ns.max(1))
                 .unwrap_or(i64::MAX)
@@ -100,10 +137,10 @@ impl Skew {
         [a, -a, b, -b, c, -c]
     }
 
-    /// The count seen at offset `j`, less our own adds to that counter
-    /// (`mine`: more than one if our clock stepped back over it): only the
-    /// other proxies count.
-    pub fn record(&mut self, j: i64, count: u64, mine: u64) {
+    /// The count seen at offset `j` (the counter of `epoch`), less our own
+    /// adds to that counter (`mine`: more than one if our clock stepped back
+    /// over it): only the other proxies count.
+    pub fn record(&mut self, j: i64, epoch: u64, count: u64, mine: u64) {
         let count = count.saturating_sub(mine);
         let Some(i) = self.offsets.iter().position(|&o| o == j.abs()) else {
             return;
@@ -111,6 +148,9 @@ impl Skew {
         let slot = if j > 0 {
             self.ahead.get_mut(i)
         } else {
+            if let Some(at) = self.behind_at.get_mut(i) {
+                *at = Some(epoch);
+            }
             self.behind.get_mut(i)
         };
         if let Some(slot) = slot {
@@ -118,9 +158,43 @@ impl Skew {
         }
     }
 
-    /// After a full sweep: the correction (epochs to add to the offset), if
-    /// two sweeps in a row agree. Starts a new sweep either way.
+    /// The member counter to look at again now (our epoch `e + k` is
+    /// `ahead`), if an answer ahead waits for its proof and it is due.
+    pub fn recheck_due(&mut self, ahead: u64) -> Option<u64> {
+        let r = self.recheck?;
+        if ahead > r.due.saturating_add(RECHECK_GIVE_UP) {
+            self.recheck = None;
+            return None;
+        }
+        (ahead >= r.due).then_some(r.epoch)
+    }
+
+    /// The look again at `members(epoch)` ([`Skew::recheck_due`]): the
+    /// proxies that added to it since the sweep were behind us (a proxy adds
+    /// only to a counter ahead of its own epoch); if more than half of the
+    /// fleet did, the answer ahead is proven. Idle or gone proxies never
+    /// add to it; nor do proxies in step that were idle then (a split of
+    /// the fleet in two, with some of the half in step idle, moves nobody:
+    /// sweep seed 118, 24 of 50 proxies 1 s behind).
+    pub fn rechecked(&mut self, epoch: u64, count: u64, mine: u64) {
+        let Some(r) = self.recheck.filter(|r| r.epoch == epoch) else {
+            return;
+        };
+        self.recheck = None;
+        let arrived = count.saturating_sub(mine).saturating_sub(r.seen);
+        if arrived.saturating_mul(2) > r.fleet {
+            self.proven = Some(r.m);
+        }
+    }
+
+    /// The correction (epochs to add to the offset), if one is confirmed:
+    /// behind, after a full sweep, if two sweeps in a row agree; ahead, once
+    /// proven ([`Skew::rechecked`]). A full sweep starts a new one.
     pub fn estimate(&mut self) -> Option<i64> {
+        if let Some(m) = self.proven.take() {
+            self.restart();
+            return Some(m);
+        }
         if self.ahead.iter().chain(&self.behind).any(Option::is_none) {
             return None;
         }
@@ -129,7 +203,11 @@ impl Skew {
         self.behind.iter_mut().for_each(|c| *c = None);
         // A difference the claim schedule absorbs is no skew: what a move
         // leaves over (at most about an epoch) never moves the grid again.
-        let now = now.filter(|m| m.abs() >= self.min_move);
+        let min_move = self.min_move;
+        let now = now.filter(|a| match a {
+            Answer::Behind(m) => *m >= min_move,
+            Answer::Ahead(r) => r.m >= min_move,
+        });
         let confirmed = match (self.pending, now) {
             // Behind (others' adds are in our future: unambiguous): the same
             // twice, the smaller of the two. A count right at an offset may
@@ -137,19 +215,25 @@ impl Skew {
             // epochs ahead as far as 1.5 s); further apart, one sweep missed
             // an add where the count stood at half the fleet, and the next
             // sweep decides (sweep seed 69: -9 then -4).
-            (Some(a), Some(b)) if a < 0 && b < 0 && a.abs_diff(b) <= 2 => Some(a.max(b)),
-            // Ahead (others missing from our recent past): only if it stays
-            // put, which a proxy that went idle or away does not (its
-            // absence grows sweep after sweep).
-            (Some(a), Some(b)) if a > 0 && b > 0 && a.abs_diff(b) <= 1 => Some(a.min(b)),
+            (Some(a), Some(Answer::Behind(b))) if a.abs_diff(b) <= 2 => Some(-(a.min(b))),
             _ => None,
         };
-        self.pending = if confirmed.is_some() { None } else { now };
+        self.pending = match now {
+            Some(Answer::Behind(b)) if confirmed.is_none() => Some(b),
+            _ => None,
+        };
+        // Ahead (others missing from our recent past): only once proven,
+        // which a proxy that went idle or away never is.
+        if let Some(Answer::Ahead(r)) = now {
+            if self.recheck.is_none() {
+                self.recheck = Some(r);
+            }
+        }
         confirmed
     }
 
     /// One sweep's answer (None: in step with the majority, or alone).
-    fn sweep(&self) -> Option<i64> {
+    fn sweep(&self) -> Option<Answer> {
         // A proxy skips an epoch's add now and then (a late call): one seen
         // at the next two offsets further has passed this one too. So a
         // count ahead is read as at least the smaller of the next two, and
@@ -169,7 +253,8 @@ impl Skew {
                 seen.get(i).copied().unwrap_or(0).max(next_two)
             })
             .collect();
-        let mut behind: Vec<u64> = self.behind.iter().map(|c| c.unwrap_or(0)).collect();
+        let seen_behind: Vec<u64> = self.behind.iter().map(|c| c.unwrap_or(0)).collect();
+        let mut behind = seen_behind.clone();
         for i in 1..behind.len() {
             let nearer = behind.get(i - 1).copied().unwrap_or(0);
             if let Some(c) = behind.get_mut(i) {
@@ -189,30 +274,48 @@ impl Skew {
             .iter()
             .map(|&c| c.saturating_mul(2) >= fleet)
             .collect();
-        if let Some(m) = self.midway(&ahead) {
-            return Some(-m);
+        if let Some((m, ..)) = self.midway(&ahead) {
+            return Some(Answer::Behind(m));
         }
         // Ahead: more than half of the fleet, present further back, has not
         // reached j epochs before us yet. With one other, it moves instead.
         if others < 2 || in_past < others {
             return None;
         }
-        let behind: Vec<bool> = behind
+        let missing: Vec<bool> = behind
             .iter()
             .map(|&c| in_past.saturating_sub(c).saturating_mul(2) > fleet)
             .collect();
-        self.midway(&behind)
+        // The proof: the furthest counter where they were missing, looked
+        // at again once they would have reached it had they been behind
+        // (they reach it `m - last` epochs after the look, `next - last` at
+        // most; 2 more for their call phase and the answer).
+        let (m, last, next) = self.midway(&missing)?;
+        let i = self.offsets.iter().position(|&o| o == last)?;
+        let epoch = (*self.behind_at.get(i)?)?;
+        let wait = u64::try_from(next - last).unwrap_or(0);
+        Some(Answer::Ahead(Recheck {
+            epoch,
+            due: epoch
+                .saturating_add(u64::try_from(last).unwrap_or(0))
+                .saturating_add(wait + 2),
+            m,
+            seen: *seen_behind.get(i)?,
+            fleet,
+        }))
     }
 
     /// Where the majority stands, from which offsets it is beyond: halfway
     /// between the last offset it is beyond (of those in a row from the
     /// first) and the next one; the last offset if it is beyond all.
-    fn midway(&self, beyond: &[bool]) -> Option<i64> {
+    /// With the last offset it is beyond and the next offset probed (the
+    /// last again if none).
+    fn midway(&self, beyond: &[bool]) -> Option<(i64, i64, i64)> {
         let n = beyond.iter().take_while(|&&b| b).count();
         let last = *self.offsets.get(n.checked_sub(1)?)?;
         Some(match self.offsets.get(n) {
-            Some(&next) => last + (next - last) / 2,
-            None => last,
+            Some(&next) => (last + (next - last) / 2, last, next),
+            None => (last, last, last),
         })
     }
 
@@ -221,6 +324,8 @@ impl Skew {
         self.ahead.iter_mut().for_each(|c| *c = None);
         self.behind.iter_mut().for_each(|c| *c = None);
         self.pending = None;
+        self.recheck = None;
+        self.proven = None;
     }
 }
 
@@ -235,14 +340,28 @@ mod tests {
     fn sweep(s: &mut Skew, ahead: impl Fn(i64) -> u64, at_or_after: impl Fn(i64) -> u64) {
         for _ in 0..s.offsets.len().div_ceil(3) {
             for j in s.probes() {
+                // The counters of epochs `e + k + j`, with `e + k` at BASE.
+                let epoch = BASE.saturating_add_signed(j);
                 if j > 0 {
-                    s.record(j, ahead(j), 0);
+                    s.record(j, epoch, ahead(j), 0);
                 } else {
                     // Our own add is in the count, and taken out.
-                    s.record(j, at_or_after(-j) + 1, 1);
+                    s.record(j, epoch, at_or_after(-j) + 1, 1);
                 }
             }
         }
+    }
+
+    const BASE: u64 = 1000;
+
+    /// The proof of an answer ahead: the counter it names, looked at again
+    /// once due, with `present` others in it now (and our own add); then
+    /// the estimate. None if no proof was asked for.
+    fn prove(s: &mut Skew, present: u64) -> Option<Option<i64>> {
+        let (ahead, at) = (BASE..BASE + 40).find_map(|a| Some((a, s.recheck_due(a)?)))?;
+        assert!(ahead > at, "looked at again only after it");
+        s.rechecked(at, present + 1, 1);
+        Some(s.estimate())
     }
 
     #[test]
@@ -347,27 +466,22 @@ mod tests {
     }
 
     #[test]
-    fn three_epochs_ahead_of_two_others_is_corrected_after_two_sweeps() {
+    fn three_epochs_ahead_of_two_others_is_corrected_once_proven() {
         let mut s = Skew::new(100 * MS, 100 * MS);
         // Us ahead by ~3.3 epochs: the two others have not reached -1, -2, -3
         // yet; at -4 and beyond they are in.
         let behind = |j: i64| if j <= 3 { 0 } else { 2 };
         sweep(&mut s, |_| 0, behind);
         assert_eq!(s.estimate(), None, "one sweep is not enough");
-        sweep(&mut s, |_| 0, behind);
-        assert_eq!(s.estimate(), Some(3));
+        // Both there now, where they were missing: proven.
+        assert_eq!(prove(&mut s, 2), Some(Some(3)));
+        assert_eq!(prove(&mut s, 2), None, "once");
         // Ahead by ~11-12: beyond 10, not 12: halfway, 11.
         let mut s = Skew::new(100 * MS, 100 * MS);
         let behind = |j: i64| if j <= 11 { 0 } else { 2 };
         sweep(&mut s, |_| 0, behind);
-        sweep(&mut s, |_| 0, behind);
-        assert_eq!(
-            s.estimate(),
-            None,
-            "the second sweep only confirms after the first estimate"
-        );
-        sweep(&mut s, |_| 0, behind);
-        assert_eq!(s.estimate(), Some(11));
+        assert_eq!(s.estimate(), None);
+        assert_eq!(prove(&mut s, 2), Some(Some(11)));
     }
 
     #[test]
@@ -394,26 +508,74 @@ mod tests {
     }
 
     #[test]
-    fn ahead_of_two_others_is_taken_only_if_they_were_there_before_and_it_stays_put() {
+    fn ahead_of_two_others_is_taken_only_if_they_were_there_before_and_are_there_now() {
         // Two others missing from our last 8 epochs, present before: ahead by ~9.
         let mut s = Skew::new(100 * MS, 100 * MS);
         let behind = |j: i64| if j <= 8 { 0 } else { 2 };
         sweep(&mut s, |_| 0, behind);
         assert_eq!(s.estimate(), None);
-        sweep(&mut s, |_| 0, behind);
-        assert_eq!(s.estimate(), Some(9));
+        assert_eq!(prove(&mut s, 2), Some(Some(9)));
         // Missing everywhere we look: not there at all (not started, idle).
         let mut s = Skew::new(100 * MS, 100 * MS);
         for _ in 0..3 {
             sweep(&mut s, |_| 0, |_| 0);
             assert_eq!(s.estimate(), None);
+            assert_eq!(prove(&mut s, 0), None, "nothing to prove");
         }
-        // Missing for longer and longer (they went idle): never confirmed.
+        // Missing, and still missing from that counter later (they went
+        // idle): never taken.
         let mut s = Skew::new(100 * MS, 100 * MS);
         for gone in [3, 6, 11, 15] {
             sweep(&mut s, |_| 0, move |j: i64| if j <= gone { 0 } else { 2 });
             assert_eq!(s.estimate(), None, "gone for {gone}");
+            assert_eq!(prove(&mut s, 0), Some(None), "gone for {gone}");
         }
+    }
+
+    /// Sweep seed 48 (50 proxies, a 10/s rule, demand that comes and goes
+    /// on most proxies at once, no clock apart): to one proxy most of the
+    /// others were missing from its last 4 epochs in two sweeps in a row, so
+    /// it took itself for 400 ms ahead and moved; 5 s later it moved back.
+    /// Missing in step sweep after sweep is no proof: the counter where they
+    /// were missing, looked at again, still misses them.
+    #[test]
+    fn others_idle_in_step_sweep_after_sweep_move_nobody() {
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        // 49 others: 30 present 5 epochs back and further, 10 in the last 4.
+        let lull = |j: i64| if j <= 4 { 10 } else { 30 };
+        for _ in 0..4 {
+            sweep(&mut s, |_| 0, lull);
+            assert_eq!(s.estimate(), None);
+            assert_eq!(prove(&mut s, 10), Some(None));
+        }
+        // Were they behind, they would be there now: a move.
+        sweep(&mut s, |_| 0, lull);
+        assert_eq!(s.estimate(), None);
+        assert_eq!(prove(&mut s, 30), Some(Some(4)));
+    }
+
+    /// Sweep seed 118 (50 proxies, 24 of them 1 s behind the other 26):
+    /// to one of the 26, the 24 behind and two idle ones of its own half
+    /// were missing from its last 10 epochs: more than half, so it took
+    /// itself for ahead, and the 24 did reach that counter later. Only those
+    /// that reach it count: 24 of 50 is no majority, nobody moves.
+    #[test]
+    fn a_split_with_idle_proxies_in_step_moves_nobody_in_step() {
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        // 49 others: all present further back; in the last 10 epochs the
+        // 23 in step that are busy.
+        let split = |j: i64| if j <= 10 { 23 } else { 49 };
+        sweep(&mut s, |_| 0, split);
+        assert_eq!(s.estimate(), None);
+        assert_eq!(prove(&mut s, 47), Some(None));
+        // The same with one more behind: 25 of 50 is no majority either...
+        sweep(&mut s, |_| 0, |j: i64| if j <= 10 { 22 } else { 49 });
+        assert_eq!(s.estimate(), None);
+        assert_eq!(prove(&mut s, 47), Some(None));
+        // ...26 is.
+        sweep(&mut s, |_| 0, |j: i64| if j <= 10 { 21 } else { 49 });
+        assert_eq!(s.estimate(), None);
+        assert_eq!(prove(&mut s, 47), Some(Some(11)));
     }
 
     #[test]
@@ -430,15 +592,10 @@ mod tests {
     #[test]
     fn two_sweeps_must_agree_on_the_direction_and_the_smaller_is_taken() {
         let mut s = Skew::new(100 * MS, 100 * MS);
-        // Ahead: 3 then 4 is confirmed (the smaller), 3 then 7 is not.
+        // Ahead: one sweep, then the proof (a second sweep is not asked for).
         sweep(&mut s, |_| 0, |j| if j <= 2 { 0 } else { 2 });
         assert_eq!(s.estimate(), None);
-        sweep(&mut s, |_| 0, |j| if j <= 3 { 0 } else { 2 });
-        assert_eq!(s.estimate(), Some(2), "2 then 3: the smaller");
-        sweep(&mut s, |_| 0, |j| if j <= 2 { 0 } else { 2 });
-        assert_eq!(s.estimate(), None);
-        sweep(&mut s, |_| 0, |j| if j <= 6 { 0 } else { 2 });
-        assert_eq!(s.estimate(), None, "2 then 7: not put");
+        assert_eq!(prove(&mut s, 2), Some(Some(2)));
         // Behind: the same direction twice, one offset step apart at most,
         // the smaller; -3 then -7 is no confirmation, -7 twice is.
         let mut s = Skew::new(100 * MS, 100 * MS);
@@ -487,8 +644,7 @@ mod tests {
         let three_behind = |j: i64| if j <= 8 { 0 } else { 3 };
         sweep(&mut s, |_| 0, three_behind);
         assert_eq!(s.estimate(), None);
-        sweep(&mut s, |_| 0, three_behind);
-        assert_eq!(s.estimate(), Some(9));
+        assert_eq!(prove(&mut s, 3), Some(Some(9)));
     }
 
     #[test]

@@ -102,7 +102,11 @@ impl Caller {
             match p.purpose {
                 Purpose::Probe(j) => {
                     let mine = r.own_adds.iter().filter(|&&f| f == p.epoch).count();
-                    r.skew.record(j, c.after, mine as u64);
+                    r.skew.record(j, p.epoch, c.after, mine as u64);
+                }
+                Purpose::Recheck => {
+                    let mine = r.own_adds.iter().filter(|&&f| f == p.epoch).count();
+                    r.skew.rechecked(p.epoch, c.after, mine as u64);
                 }
                 Purpose::Gen => r.gen = Some((r.fleet_time(call.sent_at) / WINDOW_NS, c.after)),
                 Purpose::NameAdd | Purpose::GridAdd => {}
