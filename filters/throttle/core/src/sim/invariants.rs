@@ -161,6 +161,8 @@ struct Facts<'a> {
     clocks_apart: bool,
     /// The spread of the clocks within max_clock_skew, ns.
     skew_spread_ns: u64,
+    /// When a proxy's grid moved (its clock found apart from the fleet's), true ns.
+    moves: Vec<u64>,
     start: u64,
     end: u64,
 }
@@ -205,9 +207,23 @@ impl<'a> Facts<'a> {
             } else {
                 spread_ms * NS_PER_MS
             },
+            moves: t
+                .processes
+                .iter()
+                .flat_map(|p| p.log.iter())
+                .filter(|(_, l)| l.contains("clock is about"))
+                .map(|(at, _)| *at)
+                .collect(),
             start: sc.start_ns(),
             end: t.end,
         }
+    }
+
+    /// Whether a proxy's grid moved in `[a, b)` while the clocks are apart:
+    /// its owned slots then lie a whole offset later or earlier, and the
+    /// shares it claimed twice or not at all move the others' too.
+    fn moved(&self, a: u64, b: u64) -> bool {
+        self.clocks_apart && self.moves.iter().any(|&m| m >= a && m < b)
     }
 
     /// Whether `[a, b)` touches an engine fault episode (from 1 s before
@@ -418,9 +434,13 @@ fn early_refusal(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
         else {
             continue;
         };
+        // With clocks apart, requests held when a grid moves, or arriving
+        // within 2 s of it, are not counted: the move is the detection, and
+        // the invariant holds from 2 s after it (as the rate's does).
         if r.spec.cluster
             && (f.disturbed(x.arrived, at)
                 || clock_settling(f, x.arrived)
+                || f.moved(x.arrived.saturating_sub(2 * NS_PER_S), at)
                 || x.arrived < f.startup_until(x.proxy))
         {
             continue;
