@@ -26,9 +26,10 @@
 //! comes and goes, moves nobody (until issue 29 an answer that stayed put
 //! over two sweeps was taken, and a fleet of 50 with demand that came and
 //! went in step moved a proxy 400 ms and back: fleet sweep seed 48). Behind twice in a row,
-//! the two answers at most an offset step apart (the smaller of the two: a
-//! count right at an offset may tip either way; further apart, a count at
-//! half the fleet lost an add, and the next sweep decides), or
+//! the two answers at most an offset step apart (the larger: a count falls
+//! short when an add was missed or a proxy idled, and lies beyond only by
+//! the call phases; further apart, a count at half the fleet lost an add,
+//! and the next sweep decides), or
 //! ahead proven, is a correction: the caller
 //! then counts epochs on the fleet's clock, that many epochs off its own, and
 //! keeps the grants in its own time ([`super::caller`]). With offsets at most
@@ -210,12 +211,17 @@ impl Skew {
         });
         let confirmed = match (self.pending, now) {
             // Behind (others' adds are in our future: unambiguous): the same
-            // twice, the smaller of the two. A count right at an offset may
-            // tip either way (the answers one offset step apart, at most 2
-            // epochs ahead as far as 1.5 s); further apart, one sweep missed
-            // an add where the count stood at half the fleet, and the next
-            // sweep decides (sweep seed 69: -9 then -4).
-            (Some(a), Some(Answer::Behind(b))) if a.abs_diff(b) <= 2 => Some(-(a.min(b))),
+            // twice, at most an offset step apart (2 epochs as far as 1.5 s),
+            // the larger of the two. A count falls short of where the others
+            // stand when an add was missed or a proxy went idle, and lies
+            // beyond it only by the quarter epoch of the call phases: the
+            // smaller of -7 and -9 left 2 epochs, which moved the grid again
+            // (sweep seed 256: 700 ms, then 200 ms more), and their mean
+            // left 1.1 epochs, beyond max_clock_skew (requests held for 1 s
+            // were refused). Further apart, one sweep missed an add where
+            // the count stood at half the fleet, and the next sweep decides
+            // (sweep seed 69: -9 then -4).
+            (Some(a), Some(Answer::Behind(b))) if a.abs_diff(b) <= 2 => Some(-(a.max(b))),
             _ => None,
         };
         self.pending = match now {
@@ -457,12 +463,30 @@ mod tests {
         sweep(&mut s, whole, |_| 7);
         assert_eq!(s.estimate(), Some(-9), "-9 twice");
         // A count right at an offset tipping either way still confirms: the
-        // nearer of the two.
+        // larger of the two (-9 and -11: at about 10, one epoch over at most).
         let mut s = Skew::new(100 * MS, 100 * MS);
         sweep(&mut s, whole, |_| 7);
         s.estimate();
         sweep(&mut s, |j| if j <= 10 { 4 } else { 0 }, |_| 7);
+        assert_eq!(s.estimate(), Some(-11));
+    }
+
+    /// Sweep seed 256 (12 proxies, one ~910 ms behind): its sweeps read the
+    /// others beyond 8 (-9), and once not beyond 8 (-7, adds missing). The
+    /// smaller of the two moved it 700 ms, and the 2 epochs left over moved
+    /// it again 200 ms later. The larger moves it once, to within an epoch.
+    #[test]
+    fn two_answers_an_offset_step_apart_move_once() {
+        let mut s = Skew::new(100 * MS, 100 * MS);
+        sweep(&mut s, |j| if j <= 8 { 11 } else { 0 }, |_| 11);
+        assert_eq!(s.estimate(), None);
+        sweep(&mut s, |j| if j <= 6 { 11 } else { 0 }, |_| 11);
         assert_eq!(s.estimate(), Some(-9));
+        // In step now (within an epoch), whatever the sweeps read.
+        for _ in 0..4 {
+            sweep(&mut s, |j| if j <= 1 { 11 } else { 0 }, |_| 11);
+            assert_eq!(s.estimate(), None);
+        }
     }
 
     #[test]
@@ -597,12 +621,12 @@ mod tests {
         assert_eq!(s.estimate(), None);
         assert_eq!(prove(&mut s, 2), Some(Some(2)));
         // Behind: the same direction twice, one offset step apart at most,
-        // the smaller; -3 then -7 is no confirmation, -7 twice is.
+        // the larger; -3 then -7 is no confirmation, -7 twice is.
         let mut s = Skew::new(100 * MS, 100 * MS);
         sweep(&mut s, |j| if j <= 3 { 2 } else { 0 }, |_| 2);
         assert_eq!(s.estimate(), None);
         sweep(&mut s, |j| if j <= 4 { 2 } else { 0 }, |_| 2);
-        assert_eq!(s.estimate(), Some(-3), "-3 then -4: the smaller");
+        assert_eq!(s.estimate(), Some(-4), "-3 then -4: the larger");
         sweep(&mut s, |j| if j <= 3 { 2 } else { 0 }, |_| 2);
         assert_eq!(s.estimate(), None);
         sweep(&mut s, |j| if j <= 6 { 2 } else { 0 }, |_| 2);
