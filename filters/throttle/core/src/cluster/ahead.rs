@@ -69,6 +69,12 @@ impl Ahead {
             self.pending
         }
     }
+
+    /// Whether one more may go ahead at `now`: fewer than `reach.credit`
+    /// owed or taken ahead and not yet due.
+    fn has_credit(self, reach: &Reach, now: u64) -> bool {
+        self.owed + self.pending_at(now) < reach.credit
+    }
 }
 
 /// Slots due within two of the process's gaps that may be taken before
@@ -119,7 +125,7 @@ pub(super) fn go_ahead<A: SharedCell>(
             // are owed or ahead.
             Some(t) => t.saturating_sub(now) > reach.grid.interval_ns,
             None => true,
-        } && ahead.owed + ahead.pending_at(now) < reach.credit;
+        } && ahead.has_credit(reach, now);
         if !may {
             return None;
         }
@@ -185,8 +191,7 @@ pub fn credit_left<A: SharedCell>(
     reach: &Reach,
     now: u64,
 ) -> Result<bool, StoreError> {
-    let a = Ahead::decode(ahead.load()?.0);
-    Ok(a.owed + a.pending_at(now) < reach.credit)
+    Ok(Ahead::decode(ahead.load()?.0).has_credit(reach, now))
 }
 
 /// A new request with nobody ahead of it takes its next owned slot, due at

@@ -107,13 +107,12 @@ fn try_enter<S: Store, R: Request>(
             now,
         };
         let turn = classes::turn_ns(&b, c, waiting.get(c).copied().unwrap_or(0) + 1, true);
-        let may_credit = match &credit_reach {
-            Some(reach) => {
-                cluster::credit_left(&mut store.cell(CellId::Ahead(index)), reach, wall)?
-            }
-            None => false,
+        // The ahead cell is read only for a request that would be refused.
+        let may_credit = |reach: &cluster::Reach| {
+            cluster::credit_left(&mut store.cell(CellId::Ahead(index)), reach, wall)
         };
-        if !may_credit && (!cx.can_hold || !fits(turn)) {
+        let refused = !cx.can_hold || !fits(turn);
+        if refused && !credit_reach.as_ref().map_or(Ok(false), may_credit)? {
             return Ok(reject(turn, limit, cx.can_hold, now, &t, c, interval));
         }
     }
