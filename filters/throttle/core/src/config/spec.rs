@@ -213,7 +213,7 @@ pub const ENGINE_TIMEOUT: Field = field(
     "timeout",
     Kind::Duration,
     Default::Duration("50ms", 50 * crate::clock::NS_PER_MS),
-    "Bounds each call to the service (1ms to 1s). A call answered later counts as a failure; its slots are never used.",
+    "Bounds each call to the service (1ms to 1s): Envoy gives up on a call after this long, which counts as a failure, and its slots are never used. (An answer Envoy does deliver later, held up because the proxy itself was stalled, is used if the service counted it inside its hour.)",
 );
 pub const ENGINE_FALLBACK_AFTER: Field = field(
     "fallback_after",
