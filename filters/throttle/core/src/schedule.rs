@@ -14,6 +14,19 @@ use crate::clock::NS_PER_S;
 use crate::keys::{Bucket, Candidates, Place};
 use crate::store::{KeyTable, SharedBlob, SharedCell, MAX_CAS_ATTEMPTS};
 
+/// How long a due slot may wait for a worker's tick and still be granted at
+/// its own time: the ticks of a worker that holds requests come every few
+/// milliseconds, but a busy machine (or a pod's CPU quota) holds the whole
+/// process up for tens of ms now and then; a slot older than this is
+/// forfeited (the safe side: fewer releases). It bounds the releases a late
+/// tick sends at once to `R x CATCH_UP_NS` more than the schedule's, as for
+/// held requests released at the first tick after their turn. Until
+/// 2026-11-28 250 ms (a tick after a long stall sent a quarter second of
+/// slots at once); then 20 ms, which lost the slots of a 43 ms stall of the
+/// three proxies of CI's uneven-load test (one 1 s window at 293 of 300; the
+/// fleet simulation's scenario `stalls`).
+pub const CATCH_UP_NS: u64 = 50 * crate::clock::NS_PER_MS;
+
 /// Parameters of one schedule, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Schedule {

@@ -290,7 +290,7 @@ pub fn publish<C: SharedCell, B: SharedBlob>(
     (grant_rate_per_s, lead_ns, spare_per_s): (u64, u64, u64),
     new_ranges: &[(u64, u64)],
 ) -> Result<u64, StoreError> {
-    let min = reach.min_slot(now);
+    let min = reach.min_kept(now);
     // The new ranges below the cursor of the first stored blob, once stored.
     let mut unreachable: Option<Vec<(u64, u64)>> = None;
     for _ in 0..MAX_CAS_ATTEMPTS {
@@ -786,7 +786,8 @@ pub(crate) mod tests {
         let r = reach();
         take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
         take(&mut c, &mut b, &mut owing(), &r, at(1000), true, FIRST);
-        // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004.
+        // Cursor at 1002; at slot 1005's time the oldest usable slot is 1004,
+        // but the line may still take slots the catch-up old (50 ms: 25 slots).
         let usable = publish(
             &mut b,
             &mut c,
@@ -798,8 +799,13 @@ pub(crate) mod tests {
         )
         .unwrap();
         let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
-        assert_eq!(g.ranges, vec![(1004, 1010), (1020, 1030), (1040, 1045)]);
-        assert_eq!(usable, 6 + 10 + 5);
+        assert_eq!(g.ranges, vec![(1002, 1010), (1020, 1030), (1040, 1045)]);
+        assert_eq!(usable, 8 + 10 + 5);
+        // At slot 1033's time, what lies more than the catch-up back is gone.
+        let usable = publish(&mut b, &mut c, &r, at(1033), Mode::Grid, (0, 0, 0), &[]).unwrap();
+        let g = Grants::decode(b.v.as_ref().unwrap()).unwrap();
+        assert_eq!(g.ranges, vec![(1008, 1010), (1020, 1030), (1040, 1045)]);
+        assert_eq!(usable, 2 + 10 + 5);
     }
 
     #[test]
