@@ -19,6 +19,7 @@ Timing tolerances, and why (each assertion repeats its reason):
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import signal
@@ -150,7 +151,7 @@ def test_a_stall_of_every_proxy_loses_no_slot(lab):
         share = len(lab.arrivals(t0 + 2, start, tag=lab.tag(i))) / before
         gap = 1 / (RATE * share) if share > 0 else 1.0
         mine = [start, *lab.arrivals(start, end, tag=lab.tag(i)), end]
-        beyond = sum(max(0.0, b - a - gap - CATCH_UP_S) for a, b in zip(mine, mine[1:], strict=False))
+        beyond = sum(max(0.0, b - a - gap - CATCH_UP_S) for a, b in itertools.pairwise(mine))
         held.append(round(beyond * 1000))
         lost_allowed += RATE * share * beyond
     least = RATE * 0.98 - lost_allowed
