@@ -9,6 +9,8 @@
 //! fleet-sweep --seed SEED|--scenario NAME --trace RULE   every request of a rule and its end
 //! fleet-sweep --seed SEED|--scenario NAME --logs         every proxy's log lines, in time order
 //! fleet-sweep --seeds N --known FILE                     a ratchet (CI): see below
+//! fleet-sweep --stall-search NAME [--starts N]           stalls of named scenario NAME: see below
+//! fleet-sweep --scenario NAME --stall LEN@AT[/PROXY]     NAME with one stall (ms; PROXY: one, else all)
 //! ```
 //! Exit status 1 if any invariant failed.
 //!
@@ -17,6 +19,12 @@
 //! seed breaks an invariant the file does not list for it (a new one), or if
 //! a listed one holds now (fixed: take it off the list). Seeds and runs are
 //! deterministic, so the list is exact.
+//!
+//! `--stall-search NAME` runs named scenario NAME with one stall in place of
+//! its own, over every length of `sweep::STALL_LENGTHS_MS` (up to the
+//! catch-up), of the whole fleet and of each proxy, at N starts 7 ms apart
+//! from 3 s (default 60): what seeds draw too rarely to find (it found the
+//! two whole-fleet stalls of scenarios `stall-late-answer` and `stall-prune`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -139,8 +147,85 @@ fn trace(sc: &Scenario, rule: Option<usize>, logs: bool) {
     }
 }
 
+/// `--stall LEN@AT[/PROXY]`: one stall of LEN ms at AT ms, of one proxy or all.
+fn stall_arg(args: &[String]) -> Option<(u64, u64, Option<usize>)> {
+    let v = arg(args, "--stall")?;
+    let parsed = (|| {
+        let (len, rest) = v.split_once('@')?;
+        let (at, proxy) = match rest.split_once('/') {
+            Some((at, p)) => (at, Some(p.parse().ok()?)),
+            None => (rest, None),
+        };
+        Some((len.parse().ok()?, at.parse().ok()?, proxy))
+    })();
+    if parsed.is_none() {
+        eprintln!("fleet-sweep: --stall takes LEN@AT or LEN@AT/PROXY (ms)");
+        std::process::exit(2);
+    }
+    parsed
+}
+
+/// Named scenario `name`, with the stall of `--stall` if given.
+fn scenario(args: &[String], name: &str) -> Option<Scenario> {
+    match stall_arg(args) {
+        Some((len, at, proxy)) => {
+            let mut sc = sweep::with_stall(name, len, at, proxy)?;
+            sc.name = stall_name(name, len, at, proxy);
+            Some(sc)
+        }
+        None => sweep::named(name),
+    }
+}
+
+/// How a point of the stall search is named: the arguments that replay it.
+fn stall_name(name: &str, len: u64, at: u64, proxy: Option<usize>) -> String {
+    let who = proxy.map(|p| format!("/{p}")).unwrap_or_default();
+    format!("{name} --stall {len}@{at}{who}")
+}
+
+/// `--stall-search NAME`: see the module docs. True if nothing failed.
+fn stall_search(name: &str, starts: u64) -> bool {
+    let Some(base) = sweep::named(name) else {
+        eprintln!("fleet-sweep: no scenario {name} (--scenario list)");
+        std::process::exit(2);
+    };
+    let started = Instant::now();
+    let (mut runs, mut failed) = (0u64, 0u64);
+    let whos: Vec<Option<usize>> = std::iter::once(None)
+        .chain((0..base.proxies.len()).map(Some))
+        .collect();
+    for len in sweep::STALL_LENGTHS_MS {
+        for &who in &whos {
+            for k in 0..starts {
+                let at = 3_000 + k * 7;
+                let Some(mut sc) = sweep::with_stall(name, len, at, who) else {
+                    continue;
+                };
+                sc.name = stall_name(name, len, at, who);
+                runs += 1;
+                if !report(&sweep::run_checked(&sc), false) {
+                    failed += 1;
+                }
+            }
+        }
+    }
+    println!(
+        "fleet-sweep: stall search of {name}: {runs} runs (stalls of {:?} ms, of the fleet and of each of {} proxies, {starts} starts 7 ms apart from 3 s), {failed} failed, in {:.0} s",
+        sweep::STALL_LENGTHS_MS,
+        base.proxies.len(),
+        started.elapsed().as_secs_f64()
+    );
+    failed == 0
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(name) = arg(&args, "--stall-search") {
+        let starts = arg(&args, "--starts")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60);
+        std::process::exit(if stall_search(&name, starts) { 0 } else { 1 });
+    }
     let verbose = args.iter().any(|a| a == "--verbose");
     let logs = args.iter().any(|a| a == "--logs");
     if arg(&args, "--trace").is_some() || logs {
@@ -154,7 +239,7 @@ fn main() {
         };
         let sc = match (arg(&args, "--seed"), arg(&args, "--scenario")) {
             (Some(seed), _) => seed.parse().ok().map(sweep::draw),
-            (None, Some(name)) => sweep::named(&name),
+            (None, Some(name)) => scenario(&args, &name),
             _ => None,
         };
         let Some(sc) = sc else {
@@ -176,7 +261,7 @@ fn main() {
         }
         let mut ok = true;
         for n in names {
-            let Some(sc) = sweep::named(n) else {
+            let Some(sc) = scenario(&args, n) else {
                 eprintln!("fleet-sweep: no scenario {n} (--scenario list)");
                 std::process::exit(2);
             };

@@ -407,6 +407,31 @@ pub const NAMES: [&str; 12] = [
     "skewed-joiner-ahead",
 ];
 
+/// Stall lengths the stall search tries (ms): up to the catch-up, where a
+/// stall may cost no slot ([`crate::rate::CATCH_UP_NS`]).
+pub const STALL_LENGTHS_MS: [u64; 7] = [10, 20, 30, 40, 45, 48, 50];
+
+/// Named scenario `name` with one stall of `len_ms` at `at_ms`, of every
+/// proxy (`proxy` None) or of one, instead of the stalls it has: a point of
+/// the stall search (`fleet-sweep --stall-search NAME`), which found the two
+/// whole-fleet stalls of `stall-late-answer` and `stall-prune` that seeds
+/// had not. Each point draws its own noise.
+pub fn with_stall(name: &str, len_ms: u64, at_ms: u64, proxy: Option<usize>) -> Option<Scenario> {
+    let mut sc = named(name)?;
+    if proxy.is_some_and(|p| p >= sc.proxies.len()) || at_ms + len_ms >= sc.duration_ms {
+        return None;
+    }
+    for (i, p) in sc.proxies.iter_mut().enumerate() {
+        p.stalls = if proxy.is_none_or(|q| q == i) {
+            vec![(at_ms, len_ms)]
+        } else {
+            Vec::new()
+        };
+    }
+    sc.noise ^= at_ms.wrapping_mul(0x9E37_79B9) ^ len_ms;
+    Some(sc)
+}
+
 /// A named scenario (None: no such name).
 pub fn named(name: &str) -> Option<Scenario> {
     let mut sc = Scenario::new(1, name);
