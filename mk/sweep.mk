@@ -14,8 +14,9 @@ SWEEP := cargo run --locked --release -q -p throttle-core --features testing --e
 fleet-sweep: ## Sweep for SWEEP_SECONDS (600) from seed SWEEP_FROM; ARGS='--seed N --verbose' replays one
 	$(SWEEP) $(if $(ARGS),$(ARGS),--seconds $(SWEEP_SECONDS) --from $(SWEEP_FROM))
 
-fleet-sweep-ci: ## The named scenarios, then seeds 1..60 against the known counterexamples (~1 min, CI)
+fleet-sweep-ci: ## The named scenarios, stalls of `stalls` at 20 starts, then seeds 1..60 against the known counterexamples (~2 min, CI)
 	$(SWEEP) --scenario all
+	$(SWEEP) --stall-search stalls --starts 20
 	$(SWEEP) --seeds 60 --seconds 100000 --from 1 --known filters/throttle/core/sweep-known.txt
 
 CI_EXTRA += fleet-sweep-ci
