@@ -11,6 +11,8 @@
 //! fleet-sweep --seeds N --known FILE                     a ratchet (CI): see below
 //! fleet-sweep --stall-search NAME [--starts N]           stalls of named scenario NAME: see below
 //! fleet-sweep --scenario NAME --stall LEN@AT[/PROXY]     NAME with one stall (ms; PROXY: one, else all)
+//! fleet-sweep --noise-search NAME|all [--runs N]         named scenarios at N other noises (default 20)
+//! fleet-sweep --scenario NAME --noise K                  NAME at noise K (its own XOR K)
 //! ```
 //! Exit status 1 if any invariant failed.
 //!
@@ -165,16 +167,64 @@ fn stall_arg(args: &[String]) -> Option<(u64, u64, Option<usize>)> {
     parsed
 }
 
-/// Named scenario `name`, with the stall of `--stall` if given.
+/// Named scenario `name`, with the stall of `--stall` and the noise of
+/// `--noise` if given.
 fn scenario(args: &[String], name: &str) -> Option<Scenario> {
-    match stall_arg(args) {
+    let mut sc = match stall_arg(args) {
         Some((len, at, proxy)) => {
             let mut sc = sweep::with_stall(name, len, at, proxy)?;
             sc.name = stall_name(name, len, at, proxy);
-            Some(sc)
+            sc
         }
-        None => sweep::named(name),
+        None => sweep::named(name)?,
+    };
+    if let Some(k) = arg(args, "--noise") {
+        let Ok(k) = k.parse::<u64>() else {
+            eprintln!("fleet-sweep: --noise takes a number");
+            std::process::exit(2);
+        };
+        sc.noise ^= k;
+        sc.name = format!("{} --noise {k}", sc.name);
     }
+    Some(sc)
+}
+
+/// `--noise-search NAME|all`: each named scenario at `runs` other noises
+/// (its arrivals' jitter, ticks and call latencies drawn anew; the
+/// configuration unchanged): whether it holds only at the draw it is named
+/// with. True if nothing failed.
+fn noise_search(name: &str, runs: u64) -> bool {
+    let names: Vec<&str> = if name == "all" {
+        sweep::NAMES.to_vec()
+    } else {
+        vec![name]
+    };
+    let started = Instant::now();
+    let mut ok = true;
+    for n in names {
+        let Some(base) = sweep::named(n) else {
+            eprintln!("fleet-sweep: no scenario {n} (--scenario list)");
+            std::process::exit(2);
+        };
+        let mut failed = 0;
+        for i in 1..=runs {
+            // Spread over all bits: the draws hardly move for a small XOR.
+            let k = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut sc = base.clone();
+            sc.noise ^= k;
+            sc.name = format!("{n} --noise {k}");
+            if !report(&sweep::run_checked(&sc), false) {
+                failed += 1;
+            }
+        }
+        println!("fleet-sweep: noise search of {n}: {failed} of {runs} noises failed");
+        ok &= failed == 0;
+    }
+    println!(
+        "fleet-sweep: noise search done in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    ok
 }
 
 /// How a point of the stall search is named: the arguments that replay it.
@@ -220,6 +270,12 @@ fn stall_search(name: &str, starts: u64) -> bool {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(name) = arg(&args, "--noise-search") {
+        let runs = arg(&args, "--runs")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20);
+        std::process::exit(if noise_search(&name, runs) { 0 } else { 1 });
+    }
     if let Some(name) = arg(&args, "--stall-search") {
         let starts = arg(&args, "--starts")
             .and_then(|s| s.parse().ok())
