@@ -254,9 +254,9 @@ impl Reach {
             .slot_at_or_after(now.saturating_sub(self.slack_ns))
     }
 
-    /// The oldest slot the grants keep at `now`: as old as the line of
-    /// waiting requests may still take one ([`crate::schedule::CATCH_UP_NS`]), so
-    /// that the calling VM, if it runs first after a stall of the process,
+    /// The oldest slot the line of waiting requests may take at `now`
+    /// ([`crate::schedule::CATCH_UP_NS`]), and so the oldest the grants keep,
+    /// so that the calling VM, if it runs first after a stall of the process,
     /// does not drop the slots that came due in it before the workers' ticks
     /// grant them (until 2026-11-29 it pruned at [`Reach::min_slot`]: fleet
     /// sweep, a 40 ms stall of three saturated proxies forfeited 10 of the

@@ -6,7 +6,7 @@ use crate::cluster::{self, Cursor, Grants, Mode, Reach};
 use crate::schedule::Schedule;
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
-use super::{Gcra, Outlook, RateSource, CATCH_UP_NS};
+use super::{Gcra, Outlook, RateSource};
 
 /// Cluster scope: the grid slots this proxy owns (see [`crate::cluster`]):
 /// the rule's cursor over them, and its grants blob for the next range and
@@ -51,12 +51,11 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> GridSource<C, B, F> {
     /// allows, or, while requests wait, as old as the catch-up (a late tick
     /// takes its due slots at their own time, as held requests would have).
     fn min_slot(&self, wall: u64, busy: bool) -> u64 {
-        let back = if busy {
-            self.reach.slack_ns.max(CATCH_UP_NS)
+        if busy {
+            self.reach.min_kept(wall)
         } else {
-            self.reach.slack_ns
-        };
-        self.reach.grid.slot_at_or_after(wall.saturating_sub(back))
+            self.reach.min_slot(wall)
+        }
     }
 
     /// The next owned slot at or above `min` ([`cluster::next_owned`]),
