@@ -132,6 +132,24 @@ fn spec500(name: &str, failure: OnEngineFailure) -> RuleSpec {
     }
 }
 
+/// A caller of one rule "orders" at 500/s (`spec500`, `local_share`).
+fn orders() -> Caller {
+    Caller::new(
+        &engine(),
+        vec![spec500("orders", OnEngineFailure::LocalShare)],
+    )
+}
+
+/// The facts of one rule with `n` requests waiting and nothing else.
+fn waiting(n: u64) -> [RuleFacts; 1] {
+    [RuleFacts {
+        arrived_total: 0,
+        waiting: n,
+        owed: 0,
+        owned_soon: 0,
+    }]
+}
+
 /// One tick and, if a call is due, its exchange with the engine (answered at once).
 fn exchange(
     eng: &mut FakeEngine,
@@ -155,10 +173,7 @@ fn ranges(updates: &[RuleUpdate]) -> Vec<(u64, u64)> {
 
 #[test]
 fn the_first_call_claims_leftovers_for_the_next_epoch_and_registers_demand() {
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
+    let mut c = orders();
     let waiting = [RuleFacts {
         arrived_total: 2,
         waiting: 2,
@@ -244,10 +259,7 @@ fn waiting_requests_claim_leftovers_only_beyond_this_epochs_owned_slots() {
     // leftovers served the line; first come, it took the slots other
     // proxies' requests within the rate needed: fleet sweep seed 10).
     let claim = |owned_soon| {
-        let mut c = Caller::new(
-            &engine(),
-            vec![spec500("orders", OnEngineFailure::LocalShare)],
-        );
+        let mut c = orders();
         let facts = [RuleFacts {
             arrived_total: 5,
             waiting: 5,
@@ -268,16 +280,8 @@ fn waiting_requests_claim_leftovers_only_beyond_this_epochs_owned_slots() {
 #[test]
 fn answers_grant_exact_positions_and_a_second_proxy_gets_the_next_ones() {
     let mut eng = FakeEngine::default();
-    let facts = [RuleFacts {
-        arrived_total: 0,
-        waiting: 3,
-        owed: 0,
-        owned_soon: 0,
-    }];
-    let mut a = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
+    let facts = waiting(3);
+    let mut a = orders();
     let mut b = a.clone();
     let (_, ua) = exchange(&mut eng, &mut a, T0, &facts);
     let (_, ub) = exchange(&mut eng, &mut b, T0 + 2 * MS, &facts);
@@ -308,10 +312,7 @@ fn a_counter_that_moves_in_steps_keeps_a_sparse_proxy_claiming() {
     // 4 epochs in 5 read 0 arrivals and the proxy claimed nothing for them
     // (every request then waited for grants); over up to 5 epochs it reads 1.
     let mut eng = FakeEngine::default();
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
+    let mut c = orders();
     let mut calls = 0;
     for k in 0..30u64 {
         let facts = [RuleFacts {
@@ -333,10 +334,7 @@ fn a_counter_that_moves_in_steps_keeps_a_sparse_proxy_claiming() {
 /// per epoch in turns: the shares each is granted, once demand is known.
 fn shares_of(per_a: u64, per_b: u64) -> Vec<(u64, u64)> {
     let mut eng = FakeEngine::default();
-    let mut a = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
+    let mut a = orders();
     let mut b = a.clone();
     let mut granted: Vec<(u64, u64, u64)> = Vec::new(); // (epoch, a's, b's)
     for k in 0..10u64 {
@@ -405,16 +403,8 @@ fn below_the_rate_each_share_is_the_demand_and_the_rest_is_left_over() {
 #[test]
 fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_returns() {
     let mut eng = FakeEngine::default();
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
-    let facts = [RuleFacts {
-        arrived_total: 0,
-        waiting: 1,
-        owed: 0,
-        owned_soon: 0,
-    }];
+    let mut c = orders();
+    let facts = waiting(1);
     exchange(&mut eng, &mut c, T0, &facts);
     assert_eq!(c.stats(0).map(|s| s.members), Some(1));
     // The engine goes away: a transport error at +100 ms...
@@ -465,16 +455,8 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
 
 #[test]
 fn local_share_divides_by_expected_replicas_until_the_engine_has_counted_proxies() {
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
-    let facts = [RuleFacts {
-        arrived_total: 0,
-        waiting: 1,
-        owed: 0,
-        owned_soon: 0,
-    }];
+    let mut c = orders();
+    let facts = waiting(1);
     c.tick(T0, &facts);
     c.on_answer(T0 + MS, Err(Failure::Transport));
     let (_, updates) = c.tick(T0 + 251 * MS, &facts);
@@ -503,16 +485,8 @@ fn local_share_divides_by_expected_replicas_until_the_engine_has_counted_proxies
 
 #[test]
 fn a_failing_engine_is_logged_when_the_fallback_starts_then_every_10_s_with_its_reason_and_fix() {
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
-    let facts = [RuleFacts {
-        arrived_total: 0,
-        waiting: 1,
-        owed: 0,
-        owned_soon: 0,
-    }];
+    let mut c = orders();
+    let facts = waiting(1);
     let mut logged: Vec<(u64, String)> = Vec::new();
     let mut t = T0;
     while t < T0 + 25 * NS_PER_S {
@@ -550,17 +524,9 @@ fn a_failing_engine_is_logged_when_the_fallback_starts_then_every_10_s_with_its_
 #[test]
 fn counters_lost_after_others_added_again_are_still_caught_by_the_hours_call_count() {
     let mut eng = FakeEngine::default();
-    let mut a = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
+    let mut a = orders();
     let mut b = a.clone();
-    let facts = [RuleFacts {
-        arrived_total: 0,
-        waiting: 5,
-        owed: 0,
-        owned_soon: 0,
-    }];
+    let facts = waiting(5);
     for k in 0..3 {
         exchange(&mut eng, &mut a, T0 + k * 100 * MS, &facts);
         exchange(&mut eng, &mut b, T0 + k * 100 * MS + 2 * MS, &facts);
@@ -593,16 +559,8 @@ fn c_failed(c: &Caller, kind: &str) -> u64 {
 #[test]
 fn lost_counters_and_nonsense_grant_nothing() {
     let mut eng = FakeEngine::default();
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
-    let facts = [RuleFacts {
-        arrived_total: 0,
-        waiting: 5,
-        owed: 0,
-        owned_soon: 0,
-    }];
+    let mut c = orders();
+    let facts = waiting(5);
     exchange(&mut eng, &mut c, T0, &facts);
     // Redis restarts: the counters this proxy added to read 0 again.
     eng.lose_counters();
@@ -629,16 +587,8 @@ fn lost_counters_and_nonsense_grant_nothing() {
 /// `sent + after`: the ranges it grants and the failures counted.
 fn answered_after(sent: u64, after: u64) -> (Vec<(u64, u64)>, u64) {
     let mut eng = FakeEngine::default();
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
-    let facts = [RuleFacts {
-        arrived_total: 0,
-        waiting: 3,
-        owed: 0,
-        owned_soon: 0,
-    }];
+    let mut c = orders();
+    let facts = waiting(3);
     let mut t = sent;
     let call = loop {
         if let (Some(call), _) = c.tick(t, &facts) {
@@ -687,10 +637,7 @@ fn a_late_answer_that_may_have_been_counted_in_the_next_hour_grants_nothing() {
 fn no_claim_lands_near_the_services_hour_boundary() {
     let h = 1_795_471_200 * NS_PER_S; // an hour boundary (T0's hour + 1)
     let mut eng = FakeEngine::default();
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
+    let mut c = orders();
     let mut claimed: Vec<(u64, u64)> = Vec::new(); // (sent at, epoch claimed)
     let mut t = h - 2 * NS_PER_S;
     while t < h + 2 * NS_PER_S {
@@ -822,17 +769,8 @@ fn late_ticks_do_not_skip_epochs() {
 
 #[test]
 fn a_phase_spreads_calls_over_the_first_quarter_of_the_epoch() {
-    let facts = [RuleFacts {
-        arrived_total: 0,
-        waiting: 1,
-        owed: 0,
-        owned_soon: 0,
-    }];
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    )
-    .with_phase(500);
+    let facts = waiting(1);
+    let mut c = orders().with_phase(500);
     // Half of a quarter epoch (100 ms): not before 12.5 ms into the epoch.
     assert_eq!(c.tick(T0 + 12 * MS, &facts).0, None);
     assert!(c.tick(T0 + 13 * MS, &facts).0.is_some());
@@ -849,10 +787,7 @@ fn an_epoch_without_a_call_does_not_cost_a_lone_proxy_its_spare() {
     // leftover claim took 1 slot of 50 (fleet sweep seed 4: a request within
     // the rate held 54 ms).
     let mut eng = FakeEngine::default();
-    let mut c = Caller::new(
-        &engine(),
-        vec![spec500("orders", OnEngineFailure::LocalShare)],
-    );
+    let mut c = orders();
     let mut claimed = Vec::new();
     for k in 0..40u64 {
         if k == 25 {
