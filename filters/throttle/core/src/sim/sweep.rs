@@ -413,9 +413,10 @@ pub const STALL_LENGTHS_MS: [u64; 7] = [10, 20, 30, 40, 45, 48, 50];
 
 /// Named scenario `name` with one stall of `len_ms` at `at_ms`, of every
 /// proxy (`proxy` None) or of one, instead of the stalls it has: a point of
-/// the stall search (`fleet-sweep --stall-search NAME`), which found the two
-/// whole-fleet stalls of `stall-late-answer` and `stall-prune` that seeds
-/// had not. Each point draws its own noise.
+/// the stall search (`fleet-sweep --stall-search NAME`), of which the named
+/// scenarios `stall-late-answer` and `stall-prune` are two points that
+/// failed before 2026-11-29 (seeds had not found them). Each point draws its
+/// own noise.
 pub fn with_stall(name: &str, len_ms: u64, at_ms: u64, proxy: Option<usize>) -> Option<Scenario> {
     let mut sc = named(name)?;
     if proxy.is_some_and(|p| p >= sc.proxies.len()) || at_ms + len_ms >= sc.duration_ms {
@@ -551,25 +552,20 @@ pub fn named(name: &str) -> Option<Scenario> {
             }
             sc.duration_ms = 12_000;
         }
-        // A stall of the whole fleet below the catch-up, at two moments a
-        // search over stall lengths and starts found (CI's stall test on
-        // real Envoy: 282 of 300 in the second around a 47 ms stop): 50 ms
-        // just as proxy 1's call went out, whose answer then came after the
-        // timeout and counted as one (291 in the second); 40 ms, after which
-        // the calling VM ran first and pruned the grants its line had not
-        // taken yet (289).
-        "stall-late-answer" | "stall-prune" => {
-            let (len, off) = if name == "stall-late-answer" {
-                (50, 19)
-            } else {
-                (40, 48)
-            };
-            sc = named("stalls")?;
+        // A stall of the whole fleet below the catch-up, at two points of
+        // the stall search (`with_stall`; CI's stall test on real Envoy: 282
+        // of 300 in the second around a 47 ms stop). 50 ms as a call was in
+        // flight, whose answer came after the timeout and counted as one
+        // (281 in the second, on the code before); 45 ms, after which the
+        // calling VM ran first and pruned the grants its line had not taken
+        // yet (292).
+        "stall-late-answer" => {
+            sc = with_stall("stalls", 50, 3_231, None)?;
             sc.name = name.into();
-            for p in sc.proxies.iter_mut() {
-                p.stalls = vec![(5_000 + off * 7, len)];
-            }
-            sc.noise ^= off * 31 + len;
+        }
+        "stall-prune" => {
+            sc = with_stall("stalls", 45, 3_336, None)?;
+            sc.name = name.into();
         }
         _ => return None,
     }
