@@ -31,7 +31,6 @@ import pytest
 from harness import meshpatches
 from harness.kubelet import Kubelet, Pod
 from harness.mesh import NAMESPACE, Mesh
-from harness.net import wait_until
 from harness.netns import NetnsUnavailable
 from harness.procs import ROOT
 from tests.support import istio
@@ -120,8 +119,7 @@ def _phase(mesh: Mesh, overlay: str, want: dict[str, tuple[str, int, str]], extr
         phase.pods["waypoint"] = kubelet.waypoint_pods(NAMESPACE, "waypoint")
     # Every proxy has taken the whole configuration istiod sent it.
     ids = [p.proxy_id for p in phase.proxies()]
-    wait_until(lambda: (lambda rows: len(rows) == len(ids) and not any(istio.unacked(r) for r in rows.values()))(
-        istio.syncz_for(mesh.cp, ids)), 90, f"istiod: every xDS type ACKed by {ids}", interval=1)
+    istio.wait_acked(mesh.cp, ids)
     return phase
 
 

@@ -26,8 +26,7 @@ TOLERANCE = 0.05  # as in test_sidecar.py
 
 def test_waypoint_acked_and_nothing_was_rejected(waypoint, mesh, figures):
     (wp,) = waypoint.pods["waypoint"]
-    (row,) = istio.syncz_for(mesh.cp, [wp.proxy_id]).values()
-    assert istio.unacked(row) == [], row
+    (row,) = istio.wait_acked(mesh.cp, [wp.proxy_id]).values()
     assert row.get("extensionconfig_sent"), row
     assert "config rejected" not in wp.log(), wp.log()[-3000:]
     figures["waypoint_acked"] = {t: row.get(f"{t}_acked", "") for t in istio.XDS_TYPES}

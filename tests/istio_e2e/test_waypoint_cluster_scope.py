@@ -151,11 +151,10 @@ def test_every_replica_runs_the_shipped_plugin_with_the_engines_cluster(waypoint
     """Each of the 3 waypoint pods ACKed everything istiod sent, runs the shipped cluster-scope rule,
     and has the engine's cluster (from istio/engine-waypoint) with the two ratelimit pods."""
     pods = replicas(waypoint_cluster)
-    rows = istio.syncz_for(mesh.cp, [p.proxy_id for p in pods])
+    istio.wait_acked(mesh.cp, [p.proxy_id for p in pods])
     engine_ips = sorted(p.ip for p in waypoint_cluster.pods["ratelimit"])
     seen = {}
     for p in pods:
-        assert istio.unacked(rows[p.proxy_id]) == [], (p.name, rows[p.proxy_id])
         assert "config rejected" not in p.log(), p.log()[-3000:]
         line = istio.wait_configured(p, 0, f"{RULE}: rate 2000/1s")
         assert istio.cluster_hosts(p, ENGINE_CLUSTER) == engine_ips, (p.name, istio.cluster_hosts(p, ENGINE_CLUSTER))
@@ -350,11 +349,7 @@ def test_sidecar_clients_bypass_the_waypoint_unless_their_sidecar_joins_the_grid
     try:
         (client,) = kubelet.start_deployment(NAMESPACE, "fortio-sidecar", 1)
         assert client.mode == "sidecar", client.mode
-        def acked() -> bool:
-            rows = istio.syncz_for(mesh.cp, [client.proxy_id])
-            return client.proxy_id in rows and not istio.unacked(rows[client.proxy_id])
-
-        wait_until(acked, 60, "the sidecar client ACKed its configuration", interval=0.5)
+        istio.wait_acked(mesh.cp, [client.proxy_id], timeout=60)
         app = waypoint_cluster.pods["productpage-v1"][0]
         endpoints = istio.cluster_endpoints(client, cluster)
         assert endpoints and all(app.ip in e for e in endpoints), (

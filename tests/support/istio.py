@@ -221,6 +221,22 @@ def syncz_for(cp: Any, proxy_ids: list[str]) -> dict[str, dict[str, Any]]:
 
 def unacked(row: dict[str, Any]) -> list[str]:
     """The xDS types istiod sent this proxy that it has not acknowledged (or NACKed)."""
-    bad = [t for t in XDS_TYPES if row.get(f"{t}_sent", "") != row.get(f"{t}_acked", "")]
-    bad += [f"{t}: {s['lastError']}" for t, s in row.get("resources", {}).items() if s.get("lastError")]
-    return bad
+    return [t for t in XDS_TYPES if row.get(f"{t}_sent", "") != row.get(f"{t}_acked", "")] + nacked(row)
+
+
+def nacked(row: dict[str, Any]) -> list[str]:
+    """The xDS types this proxy rejected, with the proxy's error."""
+    return [f"{t}: {s['lastError']}" for t, s in row.get("resources", {}).items() if s.get("lastError")]
+
+
+def wait_acked(cp: Any, proxy_ids: list[str], timeout: float = 90) -> dict[str, dict[str, Any]]:
+    """istiod's rows of these proxies once each has ACKed every xDS type istiod sent it. istiod
+    pushes again whenever an endpoint or a pod changes, so a single read can catch a push in
+    flight (sent nonce ahead of the acked one: CI saw that for fortio-0's sidecar, 2026-11-29);
+    that is waited out. A NACK is a rejected configuration and fails at once."""
+    def settled() -> dict[str, dict[str, Any]] | None:
+        rows = syncz_for(cp, proxy_ids)
+        rejected = {p: nacked(r) for p, r in rows.items() if nacked(r)}
+        assert not rejected, rejected
+        return rows if len(rows) == len(proxy_ids) and not any(unacked(r) for r in rows.values()) else None
+    return wait_until(settled, timeout, f"istiod: every xDS type ACKed by {proxy_ids}", interval=0.5)
