@@ -925,6 +925,7 @@ fn ahead(owed: u64, until_ms: u64) -> [u64; 2] {
         pending: u64::from(until_ms > 0),
         until_ms,
         gap_us: 0,
+        ..Default::default()
     }
     .encode()
 }
