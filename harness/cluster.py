@@ -32,7 +32,7 @@ from typing import Any
 from harness import configs, fortio, windows
 from harness.configs import render
 from harness.engine import Engine
-from harness.envoy import Envoy
+from harness.envoy import Envoy, measure_loops
 from harness.net import free_port, wait_until
 from harness.procs import WASM
 from harness.stalls import StallMonitor
@@ -268,12 +268,13 @@ class ClusterLab:
     per proxy); with `native_rate`, the proxies run Envoy's native global rate
     limit filter at that rate instead of the throttle. `add_proxy()` starts
     one more proxy later, with its own configuration, .wasm and VM environment.
-    With `refusal_log`, every proxy logs each 429 it answers (`refusals()`)."""
+    With `refusal_log`, every proxy logs each 429 it answers (`refusals()`); with `loops`,
+    it times its event loops (`loop_histograms()`)."""
 
     def __init__(self, plugin: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *, proxies: int = 3,
                  concurrency: int = 2, fault_proxy: bool = False, native_rate: float | None = None,
                  wasm: Path = WASM, log_level: str = "warn", service_metrics: bool = False,
-                 refusal_log: bool = False) -> None:
+                 refusal_log: bool = False, loops: bool = False) -> None:
         if (plugin is None) == (native_rate is None):
             raise ValueError("give a throttle plugin configuration or native_rate, not both")
         plugins: list[dict[str, Any] | None]
@@ -291,6 +292,7 @@ class ClusterLab:
         self.wasm = wasm
         self.log_level = log_level
         self.refusal_log = refusal_log
+        self.loops = loops
         needs_engine = native_rate is not None or any(p is not None and "engine" in p for p in self.plugins)
         self.engine: Engine | None = (Engine(fault_proxy=fault_proxy, metrics=service_metrics)
                                       if needs_engine else None)
@@ -369,7 +371,14 @@ class ClusterLab:
         log_5xx(cfg, self.logdir / f"{tag}-5xx.log")
         if self.refusal_log:
             log_refusals(cfg, self.logdir / f"{tag}-429.log")
+        if self.loops:
+            measure_loops(cfg)
         return cfg
+
+    def loop_histograms(self) -> list[dict[str, list[tuple[float, int]]]]:
+        """Each proxy's workers' event-loop histograms (with `loops`): how long Envoy
+        itself was held up, for `harness.envoy.longest_between`."""
+        return [p.loop_histograms() for p in self.proxies]
 
     def errors(self) -> list[str]:
         """Every proxy's logged answers of status 500 or more (see `log_5xx`)."""

@@ -19,7 +19,7 @@ import time
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Any, Self
 
 import yaml
 
@@ -39,6 +39,53 @@ def stat_values(body: bytes | str) -> dict[str, int]:
     (histograms and text readouts left out)."""
     return {s["name"]: s["value"] for s in json.loads(body).get("stats", [])
             if "name" in s and isinstance(s.get("value"), int)}
+
+
+# The bounds (µs) of the buckets of Envoy's event-loop histograms, when `measure_loops`
+# sets them: Envoy's default buckets jump from 10 ms to 30 ms, too coarse to tell how long
+# a worker was held up.
+LOOP_BUCKETS_US = [500, 1000, 2000, 3000, 4000, 5000, 7500, 10_000, 12_500, 15_000, 20_000, 25_000, 30_000,
+                   40_000, 50_000, 75_000, 100_000, 200_000, 500_000, 1_000_000]
+WORKER_LOOPS = r"^listener_manager\.worker_[0-9]+\.dispatcher\.loop_duration_us$"
+
+
+def measure_loops(cfg: dict[str, Any]) -> None:
+    """Makes Envoy time each iteration of its event loops (`enable_dispatcher_stats`), in
+    the buckets of LOOP_BUCKETS_US. An iteration's length is how long every request that
+    came in during it waits for its filters, however the time went: Envoy's own work, a
+    worker's many streams, or the OS running other threads (the machine's 2 cores)."""
+    cfg["enable_dispatcher_stats"] = True
+    cfg.setdefault("stats_config", {}).setdefault("histogram_bucket_settings", []).append(
+        {"match": {"safe_regex": {"regex": WORKER_LOOPS}}, "buckets": LOOP_BUCKETS_US})
+
+
+def cumulative_buckets(body: bytes | str) -> dict[str, list[tuple[float, int]]]:
+    """The histograms of a `/stats?format=json&histogram_buckets=cumulative` answer: by
+    name, (upper bound, samples at or below it since Envoy started) per bucket."""
+    out: dict[str, list[tuple[float, int]]] = {}
+    for entry in json.loads(body).get("stats", []):
+        for h in entry.get("histograms", []) if isinstance(entry.get("histograms"), list) else []:
+            out[h["name"]] = [(float(b["upper_bound"]), int(b["cumulative"])) for b in h["buckets"]]
+    return out
+
+
+def longest_between(before: dict[str, list[tuple[float, int]]],
+                    after: dict[str, list[tuple[float, int]]]) -> float:
+    """The least the longest sample between two reads of cumulative histograms can have
+    been, over them all: the lower bound of the highest bucket that gained a sample (0
+    if none did). In the histograms' unit."""
+    longest = 0.0
+    for name, buckets in after.items():
+        was = dict(before.get(name, []))
+        lower = 0.0
+        gained_below = 0
+        for bound, count in buckets:
+            gained = count - was.get(bound, 0)
+            if gained > gained_below:
+                longest = max(longest, lower)
+            gained_below = gained
+            lower = bound
+    return longest
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -160,6 +207,15 @@ class Envoy(Child):
         if status != 200:
             raise RuntimeError(f"envoy /stats: {status} {body[:300]!r}")
         return stat_values(body)
+
+    def loop_histograms(self) -> dict[str, list[tuple[float, int]]]:
+        """Each worker's event-loop histogram (`measure_loops`), cumulative: compare two
+        reads with `longest_between`."""
+        status, body = self.admin("/stats?format=json&histogram_buckets=cumulative&filter="
+                                  + urllib.parse.quote(WORKER_LOOPS, safe=""))
+        if status != 200:
+            raise RuntimeError(f"envoy /stats: {status} {body[:300]!r}")
+        return cumulative_buckets(body)
 
     def stats(self, prefix: str = "wasmcustom.throttle.", settle: bool = True) -> dict[str, int]:
         """Counters and gauges whose name starts with `prefix`, by the rest of their name.

@@ -27,6 +27,14 @@ test_holds.py and test_cluster_scope.py:
   it (`x-throttle-wait-ms`): in one process-scope control run, with nothing
   held, four took 87-158 ms at load average 5.6 while this process saw stalls
   of 1-9 ms.
+- A 429 over 10 ms is also excused up to the longest iteration of its proxy's
+  event loops in the run (Envoy's dispatcher statistics, `measure_loops`): a
+  request that comes in during one waits for its filters that long. A sleeping
+  Python thread is woken first, so it does not see how long a busy worker
+  waits for a core: CI saw 429s of 17 and 19 ms (2026-11-28, 2026-11-29) with
+  stalls of 5 ms here; a quiet run has 3-14 ms ones while worker iterations
+  reach 12-24 ms. A refusal after a hold comes at the deadline (1 s) or, for
+  a class, when displaced: the rule's counters catch both, whatever the timing.
 - JITTER_S = 70 ms of release jitter (worker ticks, Envoy's and Python's
   scheduling: `make perf-cluster`, see test_cluster_scope.py): a window may
   hold up to rate x JITTER_S releases due just outside it.
@@ -63,6 +71,7 @@ import pytest
 
 from harness import fortio, windows
 from harness.cluster import Answer, ClusterLab, uniform_load
+from harness.envoy import longest_between
 from harness.net import wait_until
 from harness.stalls import StallMonitor
 
@@ -255,6 +264,7 @@ def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: flo
     429 must be answered at arrival (within 10 ms, Envoy's own timing) and the rule's
     counters must add up. `lab` logs its refusals (`refusal_log`)."""
     before = rule_counters(lab, rule)
+    loops_before = lab.loop_histograms()
     lab.upstream.clear()
     samples: list[Timed] = []
     lock = threading.Lock()
@@ -280,14 +290,19 @@ def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: flo
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: [len(x) for x in logged()] == rejected, 5, "every 429 in the access logs")
         refusals = logged()
+    # The longest event-loop iteration of each proxy's workers in the run (Envoy's own timing):
+    # a request that came in during it waited for the filter that long, whoever held the worker.
+    held_up = [longest_between(b, a) / 1000 for b, a in zip(loops_before, lab.loop_histograms(), strict=True)]
     stamps = lab.arrivals(t0, t0 + secs + 2)
     total = windows.rate(stamps, t0 + 2, t0 + secs - 0.5)
     late = []  # (proxy, Envoy's ms, worst stall ms while it was in Envoy)
+    over = 0  # 429s over REFUSE_MS, excused or not
     for i, answers in enumerate(refusals):
         for a in answers:
             if a.ms > REFUSE_MS:
+                over += 1
                 arrived = t0 + (a.arrived - wall0)
-                stall_ms = 1000 * stalls.worst(arrived, arrived + (a.ms + 1) / 1000)
+                stall_ms = max(1000 * stalls.worst(arrived, arrived + (a.ms + 1) / 1000), held_up[i])
                 if a.ms - REFUSE_MS > stall_ms:
                     late.append((lab.tag(i), a.ms, round(stall_ms)))
     envoy_ms = [a.ms for x in refusals for a in x]
@@ -296,19 +311,21 @@ def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: flo
     displaced = {k: delta(after, before, k) for k in after[0] if k.endswith(".displaced")}
     report = (f"each proxy offered {per_proxy_qps:g}/s (+10/s measured on p0) of {rate:g}/s: total at the upstream "
               f"{total:.1f}/s; 429s per proxy {rejected} (in the access logs {[len(x) for x in refusals]}), Envoy's "
-              f"time to answer them {quantiles(envoy_ms)}, over {REFUSE_MS:g} ms beyond any stall {len(late)}: "
+              f"time to answer them {quantiles(envoy_ms)}, over {REFUSE_MS:g} ms {over}, of them beyond any "
+              f"stall {len(late)}: "
               f"{late[:10]}{' ...' if len(late) > 10 else ''}; the measured client (the report's view) "
               f"{sum(s.status == 200 for s in samples)} x 200, {len(refused)} x 429 in {quantiles(refused)}; "
               f"Fortio's slowest 429 per proxy {[round(slowest_refusal_ms(c)) for c in clients]} ms; Fortio answers "
               f"{[c.codes for c in clients]}; queued {delta(after, before, 'queued')}, released "
               f"{delta(after, before, 'released')}, held then refused (queued - released - cancelled - gone - "
               f"timed_out - held) {lost}; displaced {displaced}; worst stall "
-              f"{1000 * stalls.worst(t0, t0 + secs):.0f} ms; {load_average()}")
+              f"{1000 * stalls.worst(t0, t0 + secs):.0f} ms; longest event loop per proxy at least "
+              f"{[round(h, 1) for h in held_up]} ms; {load_average()}")
     out = Outcome(report)
     if late:
         out.problems.append(f"{len(late)} of {len(envoy_ms)} 429s answered later than {REFUSE_MS:g} ms after "
-                            f"arrival (Envoy's own time), beyond any stall of this process meanwhile: (proxy, ms, "
-                            f"stall ms) {late[:20]}")
+                            f"arrival (Envoy's own time), beyond any stall of this process meanwhile and its "
+                            f"proxy's longest event loop: (proxy, ms, stall ms) {late[:20]}")
     if any(lost):
         out.problems.append(f"queued = released + cancelled + gone + timed_out + held breaks by {lost} per proxy "
                             f"(requests held, then refused)")
@@ -327,7 +344,8 @@ def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: flo
 
 @pytest.fixture(scope="module")
 def late_lab(wasm: Path) -> Iterator[ClusterLab]:
-    with ClusterLab(plugin([cluster_rule("orders", f"{LATE_RATE}/s")]), wasm=wasm, refusal_log=True) as lab:
+    with ClusterLab(plugin([cluster_rule("orders", f"{LATE_RATE}/s")]), wasm=wasm, refusal_log=True,
+                    loops=True) as lab:
         yield lab
         assert not lab.panics(), lab.panics()
 
@@ -679,7 +697,7 @@ def class_floor(lab: ClusterLab, *, secs: float = FLOOR_SECS) -> Outcome:
 @pytest.fixture(scope="module")
 def classes_lab(wasm: Path) -> Iterator[ClusterLab]:
     rule = cluster_rule("orders", f"{CLASS_RATE}/s", classes=CLASSES)
-    with ClusterLab(plugin([rule]), wasm=wasm, refusal_log=True) as lab:
+    with ClusterLab(plugin([rule]), wasm=wasm, refusal_log=True, loops=True) as lab:
         yield lab
         assert not lab.panics(), lab.panics()
 
