@@ -14,28 +14,26 @@ use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 use super::cursor::{advance, next_owned, Attempt, Grants, Reach, Take};
 
 /// How far a process is ahead of its grants, kept in the rule's ahead cell
-/// ([`crate::CellId::Ahead`], `[gap_us << 32 | first_off << 25 | first << 17
+/// ([`crate::CellId::Ahead`], `[gap_us << 32 | known[1] << 24 | known[0] << 16
 /// | owed, pending << 48 | until_ms]`): slots owed (requests that went on
 /// credit), and slots taken for a request before their time or to repay a
 /// credit that are not yet due (`pending`, the latest of them due at
-/// `until_ms`, wall-clock ms; the `first` of them, those taken before any
-/// later one, due by `first_off` ms before it). Owed and pending together
+/// `until_ms`, wall-clock ms; the earliest two known apart, due `known` ms
+/// before it, the rest counted until `until_ms`). Owed and pending together
 /// stay within `burst + 1` (credit), whether a request goes on credit or
 /// before its slot's time; so at any instant the process is ahead of its
-/// grants by at most `burst + 1` requests. Pending slots count until the
-/// latest of their group is due: a bound that errs on the safe side. Until
-/// issue 29 there was one group: after a burst took six slots early, none
-/// counted as due until the sixth was, and a request within the rate waited
-/// 42 ms for its own slot (fleet sweep seed 26); the first group lets the
-/// credit of the earliest come back when they are due.
+/// grants by at most `burst + 1` requests. Until issue 29 every pending slot
+/// counted until the latest was due: after a burst took six slots early,
+/// none gave its credit back until the sixth was due, and a request within
+/// the rate waited 42 ms for its own slot (fleet sweep seed 26).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ahead {
     pub owed: u64,
     pub pending: u64,
     pub until_ms: u64,
-    /// Of `pending`, how many are due by `until_ms - first_off_ms`.
-    pub first: u64,
-    pub first_off_ms: u64,
+    /// Of `pending`, up to two due apart: each `until_ms - known[i]` ms
+    /// (0: none; the earlier first).
+    pub known: [u64; 2],
     /// The expected gap between the process's slots, µs (1 / its grant
     /// rate; 0: unknown), as the calling VM last published it: a slot due
     /// within it may be taken now (`go_ahead`).
@@ -44,43 +42,54 @@ pub struct Ahead {
 
 impl Ahead {
     const MS_BITS: u32 = 48;
-    const OWED_BITS: u32 = 17;
-    const FIRST_BITS: u32 = 8;
-    const OFF_BITS: u32 = 7;
+    const OWED_BITS: u32 = 16;
+    const KNOWN_BITS: u32 = 8;
 
     /// The state of a cell's value (a cell never stored: nothing ahead).
     pub fn decode(value: Option<[u64; 2]>) -> Ahead {
         let [first, packed] = value.unwrap_or([0, 0]);
         let field = |shift: u32, bits: u32| (first >> shift) & ((1 << bits) - 1);
+        let k = Self::KNOWN_BITS;
         let pending = packed >> Self::MS_BITS;
-        Ahead {
+        let mut a = Ahead {
             owed: field(0, Self::OWED_BITS),
-            first: field(Self::OWED_BITS, Self::FIRST_BITS).min(pending),
-            first_off_ms: field(Self::OWED_BITS + Self::FIRST_BITS, Self::OFF_BITS),
+            known: [field(Self::OWED_BITS, k), field(Self::OWED_BITS + k, k)],
             gap_us: first >> 32,
             pending,
             until_ms: packed & ((1 << Self::MS_BITS) - 1),
-        }
+        };
+        a.known = a.known_sorted();
+        a
     }
 
     /// The cell's value. A field too large for its bits is stored as the
-    /// bound that errs on the safe side: owed and pending at their most,
-    /// the first group at its most and its offset at its least.
+    /// bound that errs on the safe side: owed and pending at their most, a
+    /// slot known apart due at most 255 ms before the latest.
     pub fn encode(self) -> [u64; 2] {
         let max = |bits: u32| (1u64 << bits) - 1;
         let ms = self.until_ms.min(max(Self::MS_BITS));
         let pending = self.pending.min(u64::from(u16::MAX));
         let owed = self.owed.min(max(Self::OWED_BITS));
-        let first = self.first.min(max(Self::FIRST_BITS)).min(pending);
-        let off = self.first_off_ms.min(max(Self::OFF_BITS));
+        let [k0, k1] = self.known_sorted().map(|k| k.min(max(Self::KNOWN_BITS)));
         let gap = self.gap_us.min(u64::from(u32::MAX));
         [
-            gap << 32
-                | off << (Self::OWED_BITS + Self::FIRST_BITS)
-                | first << Self::OWED_BITS
-                | owed,
+            gap << 32 | k1 << (Self::OWED_BITS + Self::KNOWN_BITS) | k0 << Self::OWED_BITS | owed,
             pending << Self::MS_BITS | ms,
         ]
+    }
+
+    /// The slots known apart, the earlier (larger offset) first, no more
+    /// than are pending.
+    fn known_sorted(self) -> [u64; 2] {
+        let [a, b] = self.known;
+        let mut k = [a.max(b), a.min(b)];
+        if self.pending < 2 {
+            k[1] = 0;
+        }
+        if self.pending < 1 {
+            k[0] = 0;
+        }
+        k
     }
 
     /// Nothing taken ahead is still ahead at wall time `now`.
@@ -88,32 +97,35 @@ impl Ahead {
         self.until_ms.saturating_mul(NS_PER_MS) <= now
     }
 
-    /// Wall time by which the first group is due.
-    fn first_due(self) -> u64 {
-        self.until_ms
-            .saturating_sub(self.first_off_ms)
-            .saturating_mul(NS_PER_MS)
+    /// Wall time at which a slot known apart `off` ms before the latest is due.
+    fn due(self, off: u64) -> u64 {
+        self.until_ms.saturating_sub(off).saturating_mul(NS_PER_MS)
     }
 
-    /// The state at `now`: the groups due by then dropped.
+    /// The state at `now`: the slots due by then dropped.
     fn settled(self, now: u64) -> Ahead {
         if self.clear_at(now) {
-            Ahead {
+            return Ahead {
                 pending: 0,
-                first: 0,
-                first_off_ms: 0,
+                known: [0, 0],
                 ..self
-            }
-        } else if self.first > 0 && self.first_due() <= now {
-            Ahead {
-                pending: self.pending - self.first,
-                first: 0,
-                first_off_ms: 0,
-                ..self
-            }
-        } else {
-            self
+            };
         }
+        let mut a = self;
+        let mut left = [0; 2];
+        let mut slots = left.iter_mut();
+        for off in self.known_sorted() {
+            if off == 0 {
+                continue;
+            }
+            if a.due(off) <= now {
+                a.pending = a.pending.saturating_sub(1);
+            } else if let Some(slot) = slots.next() {
+                *slot = off;
+            }
+        }
+        a.known = left;
+        a
     }
 
     /// The slots taken ahead still not due at `now`.
@@ -122,22 +134,36 @@ impl Ahead {
     }
 
     /// The state at `now` with one more slot, due at wall time `t`, taken
-    /// ahead. One later than all pending leaves the first group as it is
-    /// (or makes the ones pending the first group) and joins the rest.
+    /// ahead: known apart while fewer than two are (and it, or the one it
+    /// comes after, is not due with the latest), else counted until the
+    /// latest.
     fn with_pending(self, now: u64, t: u64) -> Ahead {
         let mut a = self.settled(now);
         let t_ms = t.div_ceil(NS_PER_MS);
+        let known = a.known.iter().filter(|&&k| k > 0).count() as u64;
+        let free = a.known.iter().position(|&k| k == 0);
         if a.pending > 0 && t_ms > a.until_ms {
             let later = t_ms - a.until_ms;
-            if a.first == 0 {
-                a.first = a.pending;
-                a.first_off_ms = later;
-            } else {
-                a.first_off_ms = a.first_off_ms.saturating_add(later);
+            for k in a.known.iter_mut().filter(|k| **k > 0) {
+                *k = k.saturating_add(later);
             }
+            // The one slot counted until the old latest becomes known apart.
+            if let (1, Some(slot)) = (
+                a.pending.saturating_sub(known),
+                free.and_then(|i| a.known.get_mut(i)),
+            ) {
+                *slot = later;
+            }
+            a.until_ms = t_ms;
+        } else if a.pending > 0 && t_ms < a.until_ms {
+            if let Some(slot) = free.and_then(|i| a.known.get_mut(i)) {
+                *slot = a.until_ms - t_ms;
+            }
+        } else {
+            a.until_ms = a.until_ms.max(t_ms);
         }
         a.pending += 1;
-        a.until_ms = a.until_ms.max(t_ms);
+        a.known = a.known_sorted();
         a
     }
 
@@ -145,22 +171,6 @@ impl Ahead {
     /// owed or taken ahead and not yet due.
     fn has_credit(self, reach: &Reach, now: u64) -> bool {
         self.owed + self.pending_at(now) < reach.credit
-    }
-
-    /// The earliest wall time from `now` at which one more may go ahead,
-    /// if nothing else goes ahead meanwhile: when the first group or all
-    /// pending are due (None: only a repayment frees credit).
-    fn credit_from(self, reach: &Reach, now: u64) -> Option<u64> {
-        let a = self.settled(now);
-        if a.has_credit(reach, now) {
-            Some(now)
-        } else if a.first > 0 && a.owed + a.pending - a.first < reach.credit {
-            Some(a.first_due())
-        } else if a.pending > 0 && a.owed < reach.credit {
-            Some(a.until_ms.saturating_mul(NS_PER_MS))
-        } else {
-            None
-        }
     }
 }
 
@@ -226,41 +236,6 @@ pub(super) fn go_ahead<A: SharedCell>(
         }
     }
     Some(Take::Contention)
-}
-
-/// A request whose next owned slot, due at wall time `t` more than one
-/// interval ahead within the epoch, may not go ahead now for want of
-/// credit: it is held until the credit of the slots taken ahead comes back
-/// (the first of them due), and then goes, ahead of its slot, if that is
-/// more than one interval before `t` (as a GCRA lets the request after a
-/// burst go one gap later, not at its own slot). Some(release time): the
-/// slot counts as ahead from now (so nothing else takes that credit
-/// meanwhile); the caller takes it and holds the request until then. Not
-/// beyond `max_delay`.
-/// Until issue 29 it was held for its slot: after three requests took
-/// their slots early, the fourth, 17 ms later and within the rate, waited
-/// 54 ms (fleet sweep seed 19).
-pub(super) fn hold_ahead<A: SharedCell>(
-    cell: &mut A,
-    reach: &Reach,
-    now: u64,
-    t: u64,
-    max_delay: u64,
-) -> Result<Option<u64>, StoreError> {
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (v, token) = cell.load()?;
-        let ahead = Ahead::decode(v);
-        let Some(at) = ahead.credit_from(reach, now) else {
-            return Ok(None);
-        };
-        if at.saturating_add(reach.grid.interval_ns) >= t || at.saturating_sub(now) > max_delay {
-            return Ok(None);
-        }
-        if cell.store(ahead.with_pending(now, t).encode(), token)? {
-            return Ok(Some(at.max(now)));
-        }
-    }
-    Err(StoreError(0))
 }
 
 /// Records the expected gap between the process's slots (`gap_ns`; 0:
@@ -593,47 +568,40 @@ mod tests {
                 Take::Early { slot: 1010 },
                 Take::Early { slot: 1020 },
                 Take::Early { slot: 1030 },
-                // Held until the first of them is due (its credit back),
-                // then ahead of its own slot, as a GCRA would let it go one
-                // gap later (until issue 29: held for its slot, 80 ms).
                 Take::Hold {
                     slot: 1040,
-                    delay_ns: 20 * MS
+                    delay_ns: 80 * MS
                 }
             ]
         );
-        // Ahead by four counted from now: the first due at 1010 (20 ms),
-        // the rest by 1040 (the fourth is held until 1010, so at most three
-        // are ahead at any instant); nothing owed.
+        // Ahead by three: 1010 and 1020 known apart (40 and 20 ms before
+        // 1030), 1030 itself; nothing owed. (The held one takes no credit: a
+        // request in the line at its deadline may still need it.)
         assert_eq!(
             Ahead::decode(ahead_cell.v),
             Ahead {
                 owed: 0,
-                pending: 4,
-                until_ms: at(1040) / MS,
-                first: 1,
-                first_off_ms: 60,
+                pending: 3,
+                until_ms: at(1030) / MS,
+                known: [40, 20],
                 gap_us: 0
             }
         );
-        // Nothing goes on credit meanwhile, nor once the first is due.
-        for t in [now, at(1010), at(1039)] {
-            let (mut c, mut b) = setup(&[]);
-            assert_eq!(
-                take(&mut c, &mut b, &mut ahead_cell, &r, t, true, FIRST),
-                Take::Wait
-            );
-        }
-        // All due: credit again.
+        // Nothing goes on credit meanwhile; once the first is due, one may.
         let (mut c, mut b) = setup(&[]);
         assert_eq!(
-            take(&mut c, &mut b, &mut ahead_cell, &r, at(1040), true, FIRST),
+            take(&mut c, &mut b, &mut ahead_cell, &r, at(1009), true, FIRST),
+            Take::Wait
+        );
+        let (mut c, mut b) = setup(&[]);
+        assert_eq!(
+            take(&mut c, &mut b, &mut ahead_cell, &r, at(1010), true, FIRST),
             Take::Credit
         );
     }
 
     #[test]
-    fn the_credit_of_the_first_slots_taken_ahead_comes_back_when_they_are_due() {
+    fn the_credit_of_the_slots_taken_ahead_comes_back_as_each_is_due() {
         // Burst 2 (credit 3), T = 2 ms; owned: 1010, 1020, 1030, 1050. Three go
         // ahead at 1000; at 1012 the first is due, so one more may go ahead of its slot
         // at once (until issue 29 none counted as due until 1030, and the
@@ -651,13 +619,48 @@ mod tests {
             take(&mut c, &mut b, &mut ahead_cell, &r, at(1012), true, FIRST),
             Take::Early { slot: 1050 }
         );
-        // Three ahead again (1020, 1030, 1050); 1020 and 1030 now count as
-        // one group, due by 1030 (on the safe side: at 1020 still three).
+        // Three ahead again (1020, 1030, 1050), each known apart.
         let a = Ahead::decode(ahead_cell.v);
         assert_eq!(a.pending_at(at(1012)), 3);
-        assert_eq!(a.pending_at(at(1020)), 3);
+        assert_eq!(a.pending_at(at(1020)), 2);
         assert_eq!(a.pending_at(at(1030)), 1);
         assert_eq!(a.pending_at(at(1050)), 0);
+    }
+
+    /// Whatever the order and spacing of the slots taken ahead (within the
+    /// epoch of when they are taken, as `take` and `repay` take them), the
+    /// cell never counts fewer pending than are not yet due, and none once
+    /// all are due: the bound of `burst + 1` ahead rests on it.
+    #[test]
+    fn the_ahead_cell_never_counts_fewer_than_are_pending() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let t0 = 1_795_467_600 * 1000 * MS;
+        for _ in 0..2000 {
+            let mut cell = Ahead::default();
+            let mut dues: Vec<u64> = Vec::new();
+            let mut now = t0;
+            for _ in 0..(1 + next(12)) {
+                now += next(30) * MS + next(MS);
+                let t = now + 1 + next(100 * MS);
+                cell = Ahead::decode(Some(cell.with_pending(now, t).encode()));
+                dues.push(t);
+                for probe in [now, now + next(50 * MS), now + next(120 * MS)] {
+                    let exact = dues.iter().filter(|&&d| d > probe).count() as u64;
+                    assert!(
+                        cell.pending_at(probe) >= exact,
+                        "{cell:?} at {probe}: {exact} pending of {dues:?}"
+                    );
+                }
+            }
+            let last = dues.iter().max().copied().unwrap_or(now);
+            assert_eq!(cell.pending_at(last.div_ceil(MS) * MS), 0);
+        }
     }
 
     #[test]
@@ -666,25 +669,29 @@ mod tests {
             owed: 5,
             pending: 9,
             until_ms: 1_795_467_600_123,
-            first: 4,
-            first_off_ms: 77,
+            known: [77, 12],
             gap_us: 12_345,
         };
         assert_eq!(Ahead::decode(Some(a.encode())), a);
-        // Too large for their bits: more owed and pending, a smaller first
-        // group due later; never less ahead than it is.
+        // Too large for their bits: more owed and pending, a slot known
+        // apart due later; never less ahead than it is.
         let big = Ahead {
             owed: 1 << 40,
             pending: 1 << 20,
-            first: 1 << 20,
-            first_off_ms: 1000,
+            known: [1000, 300],
             ..a
         };
         let b = Ahead::decode(Some(big.encode()));
-        assert!(b.owed >= 100_000 && b.pending == u64::from(u16::MAX));
-        assert!(b.first <= 255 && b.first_off_ms <= 127);
-        let now = a.until_ms * MS - 200 * MS;
-        assert!(b.pending_at(now) >= b.pending - b.first);
+        assert!(b.owed == u64::from(u16::MAX) && b.pending == u64::from(u16::MAX));
+        assert_eq!(b.known, [255, 255]);
+        let now = a.until_ms * MS - 256 * MS;
+        assert_eq!(b.pending_at(now), b.pending);
+        // Known apart in either order, decoded earlier first.
+        let c = Ahead {
+            known: [12, 77],
+            ..a
+        };
+        assert_eq!(Ahead::decode(Some(c.encode())).known, [77, 12]);
     }
 
     #[test]

@@ -19,7 +19,7 @@
 use crate::clock::NS_PER_S;
 use crate::store::{SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
-use super::ahead::{go_ahead, hold_ahead};
+use super::ahead::go_ahead;
 use super::cursor::{advance, load_grants, read_grants, MAX_RANGES};
 use super::cursor::{cached_grants, next_owned, Attempt, Cursor, Grants, Mode, Reach, Take};
 
@@ -95,13 +95,6 @@ fn take_inner<C: SharedCell, A: SharedCell, B: SharedBlob>(
                 Some(_) => {
                     early = true;
                     delay_ns = 0;
-                }
-                None if delay_ns > reach.grid.interval_ns && can_hold => {
-                    match hold_ahead(ahead, reach, now, t, max_delay) {
-                        Ok(Some(at)) => delay_ns = at - now,
-                        Ok(None) => {}
-                        Err(_) => return Take::Contention,
-                    }
                 }
                 None => {}
             }

@@ -50,12 +50,8 @@ pub(super) fn take<S: Store>(
             counts.inc(Stat::SlotsAhead);
             Outcome::Go
         }
-        Take::Hold { slot, delay_ns } => {
+        Take::Hold { delay_ns, .. } => {
             counts.inc(Stat::SlotsTaken);
-            if reach.grid.slot_time(slot) > wall.saturating_add(delay_ns) {
-                // Held until credit came back, then ahead of its slot.
-                counts.inc(Stat::SlotsAhead);
-            }
             Outcome::Hold {
                 until: clock.mono().saturating_add(delay_ns),
             }
