@@ -64,7 +64,10 @@ def cumulative_buckets(body: bytes | str) -> dict[str, list[tuple[float, int]]]:
     name, (upper bound, samples at or below it since Envoy started) per bucket."""
     out: dict[str, list[tuple[float, int]]] = {}
     for entry in json.loads(body).get("stats", []):
-        for h in entry.get("histograms", []) if isinstance(entry.get("histograms"), list) else []:
+        histograms = entry.get("histograms")
+        if not isinstance(histograms, list):  # not a histogram, or quantiles without buckets
+            continue
+        for h in histograms:
             out[h["name"]] = [(float(b["upper_bound"]), int(b["cumulative"])) for b in h["buckets"]]
     return out
 
