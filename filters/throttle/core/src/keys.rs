@@ -128,11 +128,18 @@ pub struct Candidates {
     pub ways: u32,
 }
 
-/// The candidate buckets of a fingerprint in a table of `key_slots`
-/// entries: `ceil(key_slots / ways)` buckets of `ways = min(8, key_slots)`.
-pub fn candidates(fingerprint: u64, key_slots: u32) -> Candidates {
+/// A table of `key_slots` entries: `ceil(key_slots / ways)` buckets of
+/// `ways = min(8, key_slots)` entries. Returns `(buckets, ways)`.
+pub fn table_shape(key_slots: u32) -> (u32, u32) {
     let ways = WAYS.min(key_slots.max(1));
-    let (first, second) = candidate_slots(fingerprint, key_slots.max(1).div_ceil(ways));
+    (key_slots.max(1).div_ceil(ways), ways)
+}
+
+/// The candidate buckets of a fingerprint in a table of `key_slots`
+/// entries ([`table_shape`]).
+pub fn candidates(fingerprint: u64, key_slots: u32) -> Candidates {
+    let (buckets, ways) = table_shape(key_slots);
+    let (first, second) = candidate_slots(fingerprint, buckets);
     Candidates {
         first,
         second,

@@ -79,6 +79,9 @@ pub enum CellId {
     /// under (`[fingerprint, 0]`): a configuration that changes them
     /// starts again at `rate`.
     Learned(usize),
+    /// A per-key rule's key table exists: `[buckets, ways]` once configure
+    /// created every bucket (the next configure reads this cell alone).
+    Table(usize),
 }
 
 /// Which shared variable-size value.
@@ -285,7 +288,8 @@ impl CellId {
             | CellId::Fallback(i)
             | CellId::Ahead(i)
             | CellId::Learner(i)
-            | CellId::Learned(i) => Some(i),
+            | CellId::Learned(i)
+            | CellId::Table(i) => Some(i),
             CellId::Caller => None,
         }
     }
@@ -306,6 +310,7 @@ impl CellId {
                 .number(config_hash, true),
             CellId::Learner(_) => rule_key(rule_name, "l"),
             CellId::Learned(_) => rule_key(rule_name, "s"),
+            CellId::Table(_) => rule_key(rule_name, "t"),
         }
     }
 }
@@ -340,6 +345,13 @@ pub enum Initial {
     Cell(CellId),
     /// A variable-size value, created with these bytes.
     Blob(BlobId, Vec<u8>),
+    /// Rule `rule`'s key table: each of its `buckets` buckets created empty
+    /// (`ways` entries), then [`CellId::Table`] set to `[buckets, ways]`.
+    Table {
+        rule: usize,
+        buckets: u32,
+        ways: u32,
+    },
 }
 
 #[cfg(test)]
@@ -361,6 +373,7 @@ mod tests {
             (CellId::Caller, "throttle/v3/caller/00000000000000ab".into()),
             (CellId::Learner(3), format!("t3/{id}/l")),
             (CellId::Learned(3), format!("t3/{id}/s")),
+            (CellId::Table(3), format!("t3/{id}/t")),
         ];
         for (id, want) in cells {
             assert_eq!(id.key(name, 0xab).unwrap().as_str(), want, "{id:?}");

@@ -8,8 +8,8 @@
 //! These stores do the same, so that a test sees the races Envoy has (two
 //! workers that both read a missing cell both write it). A store a token
 //! did not guard is counted in [`MemCells::unconditional`], so tests can
-//! check that nothing but a key table's slots (written with token 0 by
-//! design) and the cells created at configure are ever written that way.
+//! check that nothing but the cells created at configure is ever written
+//! that way.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -121,16 +121,11 @@ impl MemCells {
         self.unconditional.clear();
     }
 
-    /// The unguarded writes since configure, but a key table's buckets: they
-    /// are created on a key's first request, not at configure (up to 125,000
-    /// per rule), so two workers creating one bucket at once may both write
-    /// it and one key's new entry is lost. That can happen once per bucket in
-    /// a process's life, and costs that key a fresh schedule (its held
-    /// requests keep their times); every later write is guarded.
+    /// The unguarded writes since configure (a key table's buckets too:
+    /// configure creates them all).
     pub fn unguarded_writes(&self) -> Vec<(String, u32)> {
         self.unconditional
             .iter()
-            .filter(|(k, _)| !k.starts_with("Bucket("))
             .map(|(k, n)| (k.clone(), *n))
             .collect()
     }

@@ -70,7 +70,9 @@ impl Keys {
             CellId::Cursor(i) => (i, 2),
             CellId::Fallback(i) => (i, 3),
             CellId::Ahead(i) => (i, 4),
-            CellId::Caller | CellId::Learner(_) | CellId::Learned(_) => return None,
+            CellId::Caller | CellId::Learner(_) | CellId::Learned(_) | CellId::Table(_) => {
+                return None
+            }
         };
         self.cells
             .get(rule)

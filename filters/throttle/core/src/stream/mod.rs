@@ -154,9 +154,10 @@ struct Ctx<'a, S> {
 /// that does not exist whatever the token, so two workers that both found a
 /// cell missing could both write it (both take the first credit, both take
 /// the first lease). Per rule (`Some(index)`), then the process's leases
-/// (`None`). Key tables are not listed: a bucket is written with a token of
-/// 0 the first time (two workers writing a new bucket at once: the one that
-/// wrote first loses its key's entry, and that key may pass once more).
+/// (`None`). A per-key rule's table too, every bucket of it: else two
+/// workers that both found a new key's bucket missing both wrote it, and
+/// the entry written first was lost with the places it had given (seen in
+/// Envoy: a new key's burst of 10 at 20/s let 2 go at once).
 pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
     let mut out = Vec::new();
     for (index, rule) in config.rules.iter().enumerate() {
@@ -166,6 +167,14 @@ pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
         }
         if rule.concurrency.is_some() {
             add(Initial::Cell(CellId::Gate(index)));
+        }
+        if rule.key.is_some() {
+            let (buckets, ways) = crate::keys::table_shape(rule.key_slots);
+            add(Initial::Table {
+                rule: index,
+                buckets,
+                ways,
+            });
         }
         if !rule.line().is_empty() {
             add(Initial::Blob(
@@ -231,17 +240,44 @@ pub fn create_initial<S: Store>(store: S, config: &Config) -> Vec<Option<usize>>
                 Ok((None, token)) => store.store(id, [0, 0], token).unwrap_or(false),
                 Err(_) => false,
             },
-            Initial::Blob(id, bytes) => match store.load_blob(id) {
-                Ok((Some(_), _)) => true,
-                Ok((None, token)) => store.store_blob(id, &bytes, token).unwrap_or(false),
-                Err(_) => false,
-            },
+            Initial::Blob(id, bytes) => create_blob(store, id, &bytes),
+            Initial::Table {
+                rule,
+                buckets,
+                ways,
+            } => create_table(store, rule, buckets, ways),
         };
         if !ok && !failed.contains(&rule) {
             failed.push(rule);
         }
     }
     failed
+}
+
+fn create_blob<S: Store>(store: S, id: BlobId, bytes: &[u8]) -> bool {
+    match store.load_blob(id) {
+        Ok((Some(_), _)) => true,
+        Ok((None, token)) => store.store_blob(id, bytes, token).unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Creates every missing bucket of rule `rule`'s key table, empty, then
+/// marks the table done, so that the next configure reads one cell: a
+/// table of 4,096 slots is 512 buckets, one of 1,000,000 is 125,000.
+fn create_table<S: Store>(store: S, rule: usize, buckets: u32, ways: u32) -> bool {
+    let marker = CellId::Table(rule);
+    let done = [u64::from(buckets), u64::from(ways)];
+    let Ok((seen, token)) = store.load(marker) else {
+        return false;
+    };
+    if seen == Some(done) {
+        return true;
+    }
+    let empty = crate::keys::Bucket::decode(None, ways);
+    let all = (0..buckets).all(|n| create_blob(store, BlobId::Bucket(rule, n), empty.encode()));
+    // Lost the race to mark it: another VM created the same table.
+    all && store.store(marker, done, token).is_ok()
 }
 
 impl Stream {

@@ -1325,6 +1325,8 @@ fn a_quiet_response_side_answers_nothing() {
 struct Racing<'a, 'b> {
     mem: MemStore<'a>,
     target: CellId,
+    /// Or the first read of this value.
+    blob: Option<BlobId>,
     other: &'b dyn Fn(),
     fired: &'b std::cell::Cell<bool>,
 }
@@ -1341,7 +1343,11 @@ impl Store for Racing<'_, '_> {
         self.mem.store(id, value, token)
     }
     fn load_blob(&self, id: BlobId) -> Result<(Option<Vec<u8>>, u32), crate::StoreError> {
-        self.mem.load_blob(id)
+        let seen = self.mem.load_blob(id);
+        if Some(id) == self.blob && !self.fired.replace(true) {
+            (self.other)();
+        }
+        seen
     }
     fn store_blob(&self, id: BlobId, value: &[u8], token: u32) -> Result<bool, crate::StoreError> {
         self.mem.store_blob(id, value, token)
@@ -1372,6 +1378,7 @@ fn first_credits(p: &Proc) -> (usize, u64) {
     let racing = Racing {
         mem,
         target: CellId::Ahead(0),
+        blob: None,
         other: &other,
         fired: &fired,
     };
@@ -1418,6 +1425,7 @@ fn lease_holders(p: &Proc) -> usize {
     let racing = Racing {
         mem,
         target: CellId::Caller,
+        blob: None,
         other: &other,
         fired: &fired,
     };
@@ -1437,4 +1445,96 @@ fn two_vms_racing_for_the_first_lease_one_holds_it() {
         2,
         "an uncreated lease cell is taken twice"
     );
+}
+
+const KEYED_RULE: &str = r#"{"rules": [{"name": "k", "rate": "20/s", "max_queue_delay": "5s", "key": {"header": "x-user"}}]}"#;
+
+/// Two workers admit the first request of a new key at once: both read its
+/// bucket before either writes it. Returns how many went at once.
+fn at_once_of_a_new_key(p: &Proc, fingerprint: u64) -> usize {
+    use crate::schedule::{admit_keyed, Admission};
+    let rule = &p.config.rules[0];
+    let schedule = rule.schedule.unwrap();
+    let at = crate::keys::candidates(fingerprint, rule.key_slots);
+    let mem = MemStore(&p.cells);
+    let b_got = RefCell::new(None);
+    let other = || {
+        *b_got.borrow_mut() = Some(admit_keyed(
+            &mut mem.table(0),
+            fingerprint,
+            at,
+            &schedule,
+            T0,
+            true,
+        ));
+    };
+    let fired = std::cell::Cell::new(false);
+    let racing = Racing {
+        mem,
+        target: CellId::Caller,
+        blob: Some(BlobId::Bucket(0, at.first)),
+        other: &other,
+        fired: &fired,
+    };
+    let a = admit_keyed(&mut racing.table(0), fingerprint, at, &schedule, T0, true);
+    assert!(fired.get());
+    let b = *b_got.borrow();
+    [Some(a), b]
+        .iter()
+        .filter(|x| matches!(x, Some(Admission::Now { .. })))
+        .count()
+}
+
+#[test]
+fn two_workers_racing_for_a_new_keys_first_request_let_one_go() {
+    // Envoy 1.40, 2026-11-29: a new key's burst of 10 at 20/s let 2 go at
+    // once. Configure creates every bucket of the table, so the second
+    // compare-and-swap sees the first, whichever bucket a key falls in.
+    let p = Proc::new(KEYED_RULE);
+    assert_eq!(
+        p.cells.borrow().blobs.len(),
+        512,
+        "4,096 slots: 512 buckets"
+    );
+    for fingerprint in [1u64, 0x9e37_79b9_7f4a_7c15, u64::MAX] {
+        assert_eq!(at_once_of_a_new_key(&p, fingerprint), 1, "{fingerprint:#x}");
+    }
+    assert!(p.cells.borrow().unguarded_writes().is_empty());
+    // Had configure not created them, Envoy would have written both (a key
+    // that does not exist is written whatever the token).
+    let bare = Proc::unconfigured(KEYED_RULE);
+    assert_eq!(
+        at_once_of_a_new_key(&bare, 1),
+        2,
+        "an uncreated bucket is written twice"
+    );
+}
+
+#[test]
+fn a_key_table_is_created_once_and_the_next_configure_reads_one_cell() {
+    let p = Proc::new(
+        r#"{"rules": [{"name": "k", "rate": "20/s", "key": {"header": "x-user"}, "key_slots": 5}]}"#,
+    );
+    let mem = MemStore(&p.cells);
+    let bucket = BlobId::Bucket(0, 0);
+    // 5 slots: one bucket of 5 entries, then the marker.
+    assert_eq!(
+        mem.load_blob(bucket).unwrap().0.map(|v| v.len()),
+        Some(5 * 16)
+    );
+    assert_eq!(p.cells.borrow().get(CellId::Table(0)), Some([1, 5]));
+    // The next configure reads the marker alone (a bucket gone stays gone).
+    p.cells.borrow_mut().blobs.remove(&bucket);
+    assert!(super::create_initial(mem, &p.config).is_empty());
+    assert_eq!(mem.load_blob(bucket).unwrap().0, None);
+    // Without the marker, a missing bucket is created and one in use kept.
+    p.cells.borrow_mut().cells.remove(&CellId::Table(0));
+    assert!(super::create_initial(mem, &p.config).is_empty());
+    let (created, token) = mem.load_blob(bucket).unwrap();
+    assert_eq!(created, Some(vec![0; 80]));
+    assert!(mem.store_blob(bucket, &[7; 80], token).unwrap());
+    p.cells.borrow_mut().cells.remove(&CellId::Table(0));
+    assert!(super::create_initial(mem, &p.config).is_empty());
+    assert_eq!(mem.load_blob(bucket).unwrap().0, Some(vec![7; 80]));
+    assert_eq!(p.cells.borrow().get(CellId::Table(0)), Some([1, 5]));
 }
