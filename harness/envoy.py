@@ -46,14 +46,16 @@ def stat_values(body: bytes | str) -> dict[str, int]:
 # a worker was held up.
 LOOP_BUCKETS_US = [500, 1000, 2000, 3000, 4000, 5000, 7500, 10_000, 12_500, 15_000, 20_000, 25_000, 30_000,
                    40_000, 50_000, 75_000, 100_000, 200_000, 500_000, 1_000_000]
-WORKER_LOOPS = r"^listener_manager\.worker_[0-9]+\.dispatcher\.loop_duration_us$"
+WORKER_LOOPS = r"^listener_manager\.worker_[0-9]+\.dispatcher\.(loop_duration|poll_delay)_us$"
 
 
 def measure_loops(cfg: dict[str, Any]) -> None:
-    """Makes Envoy time each iteration of its event loops (`enable_dispatcher_stats`), in
-    the buckets of LOOP_BUCKETS_US. An iteration's length is how long every request that
-    came in during it waits for its filters, however the time went: Envoy's own work, a
-    worker's many streams, or the OS running other threads (the machine's 2 cores)."""
+    """Makes Envoy time each iteration of its workers' event loops, and how much later
+    than its timeout each wait for events ended (`enable_dispatcher_stats`:
+    `loop_duration_us`, `poll_delay_us`), in the buckets of LOOP_BUCKETS_US. Either is
+    how long a request that came in meanwhile waits for its filters, however the time
+    went: Envoy's own work, a worker's many streams, or the OS running other threads
+    (the machine's 2 cores) while the worker was busy or due to wake."""
     cfg["enable_dispatcher_stats"] = True
     cfg.setdefault("stats_config", {}).setdefault("histogram_bucket_settings", []).append(
         {"match": {"safe_regex": {"regex": WORKER_LOOPS}}, "buckets": LOOP_BUCKETS_US})

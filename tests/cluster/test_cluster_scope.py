@@ -30,6 +30,7 @@ import pytest
 
 from harness import windows
 from harness.cluster import ClusterLab, Measurement, plugin_config, split, uniform_load
+from harness.envoy import longest_between
 from harness.net import wait_until
 
 pytestmark = pytest.mark.integration
@@ -38,6 +39,7 @@ RATE = 300.0
 MQD_S = 1.0
 JITTER_S = 0.070
 FALLBACK_AFTER_S = 0.25
+CATCH_UP_S = 0.050  # CATCH_UP_NS (core/src/rate/mod.rs): slots due in a hold-up this long still leave
 # "No hang": the longest a request may take is max_queue_delay plus this much of
 # scheduling delay in Envoy and Fortio on the shared cores (1.27 s seen once with
 # max_queue_delay 1 s at load average 7); a hang would last until the 15 s route timeout.
@@ -60,7 +62,7 @@ def figures(m: Measurement) -> str:
 
 @pytest.fixture
 def lab(wasm) -> Iterator[ClusterLab]:
-    with ClusterLab(plugin_config(f"{RATE:g}/s", max_queue_delay=f"{MQD_S:g}s"), wasm=wasm) as lab:
+    with ClusterLab(plugin_config(f"{RATE:g}/s", max_queue_delay=f"{MQD_S:g}s"), wasm=wasm, loops=True) as lab:
         yield lab
         assert not lab.panics(), lab.panics()
 
@@ -76,16 +78,27 @@ def lost_to_failed_calls(m: Measurement) -> float:
 
 
 def test_three_proxies_with_uneven_load_share_one_rate(lab):
+    """60/30/10 of 3x the rate. A proxy's slots that come due while Envoy itself is held up
+    leave at once after it, up to the 50 ms catch-up; beyond that they are lost (CI once:
+    one 1 s window of 240, no engine failure, the Python stall monitor quiet). So the
+    total and every 1 s window may fall short by the slots of the longest hold-up Envoy's
+    own dispatcher timed in the run (an event-loop iteration, or a wake-up late past its
+    timeout, `measure_loops`) beyond the catch-up; a filter that loses slots while Envoy
+    runs on time gets no allowance."""
+    loops_before = lab.loop_histograms()
     m = lab.run(split(3 * RATE, [60, 30, 10]), duration_s=10, warmup_s=2, max_queue_delay_s=MQD_S, rate=RATE)
-    lost = lost_to_failed_calls(m)
+    held_s = max(longest_between(b, a) / 1e6 for b, a in zip(loops_before, lab.loop_histograms(), strict=True))
+    held = RATE * max(0.0, held_s - CATCH_UP_S)
+    print(f"\nlongest Envoy hold-up {held_s * 1000:.0f} ms: {held:.0f} slots beyond the catch-up; " + figures(m))
+    lost = lost_to_failed_calls(m) + held
     span_s = m.span[1] - m.span[0]
     assert -0.01 - lost / (RATE * span_s) <= m.error <= 0.01, (
         f"total within 1% of the setting over the run (the issue's figure), less {lost:.0f} slots of failed "
-        f"engine calls: " + figures(m))
+        f"engine calls and Envoy's hold-ups ({held_s * 1000:.0f} ms): " + figures(m))
     for c in m.per_second:
         assert RATE * 0.98 - lost - 1e-9 <= c <= RATE * 1.02 + 1e-9, (
-            f"every 1 s window within 2% (the issue's figure), less {lost:.0f} slots of failed engine calls: "
-            + figures(m))
+            f"every 1 s window within 2% (the issue's figure), less {lost:.0f} slots of failed engine calls and "
+            f"Envoy's hold-ups ({held_s * 1000:.0f} ms): " + figures(m))
     allowance = math.ceil(RATE * JITTER_S)
     assert m.worst_100ms <= m.bound_100ms + allowance, (
         f"worst 100 ms window within the stated bound {m.bound_100ms} + {allowance} for release jitter "
@@ -105,7 +118,6 @@ def test_three_proxies_with_uneven_load_share_one_rate(lab):
 
 
 STALL_S = 0.045  # below CATCH_UP_NS (50 ms, core/src/rate/mod.rs): a stall this long loses no slot
-CATCH_UP_S = 0.050
 
 
 def test_a_stall_of_every_proxy_loses_no_slot(lab):
