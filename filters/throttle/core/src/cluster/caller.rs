@@ -281,9 +281,10 @@ struct RuleState {
     /// Slots granted per epoch (upcoming ones).
     granted: Vec<(u64, u64)>,
     /// The shares granted by the last answers: (epoch claimed, `k` epochs
-    /// ahead of the call, slots), the last [`share_memory`]; and when the
-    /// first answer came.
-    shares: Vec<(u64, u64)>,
+    /// ahead of the call, slots, and this proxy's part of the spare by the
+    /// same demand total), the last [`share_memory`]; and when the first
+    /// answer came.
+    shares: Vec<(u64, u64, u64)>,
     first_answer: Option<u64>,
     /// Where this process's demand sits in each epoch's demand total: (epoch, D0, D1).
     demand_ranges: Vec<(u64, u64, u64)>,
@@ -669,6 +670,20 @@ impl Caller {
             let settled = r
                 .first_answer
                 .is_some_and(|first| now.saturating_sub(first) >= SETTLING_NS);
+            // The part of epoch `e+k`'s spare that goes with its share (the
+            // same total), for the rate this proxy can expect
+            // ([`shares::grant_rate`]).
+            let spare_of_share = match lookup(&r.demand_totals, y) {
+                total if settled && r.mode == Mode::Grid && total > 0 => spare(
+                    &g,
+                    g.slots_in(ahead),
+                    total,
+                    r.stats.members,
+                    epoch_phase(ahead)
+                        .wrapping_add(self.phase_permille.wrapping_mul(u64::MAX / 1000)),
+                ),
+                _ => 0,
+            };
             let extra = if settled && r.mode == Mode::Grid && r.stats.demand > 0 {
                 // Each proxy's floor rotated apart from the others' (its
                 // call phase), so that their parts do not round up at once.
@@ -753,8 +768,11 @@ impl Caller {
                 }
                 if lookup3(&r.demand_ranges, y).is_some() {
                     // The share is known now, before the engine answers (a
-                    // share of nothing counts as nothing).
-                    r.shares.push((ahead, share));
+                    // share of nothing counts as nothing); and with it what
+                    // the same total leaves over, this proxy's part of which
+                    // it claims with the leftovers: the two add up to `L`
+                    // for a lone proxy however its demand moves.
+                    r.shares.push((ahead, share, spare_of_share));
                 }
             }
         }

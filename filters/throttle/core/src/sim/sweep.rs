@@ -392,7 +392,7 @@ fn clocks(sc: &mut Scenario, rng: &mut Rng) {
 
 /// The named scenarios: red team 3's findings 2-6 at their own numbers, and
 /// CI's own failures.
-pub const NAMES: [&str; 12] = [
+pub const NAMES: [&str; 13] = [
     "late-refusals",
     "late-refusals-1.1",
     "two-rules",
@@ -405,6 +405,7 @@ pub const NAMES: [&str; 12] = [
     "class-floors",
     "skewed-joiner",
     "skewed-joiner-ahead",
+    "class-burst",
 ];
 
 /// Stall lengths the stall search tries (ms): up to the catch-up, where a
@@ -521,6 +522,26 @@ pub fn named(name: &str) -> Option<Scenario> {
             sc.loads.push(uniform(0, 2, 30.0, Some(0)));
             sc.loads.push(uniform(0, 2, 30.0, Some(1)));
             sc.duration_ms = 14_000;
+        }
+        // The combination matrix on real Envoy (tests/test_combinations.py):
+        // one proxy, 20/s with critical and batch (2 s each), steady batch
+        // at a quarter of the rate, then 30 batch at once and, 0.3 s later,
+        // 4 critical.
+        "class-burst" => {
+            let mut r = RuleSpec::cluster("orders", 20.0, 1);
+            r.max_queue_delay_ms = 2000;
+            r.classes = vec![("critical".into(), 0.0, 2000), ("batch".into(), 0.0, 2000)];
+            sc.rules.push(r);
+            sc.proxies = vec![ProxySpec::new(2)];
+            let mut steady = uniform(0, 0, 5.0, Some(1));
+            steady.to_ms = 2000;
+            sc.loads.push(steady);
+            for (class, n, at_ms) in [(1, 30, 2000), (0, 4, 2300)] {
+                let mut l = uniform(0, 0, 0.0, Some(class));
+                l.shape = Shape::Burst { n, at_ms };
+                sc.loads.push(l);
+            }
+            sc.duration_ms = 6_000;
         }
         // A proxy joining a running fleet with its clock 1.2 s behind (or
         // 0.7 s ahead): it moves its grid once and gets its share.

@@ -120,20 +120,22 @@ pub(super) fn grant_rate(r: &RuleState, now: u64) -> (u64, u64) {
         return (u64::try_from(prior).unwrap_or(u64::MAX), 0);
     };
     let memory = u128::try_from(share_memory(&g)).unwrap_or(u128::MAX);
-    let epochs_of = r.shares.iter().map(|&(f, _)| f);
-    let share = match (epochs_of.clone().min(), epochs_of.max()) {
+    let epochs_of = r.shares.iter().map(|&(f, ..)| f);
+    let (share, spare_with) = match (epochs_of.clone().min(), epochs_of.max()) {
         (Some(from), Some(to)) => {
-            let slots: u128 = r.shares.iter().map(|&(_, n)| u128::from(n)).sum();
+            let slots: u128 = r.shares.iter().map(|&(_, n, _)| u128::from(n)).sum();
+            let left: u128 = r.shares.iter().map(|&(.., s)| u128::from(s)).sum();
             let epochs = u128::from(to.saturating_sub(from).saturating_add(1));
             let seen = slots * ns / (e * epochs);
+            let left = left * ns / (e * epochs);
             if epochs < memory && slots < u128::from(SHARE_SLOTS) {
                 // Too few to tell: no more than the even split.
-                seen.min(prior)
+                (seen.min(prior), left)
             } else {
-                seen
+                (seen, left)
             }
         }
-        _ => prior,
+        _ => (prior, 0),
     };
     let settled = now.saturating_sub(first) >= SETTLING_NS;
     let capacity = u128::from(DEMAND_UNIT) * e;
@@ -147,7 +149,15 @@ pub(super) fn grant_rate(r: &RuleState, now: u64) -> (u64, u64) {
     } else {
         0
     };
-    let per_s = share + spare;
+    // Each share with the part of the spare the same demand total left this
+    // proxy (they add up to the rate for a lone proxy, whatever its own
+    // demand does), or the spare by the latest total if more (room the
+    // fleet left since). Until issue 30 the spare by the latest total alone:
+    // when a proxy's own demand rose, the spare went at once and its shares
+    // came a second later, so a lone proxy at 20/s reckoned its turns at
+    // 5/s and refused or displaced most of a burst its queue held (scenario
+    // `class-burst`; real Envoy, tests/test_combinations.py: 11-16 of 30).
+    let per_s = share + spare_with.max(spare);
     (
         u64::try_from(per_s).unwrap_or(u64::MAX),
         u64::try_from(spare).unwrap_or(u64::MAX),
