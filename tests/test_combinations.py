@@ -6,14 +6,15 @@ The burst: 30 requests of user `heavy` (class batch) at once, then 0.3 s later 4
 `light` marked critical, on a 20/s rule with 2 s of queue. Every combination must keep
 what each of its parts promises:
 
-- **the rate**: at the upstream, no 1 s window holds more than the rate allows (process
-  scope: `R + 1`, the burst of 0 plus one; the grid: `R + 5`, its `burst + 2` on the grid
-  plus `burst + 3` a proxy may be ahead, engine/README.md "Invariants" 1; a learned rule:
-  at the highest rate it learned in the run, plus one for its re-timing);
+- **the rate**: at the upstream, no 1 s window holds more than the rate allows over
+  the second and 70 ms of release jitter (process scope: `+ 1`, the burst of 0 plus
+  one; the grid: `+ 5`, its `burst + 2` on the grid plus `burst + 3` a proxy may be
+  ahead, engine/README.md "Invariants" 1; a learned rule: at the highest rate it
+  learned in the run, `+ 2`, one more for its re-timing);
 - **refusals at arrival**: every 429 within 150 ms of its request (a refusal after a hold
   comes at the 2 s deadline; 150 ms is Envoy's tick and two shared cores, with room);
 - **the counters add up**: each request counted once at arrival; `queued = released +
-  cancelled + gone + timed_out + held` once the line is empty;
+  displaced + cancelled + gone + timed_out + held` once the line is empty;
 - **the order**: with classes, critical jumps the batch line (its last answer within its
   own slots and 0.35 s of scheduling); FIFO without a quota keeps it behind the ~24 batch
   requests still waiting (over 0.8 s; on the grid it may be refused at arrival instead);
@@ -58,6 +59,7 @@ HEAVY, LIGHT = 30, 4
 LIGHT_AFTER_S = 0.3
 AT_ARRIVAL_S = 0.150
 SCHEDULING_S = 0.35
+JITTER_S = 0.070
 
 SOURCES = ("static", "learned", "grid")
 ORDERS = ("fifo", "classes")
@@ -193,15 +195,23 @@ def test_every_combination_keeps_each_promise(wasm: Path, source: str, order: st
         assert codes(answers) == {200: n}, "dry-run holds and refuses nothing: " + report
         assert max(heavy_ms, light_ms) < 250, "dry-run holds nothing: " + report
         assert d["admitted"] + d["would_queue"] + d["would_reject"] == n, report
-        # 34 at once at 20/s: all but the first would wait (or be refused).
-        assert d["would_queue"] + d["would_reject"] >= n - 3, report
+        # 34 at once at 20/s: all but the first would wait or be refused; on the grid up
+        # to `burst + 3` go ahead of the grants (engine/README.md, "Requests within the
+        # rate"); the critical ones 0.3 s later may find a slot due (CI on Envoy 1.36: 4
+        # at once on the grid).
+        ahead = 4 if source == "grid" else 1
+        assert d["would_queue"] + d["would_reject"] >= n - ahead - LIGHT, report
         return
 
-    # A learned rule: one more. When the learner speeds the schedule up, each worker
-    # re-times its held requests at its own next tick, after the schedule's end moved, so
-    # the last held request and the first admitted after it can come a little closer than
-    # one interval (seen: 25, once 26, at a learned 24/s; not analysed further).
-    bound = math.floor(rate) + (5 if source == "grid" else 2 if source == "learned" else 1)
+    # Releases leave on a worker's tick and reach the upstream through its event loop:
+    # JITTER_S late at most, never early (the cluster tests' figure; worker iterations
+    # up to 30 ms measured here, 2026-11-30). A learned rule: one more. When the learner
+    # speeds the schedule up, each worker re-times its held requests at its own next
+    # tick, after the schedule's end moved, so the last held request and the first
+    # admitted after it can come a little closer than one interval (seen: 25, once 26,
+    # at a learned 24/s; not analysed further).
+    extra = 5 if source == "grid" else 2 if source == "learned" else 1
+    bound = math.floor(rate * (1 + JITTER_S)) + extra
     assert most_in_a_second(stamps) <= bound, f"at most {bound:g} in any 1 s at the upstream: " + report
     # A batch request displaced by a critical one that came while it waited is refused
     # then (engine/README.md, "Invariants" 2), and counted `displaced`; any other 429 is
