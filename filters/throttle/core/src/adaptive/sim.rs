@@ -16,7 +16,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use super::controller::{rate_of_interval, Controller, Reason, Reasons, Tuning, MICRO};
 use super::tally::{Observation, Origin, Outcome, Tally, SAMPLE_EVERY};
-use crate::schedule::{Schedule, Step};
+use crate::schedule::{retime, Schedule, Step};
 use crate::{NS_PER_MS, NS_PER_S};
 
 /// From `at_ns` on: the backend's workers, mean service time and internal
@@ -684,36 +684,16 @@ impl<'a> Sim<'a> {
 }
 
 impl Sim<'_> {
-    /// Re-times the schedule for a new interval at `now`.
+    /// Re-times the schedule for a new interval at `now`, as the filter does
+    /// ([`crate::schedule::retime`]): its end and every held request.
     fn retime(&mut self, now: u64, old: u64, new: u64) {
-        let max_delay = self.w.max_queue_delay_ns;
-        self.tat = self.tat.map(|t| retime(t, now, old, new, u64::MAX));
+        self.tat = self.tat.map(|t| retime(t, now, old, new));
         let held: Vec<(u64, u64)> = self.held.drain().map(|Reverse(x)| x).collect();
         for (release_at, id) in held {
-            let promise = self
-                .held_reqs
-                .get(&id)
-                .map_or(u64::MAX, |r| r.arrived.saturating_add(max_delay));
             self.held
-                .push(Reverse((retime(release_at, now, old, new, promise), id)));
+                .push(Reverse((retime(release_at, now, old, new), id)));
         }
     }
-}
-
-/// A time of the schedule, re-timed at `now` for a change of interval from
-/// `old` to `new`: what lies ahead is stretched or compressed by `new / old`
-/// (order kept), never beyond `promise` (a held request's arrival plus
-/// `max_queue_delay`: a slower rate cannot make it wait longer than it was
-/// told). A faster rate brings held requests forward at once; a slower one
-/// holds them longer within their promise, and new admissions queue behind
-/// the stretched schedule.
-pub fn retime(at: u64, now: u64, old: u64, new: u64, promise: u64) -> u64 {
-    if at <= now || old == 0 {
-        return at;
-    }
-    let ahead = u128::from(at - now) * u128::from(new) / u128::from(old);
-    let t = now.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX));
-    t.min(promise.max(at.min(t)))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
