@@ -76,7 +76,7 @@ mod answer;
 mod shares;
 
 pub use shares::{ahead_epochs, lag_epochs};
-use shares::{div_ceil_u128, epoch_phase, grant_rate, phase_offset, share, spare};
+use shares::{div_ceil_u128, epoch_phase, grant_rate, phase_offset, share, spare, spare_phase};
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
 /// The process counter they read moves when each worker hands its counts
@@ -679,16 +679,12 @@ impl Caller {
                     g.slots_in(ahead),
                     total,
                     r.stats.members,
-                    epoch_phase(ahead)
-                        .wrapping_add(self.phase_permille.wrapping_mul(u64::MAX / 1000)),
+                    spare_phase(ahead, self.phase_permille),
                 ),
                 _ => 0,
             };
             let extra = if settled && r.mode == Mode::Grid && r.stats.demand > 0 {
-                // Each proxy's floor rotated apart from the others' (its
-                // call phase), so that their parts do not round up at once.
-                let phi = epoch_phase(next)
-                    .wrapping_add(self.phase_permille.wrapping_mul(u64::MAX / 1000));
+                let phi = spare_phase(next, self.phase_permille);
                 spare(&g, g.slots_in(next), r.stats.demand, r.stats.members, phi)
             } else {
                 0

@@ -14,11 +14,10 @@ use crate::clock::{Clock, NS_PER_MS, NS_PER_S};
 use crate::cluster;
 use crate::config::{Config, Rule};
 use crate::rate::{self, RateSource};
-use crate::reply::rejection;
 use crate::stats::{ClassStat, Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
 
-use super::{TickAction, TickPlan, Worker};
+use super::{TickPlan, Worker};
 
 /// Most rounds of granting and passing on in one tick.
 const ROUNDS: usize = 64;
@@ -322,14 +321,9 @@ impl Worker {
     /// Answers a waiter with the rule's rejection (counted `displaced` in a
     /// rule with classes); a dry waiter is only counted.
     fn refuse(&mut self, cfg: &Config, w: ClassWaiter, retry_after_s: u64, plan: &mut TickPlan) {
-        let status = cfg.rules.get(w.rule).map_or(429, |r| r.reject_status);
-        let grpc = self.grpc.contains(&w.context_id);
         if !w.dry {
-            plan.actions.push(TickAction::Reply {
-                id: w.context_id,
-                rule: w.rule,
-                reply: rejection(status, retry_after_s, grpc, Vec::new()),
-            });
+            plan.actions
+                .push(self.reject(cfg, w.context_id, w.rule, retry_after_s));
         }
         if cfg.rules.get(w.rule).is_some_and(|r| !r.classes.is_empty()) {
             let mut c = Counts::NONE;

@@ -288,12 +288,20 @@ impl Worker {
         plan
     }
 
-    pub(crate) fn reject(&self, cfg: &Config, id: u32, rule: usize) -> TickAction {
+    /// The rule's rejection of request `id`, answered on a tick (gRPC if
+    /// the request was), with `Retry-After: retry_after_s`.
+    pub(crate) fn reject(
+        &self,
+        cfg: &Config,
+        id: u32,
+        rule: usize,
+        retry_after_s: u64,
+    ) -> TickAction {
         let status = cfg.rules.get(rule).map_or(429, |r| r.reject_status);
         TickAction::Reply {
             id,
             rule,
-            reply: rejection(status, 1, self.grpc.contains(&id), Vec::new()),
+            reply: rejection(status, retry_after_s, self.grpc.contains(&id), Vec::new()),
         }
     }
 
@@ -330,7 +338,7 @@ impl Worker {
                     }
                     _ => {
                         plan.count(index, Stat::Contention, 1);
-                        plan.actions.push(self.reject(cfg, id, index));
+                        plan.actions.push(self.reject(cfg, id, index, 1));
                     }
                 }
                 continue;
@@ -375,7 +383,7 @@ impl Worker {
             }
             Enter::Full | Enter::Contention => {
                 plan.count(index, Stat::Contention, 1);
-                plan.actions.push(self.reject(cfg, id, index));
+                plan.actions.push(self.reject(cfg, id, index, 1));
             }
         }
     }
@@ -410,7 +418,7 @@ impl Worker {
         let mut expired: Vec<Waiter> = Vec::new();
         self.gate.expired(now, &mut expired);
         for x in expired {
-            plan.actions.push(self.reject(cfg, x.context_id, x.rule));
+            plan.actions.push(self.reject(cfg, x.context_id, x.rule, 1));
         }
     }
 

@@ -41,6 +41,14 @@ pub(super) fn epoch_phase(f: u64) -> u64 {
     f.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// The offset of this proxy's part of epoch `f`'s spare ([`spare`]): the
+/// epoch's share offset turned by its call phase (`permille`), so that each
+/// proxy's floor is rotated apart from the others' and their parts do not
+/// round up at once.
+pub(super) fn spare_phase(f: u64, permille: u64) -> u64 {
+    epoch_phase(f).wrapping_add(permille.wrapping_mul(u64::MAX / 1000))
+}
+
 /// `floor(num / den + phi / 2^64)` (den > 0), exactly, for num and den
 /// below 2^64 times anything.
 pub(super) fn rotated_div(num: u128, den: u128, phi: u64) -> u64 {
