@@ -364,11 +364,27 @@ pub fn admit_with_quota_paced<C: SharedCell, T: KeyTable>(
     if matches!(peek, Admission::Reject { .. }) {
         return peek;
     }
+    match take_quota(table, fingerprint, at, quota, now) {
+        Some(refused) => refused,
+        None => admit_paced(shared, schedule, learned, now, can_hold, &mut || None),
+    }
+}
+
+/// A place in key `fingerprint`'s quota: the key's own schedule, which only
+/// admits or rejects (the rule's source decides when the request goes).
+/// None: within its quota; else the answer for a key over it (or the
+/// table's contention). Every order takes it the same way: FIFO here
+/// ([`admit_with_quota_paced`]), classes in `stream/class.rs`.
+pub fn take_quota<T: KeyTable>(
+    table: &mut T,
+    fingerprint: u64,
+    at: Candidates,
+    quota: &Schedule,
+    now: u64,
+) -> Option<Admission> {
     match admit_keyed(table, fingerprint, at, quota, now, true) {
-        Admission::Now { .. } | Admission::Hold { .. } => {
-            admit_paced(shared, schedule, learned, now, can_hold, &mut || None)
-        }
-        other => other,
+        Admission::Now { .. } | Admission::Hold { .. } => None,
+        other => Some(other),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::cluster;
 use crate::keys::candidates;
 use crate::matcher::{Facts, Request};
 use crate::rate::{self, RateSource};
-use crate::schedule::{admit_keyed, Admission, Schedule};
+use crate::schedule::{take_quota, Admission, Schedule};
 use crate::stats::{Counts, Stat};
 use crate::store::{BlobId, CellId, Store, StoreError};
 
@@ -118,31 +118,21 @@ fn try_enter<S: Store, R: Request>(
     }
     if let Some(quota) = rule.quota {
         let key = rule.key.as_ref().and_then(|k| k.extract(req));
-        let fp = cx
-            .env
-            .hasher
-            .fingerprint(&rule.name, key.as_deref().unwrap_or_default());
+        let fp = cx.key_fingerprint(key.as_deref());
         let quota = Schedule {
             max_delay_ns: max_delay,
             ..quota
         };
-        let taken = admit_keyed(
-            &mut store.table(index),
-            fp,
-            candidates(fp, rule.key_slots),
-            &quota,
-            now,
-            true,
-        );
-        match taken {
-            Admission::Now { .. } | Admission::Hold { .. } => {}
-            Admission::Reject { retry_after_s, .. } => {
+        let at = candidates(fp, rule.key_slots);
+        match take_quota(&mut store.table(index), fp, at, &quota, now) {
+            None => {}
+            Some(Admission::Reject { retry_after_s, .. }) => {
                 return Ok((
                     Outcome::Reject { retry_after_s },
                     Some(Seen::new(now, true)),
                 ))
             }
-            Admission::Contention => return Ok((Outcome::Contention, None)),
+            Some(_) => return Ok((Outcome::Contention, None)),
         }
     }
     let ok = |slot: u64| classes::may_go_now(slot, c, &rule.classes, &waiting);

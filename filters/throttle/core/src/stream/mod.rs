@@ -149,6 +149,16 @@ struct Ctx<'a, S> {
     can_hold: bool,
 }
 
+impl<S> Ctx<'_, S> {
+    /// The fingerprint of a request's key in the rule's key table (for a
+    /// `key_quota`, requests without a key value count as one key).
+    fn key_fingerprint(&self, key: Option<&[u8]>) -> u64 {
+        self.env
+            .hasher
+            .fingerprint(&self.rule.name, key.unwrap_or_default())
+    }
+}
+
 /// The shared values a configuration needs before its first request, so
 /// that every update carries a compare-and-swap token: Envoy writes a key
 /// that does not exist whatever the token, so two workers that both found a

@@ -39,10 +39,7 @@ pub(super) fn admit_rate<S: Store, R: Request>(
         // Fairness: the shared schedule decides, each key within its quota
         // (requests without a key value count as one key).
         (key, Some(quota)) => {
-            let fp = cx
-                .env
-                .hasher
-                .fingerprint(&rule.name, key.as_deref().unwrap_or_default());
+            let fp = cx.key_fingerprint(key.as_deref());
             admit_with_quota_paced(
                 &mut store.cell(CellId::Rate(index)),
                 &mut store.table(index),
@@ -55,7 +52,7 @@ pub(super) fn admit_rate<S: Store, R: Request>(
             )
         }
         (Some(value), None) => {
-            let fp = cx.env.hasher.fingerprint(&rule.name, &value);
+            let fp = cx.key_fingerprint(Some(&value));
             admit_keyed(
                 &mut store.table(index),
                 fp,
