@@ -12,7 +12,7 @@
 
 use crate::clock::NS_PER_S;
 use crate::keys::{Bucket, Candidates, Place};
-use crate::store::{KeyTable, SharedBlob, SharedCell, MAX_CAS_ATTEMPTS};
+use crate::store::{KeyTable, SharedBlob, SharedCell, StoreError, MAX_CAS_ATTEMPTS};
 
 /// How long a due slot may wait for a worker's tick and still be granted at
 /// its own time: the ticks of a worker that holds requests come every few
@@ -91,6 +91,17 @@ impl Schedule {
         }
         let burst = self.tau_ns.checked_div(self.interval_ns).unwrap_or(0);
         Schedule::new(interval_ns, burst, self.max_delay_ns)
+    }
+
+    /// The schedule in force with a rate cell's first word `first`: at the
+    /// interval the learner keeps there if the rule learns its rate
+    /// (`learned`), else itself.
+    pub fn in_force(&self, learned: bool, first: u64) -> Schedule {
+        if learned {
+            self.at_interval(first)
+        } else {
+            *self
+        }
     }
 
     /// Seconds a rejected client should wait before its retry could be held
@@ -202,32 +213,47 @@ pub fn admit_paced<C: SharedCell>(
     deadline: &mut dyn FnMut() -> Option<u64>,
 ) -> Admission {
     let mut asked: Option<Option<u64>> = None;
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let Ok((stored, token)) = cell.load() else {
-            return Admission::Contention;
-        };
-        let first = stored.map_or(0, |[w, _]| w);
-        let mut paced = if learned {
-            schedule.at_interval(first)
-        } else {
-            *schedule
-        };
-        let stored_tat = stored.map(|[_, tat]| tat);
+    let taken = update_paced(cell, schedule, learned, |paced, stored_tat| {
+        let mut paced = *paced;
         if let Step::Hold { release_at, .. } = paced.step(stored_tat, now, can_hold) {
             let own = *asked.get_or_insert_with(&mut *deadline);
             if let Some(d) = own.filter(|d| release_at.saturating_sub(now) > *d) {
                 paced.max_delay_ns = paced.max_delay_ns.min(d);
             }
         }
-        let (admission, new) = decide(&paced, first, stored_tat, now, can_hold);
-        let Some(new) = new else { return admission };
-        match cell.store(new, token) {
-            Ok(true) => return admission,
-            Ok(false) => continue,
-            Err(_) => return Admission::Contention,
+        let (admission, new) = decide(&paced, 0, stored_tat, now, can_hold);
+        (admission, new.map(|[_, tat]| tat))
+    });
+    taken.unwrap_or(Admission::Contention)
+}
+
+/// One compare-and-swap on a rule's rate cell `[learned interval, tat]`,
+/// the one way every user of the cell updates it (admission here, a
+/// release order's take and give-back in `rate::Gcra`): `step` sees the
+/// schedule in force (at the interval in word 0 when the rule learns it,
+/// 0 there: `schedule`'s own) and the stored TAT, and answers with its
+/// result and the TAT to store (None: store nothing). Word 0 is written
+/// back as it was loaded, so nothing but the learner moves the learned
+/// rate. Errs on a store error or after [`MAX_CAS_ATTEMPTS`] lost races.
+pub fn update_paced<C: SharedCell, T>(
+    cell: &mut C,
+    schedule: &Schedule,
+    learned: bool,
+    mut step: impl FnMut(&Schedule, Option<u64>) -> (T, Option<u64>),
+) -> Result<T, StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (stored, token) = cell.load()?;
+        let first = stored.map_or(0, |[w, _]| w);
+        let paced = schedule.in_force(learned, first);
+        let (out, new) = step(&paced, stored.map(|[_, tat]| tat));
+        let Some(tat) = new else {
+            return Ok(out);
+        };
+        if cell.store([first, tat], token)? {
+            return Ok(out);
         }
     }
-    Admission::Contention
+    Err(StoreError(u32::MAX))
 }
 
 /// Admits one request of key `fingerprint` (non-zero) against a per-key rule's
@@ -355,11 +381,7 @@ pub fn admit_with_quota_paced<C: SharedCell, T: KeyTable>(
         return Admission::Contention;
     };
     let first = stored.map_or(0, |[w, _]| w);
-    let paced = if learned {
-        schedule.at_interval(first)
-    } else {
-        *schedule
-    };
+    let paced = schedule.in_force(learned, first);
     let (peek, _) = decide(&paced, first, stored.map(|[_, t]| t), now, can_hold);
     if matches!(peek, Admission::Reject { .. }) {
         return peek;

@@ -2,8 +2,8 @@
 //! `[learned interval, tat]` ([`crate::schedule`]), at the interval the
 //! learner keeps in its first word when the rule learns it.
 
-use crate::schedule::Schedule;
-use crate::store::{SharedCell, StoreError, MAX_CAS_ATTEMPTS};
+use crate::schedule::{update_paced, Schedule};
+use crate::store::{SharedCell, StoreError};
 
 use super::{Outlook, RateSource, CATCH_UP_NS};
 
@@ -11,35 +11,25 @@ use super::{Outlook, RateSource, CATCH_UP_NS};
 /// `tat - tau <= now`; taking it stores `tat + T`. `T` is the schedule's
 /// interval, or, for a rule that learns its rate (`learned`), the interval
 /// the learner keeps in the cell's first word (0 there: the schedule's
-/// own). The first word is written back as it was read, in every mode: a
-/// release order never undoes the learner (`admit_paced` does the same for
-/// a rule without classes).
+/// own). Taken and given back through [`update_paced`], as admission without
+/// classes is (`schedule::admit_paced`): one compare-and-swap on the cell,
+/// its first word written back as it was read, so no order undoes the
+/// learner.
 pub struct Gcra<C> {
     pub cell: C,
     pub schedule: Schedule,
     pub learned: bool,
 }
 
-impl<C: SharedCell> Gcra<C> {
-    /// The schedule's position for a take at `now`: the stored TAT, or
-    /// `now` if it lies in the past (less [`CATCH_UP_NS`] when busy).
-    fn tat(&self, stored: Option<u64>, now: u64, busy: bool) -> u64 {
-        let floor = if busy {
-            now.saturating_sub(CATCH_UP_NS)
-        } else {
-            now
-        };
-        stored.map_or(now, |t| t.max(floor))
-    }
-
-    /// The schedule in force with the cell's first word.
-    fn paced(&self, first: u64) -> Schedule {
-        if self.learned {
-            self.schedule.at_interval(first)
-        } else {
-            self.schedule
-        }
-    }
+/// The schedule's position for a take at `now`: the stored TAT, or `now`
+/// if it lies in the past (less [`CATCH_UP_NS`] when busy).
+fn position(stored: Option<u64>, now: u64, busy: bool) -> u64 {
+    let floor = if busy {
+        now.saturating_sub(CATCH_UP_NS)
+    } else {
+        now
+    };
+    stored.map_or(now, |t| t.max(floor))
 }
 
 impl<C: SharedCell> RateSource for Gcra<C> {
@@ -49,47 +39,28 @@ impl<C: SharedCell> RateSource for Gcra<C> {
         busy: bool,
         ok: &dyn Fn(u64) -> bool,
     ) -> Result<Option<u64>, StoreError> {
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let (stored, token) = self.cell.load()?;
-            let first = stored.map_or(0, |[w, _]| w);
-            let s = self.paced(first);
-            let tat = self.tat(stored.map(|[_, t]| t), now, busy);
-            if tat.saturating_sub(s.tau_ns) > now {
-                return Ok(None);
-            }
+        update_paced(&mut self.cell, &self.schedule, self.learned, |s, stored| {
+            let tat = position(stored, now, busy);
             let slot = tat / s.interval_ns.max(1);
-            if !ok(slot) {
-                return Ok(None);
+            if tat.saturating_sub(s.tau_ns) > now || !ok(slot) {
+                return (None, None);
             }
-            if self
-                .cell
-                .store([first, tat.saturating_add(s.interval_ns)], token)?
-            {
-                return Ok(Some(slot));
-            }
-        }
-        Err(StoreError(u32::MAX))
+            (Some(slot), Some(tat.saturating_add(s.interval_ns)))
+        })
     }
 
     fn give_back(&mut self, _slot: Option<u64>) -> Result<(), StoreError> {
         // The schedule counts slots, not which: one less taken is the latest.
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let (stored, token) = self.cell.load()?;
-            let Some([first, tat]) = stored else {
-                return Ok(());
-            };
-            let back = tat.saturating_sub(self.paced(first).interval_ns);
-            if self.cell.store([first, back], token)? {
-                return Ok(());
-            }
-        }
-        Err(StoreError(u32::MAX))
+        update_paced(&mut self.cell, &self.schedule, self.learned, |s, stored| {
+            ((), stored.map(|tat| tat.saturating_sub(s.interval_ns)))
+        })
     }
 
     fn outlook(&mut self, now: u64, busy: bool) -> Result<Outlook, StoreError> {
         let (stored, _) = self.cell.load()?;
-        let s = self.paced(stored.map_or(0, |[w, _]| w));
-        let tat = self.tat(stored.map(|[_, t]| t), now, busy);
+        let first = stored.map_or(0, |[w, _]| w);
+        let s = self.schedule.in_force(self.learned, first);
+        let tat = position(stored.map(|[_, t]| t), now, busy);
         let interval = s.interval_ns.max(1);
         let next_at = tat.saturating_sub(s.tau_ns).max(now);
         // The slot taken next is `tat / T` ([`Gcra::take_due`]); the slots
