@@ -257,10 +257,16 @@ def _back_on_grid(lab: ClusterLab, i: int, what: str, timeout: float = 3.0) -> i
 
 
 def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
-    """local_share with expected_replicas 3: in fallback each proxy paces at rate/3."""
+    """local_share with expected_replicas 3: in fallback each proxy paces at rate/3. A proxy's
+    slots that come due while Envoy itself is held up leave at once after it, up to the 50 ms
+    catch-up, so a window may count up to that many slots due before it (CI once: 102.5/s at
+    a load average of 2.6, on a build whose fleet sweep is identical to the one before); and
+    slots due in a longer hold-up are lost. Each bound allows exactly that, for the longest
+    hold-up Envoy's own dispatcher timed in the window (`measure_loops`), and nothing for a
+    filter that strays while Envoy runs on time."""
     plugin = plugin_config(f"{RATE:g}/s", max_queue_delay=f"{MQD_S:g}s", expected_replicas=3,
                            on_engine_failure="local_share", fallback_after=f"{FALLBACK_AFTER_S * 1000:.0f}ms")
-    with ClusterLab(plugin, wasm=wasm) as lab:
+    with ClusterLab(plugin, wasm=wasm, loops=True) as lab:
         assert lab.engine is not None
         qps = split(3 * RATE, [60, 30, 10])
         lab.upstream.clear()
@@ -282,7 +288,9 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
             wait_until(lambda: time.monotonic() - killed >= 1.5, 3, "fallback pacing to settle")
             lab.engine.redis.kill()
             span = (time.monotonic(), time.monotonic() + 2.0)
+            loops_down = lab.loop_histograms()
             wait_until(lambda: time.monotonic() >= span[1], 3, "2 s with both down")
+            loops_up = lab.loop_histograms()
             # Both back: Redis first (the service exits at start without it).
             lab.engine.redis.start()
             starting = time.monotonic()
@@ -290,7 +298,9 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
             back = time.monotonic()
             # Each rule's fallback ended at its start + the time its gauge added since.
             ends = [starts[i] + (_back_on_grid(lab, i, "engine back", 5) - before[i]) / 1000 for i in range(3)]
+            loops_back = lab.loop_histograms()
             clients = [r.result() for r in runs]
+            loops_end = lab.loop_histograms()
         finally:
             for r in runs:
                 r.kill()
@@ -299,23 +309,33 @@ def test_service_then_redis_killed_fall_back_then_both_back_resume(wasm):
         per_proxy = [windows.rate([t for t, g in pairs if g == lab.tag(i)], *span) for i in range(3)]
         in_fallback = windows.rate(stamps, *span)
         resumed = max(e - back for e in ends)
+        held_down = [longest_between(b, a) / 1e6 for b, a in zip(loops_down, loops_up, strict=True)]
         print(f"\nfallback entered {[round(s - killed, 3) for s in starts]} s after the service was killed; "
               f"{in_fallback:.1f}/s in fallback ({[round(r, 1) for r in per_proxy]}); grid again {[round(e - back, 3) for e in ends]} s after "
               f"the service answered the harness ({back - starting:.2f} s after it was started; a proxy's call can "
-              f"succeed just before the harness's own check returns); {load()}")
+              f"succeed just before the harness's own check returns); Envoy's longest hold-ups in fallback "
+              f"{[round(h * 1000) for h in held_down]} ms; {load()}")
         assert resumed <= 1.0, (
             f"both back -> every proxy on the grid again within 1 s of the service answering "
             f"(its first calls, an epoch apart): {[round(e - back, 3) for e in ends]}; {load()}")
         for i in range(3):
             # p0 and p1 offer more than rate/3 and pace at it; p2 offers 90/s, below it, but first
-            # drains the requests it held when the engine went (at rate/3): at most rate/3.
+            # drains the requests it held when the engine went (at rate/3): at most rate/3, plus
+            # the slots due before the window that a hold-up let out in it (up to the catch-up).
             low = 0.97 * RATE / 3 if qps[i] > RATE / 3 else 0.97 * qps[i]
-            assert low <= per_proxy[i] <= 1.02 * RATE / 3, (
+            caught_up = RATE / 3 * min(held_down[i], CATCH_UP_S) / (span[1] - span[0])
+            assert low <= per_proxy[i] <= 1.02 * RATE / 3 + caught_up, (
                 f"local_share in fallback: p{i} paces at rate / expected_replicas = {RATE / 3:.0f}/s (offered "
-                f"{qps[i]:.0f}/s; 3%/2%: its own exact schedule, measured at the upstream over 2 s): "
+                f"{qps[i]:.0f}/s; 3%/2%: its own exact schedule, measured at the upstream over 2 s; "
+                f"+{caught_up:.1f}/s caught up after Envoy's hold-ups {[round(h * 1000) for h in held_down]} ms): "
                 f"{[round(r, 1) for r in per_proxy]}; {load()}")
-        after = windows.rate(stamps, max(ends) + 1.0, t0 + 11.7)
-        assert abs(after / RATE - 1) <= 0.02, f"cluster pacing resumed at the rate (2%): {after:.1f}/s; {load()}"
+        window = (max(ends) + 1.0, t0 + 11.7)
+        after = windows.rate(stamps, *window)
+        held_back = max(longest_between(b, a) / 1e6 for b, a in zip(loops_back, loops_end, strict=True))
+        lost = RATE * max(0.0, held_back - CATCH_UP_S) / (window[1] - window[0])
+        assert -0.02 - lost / RATE <= after / RATE - 1 <= 0.02, (
+            f"cluster pacing resumed at the rate (2%, less {lost:.1f}/s lost in Envoy's longest hold-up, "
+            f"{held_back * 1000:.0f} ms): {after:.1f}/s; {load()}")
         failures = sum(c.requests - c.codes.get(200, 0) - c.codes.get(429, 0) for c in clients)
         assert failures == 0, (f"no answer other than 200/429 while the engine was down: {[c.codes for c in clients]}"
                                f"; 5xx logged: {lab.errors()[:10]}")
