@@ -135,14 +135,13 @@ pub enum Admission {
     Contention,
 }
 
-/// One admission step against a loaded cell value; returns the value to store.
+/// One admission step against a loaded TAT; returns the TAT to store.
 fn decide(
     schedule: &Schedule,
-    fingerprint: u64,
     stored_tat: Option<u64>,
     now: u64,
     can_hold: bool,
-) -> (Admission, Option<[u64; 2]>) {
+) -> (Admission, Option<u64>) {
     match schedule.step(stored_tat, now, can_hold) {
         Step::Reject {
             wait_ns,
@@ -158,10 +157,7 @@ fn decide(
                 None,
             )
         }
-        Step::Now { new_tat } => (
-            Admission::Now { tat: new_tat },
-            Some([fingerprint, new_tat]),
-        ),
+        Step::Now { new_tat } => (Admission::Now { tat: new_tat }, Some(new_tat)),
         Step::Hold {
             release_at,
             new_tat,
@@ -170,7 +166,7 @@ fn decide(
                 release_at,
                 tat: new_tat,
             },
-            Some([fingerprint, new_tat]),
+            Some(new_tat),
         ),
     }
 }
@@ -221,15 +217,15 @@ pub fn admit_paced<C: SharedCell>(
                 paced.max_delay_ns = paced.max_delay_ns.min(d);
             }
         }
-        let (admission, new) = decide(&paced, 0, stored_tat, now, can_hold);
-        (admission, new.map(|[_, tat]| tat))
+        decide(&paced, stored_tat, now, can_hold)
     });
     taken.unwrap_or(Admission::Contention)
 }
 
 /// One compare-and-swap on a rule's rate cell `[learned interval, tat]`,
-/// the one way every user of the cell updates it (admission here, a
-/// release order's take and give-back in `rate::Gcra`): `step` sees the
+/// the one way every user of the cell reads and updates it (admission
+/// here and its peek before a key's quota, a release order's take and
+/// give-back in `rate::Gcra`): `step` sees the
 /// schedule in force (at the interval in word 0 when the rule learns it,
 /// 0 there: `schedule`'s own) and the stored TAT, and answers with its
 /// result and the TAT to store (None: store nothing). Word 0 is written
@@ -314,9 +310,9 @@ pub fn admit_keyed<T: KeyTable>(
         // The entry's schedule: its own or the one it shares (a free
         // entry's past schedule is the same as none).
         let stored = bucket.get(entry).filter(|[f, _]| *f == fp).map(|[_, t]| t);
-        let (admission, new) = decide(schedule, fp, stored, now, can_hold);
-        let Some(new) = new else { return admission };
-        bucket.set(entry, new);
+        let (admission, new) = decide(schedule, stored, now, can_hold);
+        let Some(tat) = new else { return admission };
+        bucket.set(entry, [fp, tat]);
         let bytes = bucket.encode();
         let result = match (in_second, b.as_mut(), tb) {
             (true, Some(b), Some(tb)) => b.store(bytes, tb),
@@ -377,14 +373,14 @@ pub fn admit_with_quota_paced<C: SharedCell, T: KeyTable>(
     now: u64,
     can_hold: bool,
 ) -> Admission {
-    let Ok((stored, _)) = shared.load() else {
-        return Admission::Contention;
-    };
-    let first = stored.map_or(0, |[w, _]| w);
-    let paced = schedule.in_force(learned, first);
-    let (peek, _) = decide(&paced, first, stored.map(|[_, t]| t), now, can_hold);
-    if matches!(peek, Admission::Reject { .. }) {
-        return peek;
+    // The peek stores nothing.
+    let peek = update_paced(shared, schedule, learned, |paced, tat| {
+        (decide(paced, tat, now, can_hold).0, None)
+    });
+    match peek {
+        Err(_) => return Admission::Contention,
+        Ok(refused @ Admission::Reject { .. }) => return refused,
+        Ok(_) => {}
     }
     match take_quota(table, fingerprint, at, quota, now) {
         Some(refused) => refused,
