@@ -91,8 +91,10 @@ def cluster_scope_panels(d: db.Dashboard) -> db.Dashboard:
     d = d.with_panel(panel("Grid slots granted vs taken /s", "reqps", [
         (rate_of("slots_granted"), "{{throttle_rule}} granted"),
         (rate_of("slots_taken"), "{{throttle_rule}} taken"),
+        (rate_of("slots_forgiven"), "{{throttle_rule}} forgiven"),
     ], "Slots of the shared grid the engine granted to all proxies, and the slots their requests used. "
-       "Granted beyond taken is demand that did not come.", w=8))
+       "Granted beyond taken is demand that did not come. Forgiven: held requests that went at their "
+       "max_queue_delay because a failed engine call cost their proxy the share their turns counted on.", w=8))
     d = d.with_panel(panel("Granted slots unused", "short", [(
         f"sum by (throttle_rule) (throttle_slots_unused{{{THROTTLE_SEL}}})", "{{throttle_rule}}")],
         "Slots granted to the proxies that passed unused (granted - taken - still usable), summed.", w=8))
