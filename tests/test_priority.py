@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 
 from harness import fortio
+from harness.envoy import longest_between, measure_loops
 from harness.net import wait_until
 from harness.upstream import Upstream
 
 pytestmark = pytest.mark.integration
 
 CRITICAL = ["x-priority: critical"]
+CATCH_UP_S = 0.050  # CATCH_UP_NS (core/src/rate/mod.rs): slots due in a hold-up this long still leave
 
 
 def classes_rule(rate: str, *, batch_share: float = 0.0, batch_delay: str = "5s", delay: str = "5s") -> dict:
@@ -88,25 +90,38 @@ def test_the_total_rate_is_exact_and_batch_keeps_its_floor(envoy_with):
     """200/s, batch floor 20%: critical alone offers more than the rate (64 connections
     against a 250 ms delay: at most ~40 of them fit in critical's 160/s), batch keeps 40
     requests waiting. Over the steady 5 s, the upstream sees 200/s within 0.5%, a fifth
-    of it batch."""
+    of it batch, less the slots due in a hold-up of Envoy's workers beyond the catch-up."""
+    def mutate(cfg: dict) -> None:
+        exact_balance(cfg)
+        measure_loops(cfg)
+
     with Upstream(tag_header="x-priority") as app:
         envoy = envoy_with(classes_rule("200/s", batch_share=0.2, batch_delay="10s", delay="250ms"),
-                           upstream_port=app.port, mutate=exact_balance)
+                           upstream_port=app.port, mutate=mutate)
+        loops_before = envoy.loop_histograms()
         t0 = time.monotonic()
         batch, critical = in_parallel(
             fortio.Load(envoy.url + "/", connections=40, duration_s=7),
             fortio.Load(envoy.url + "/", connections=64, duration_s=7, headers=CRITICAL,
                         allow_initial_errors=True))
         stats = envoy.rule_stats("api")
+        held_s = longest_between(loops_before, envoy.loop_histograms()) / 1e6
         seen = arrivals_by_class(app, t0 + 1.5, t0 + 6.5)
     both = sorted(seen["critical"] + seen["batch"])
-    rate = (len(both) - 1) / (both[-1] - both[0])
+    span = both[-1] - both[0]
+    rate = (len(both) - 1) / span
     share = len(seen["batch"]) / len(both)
+    # A slot due while the workers are held up longer than the catch-up is forfeited (CI,
+    # 2026-11-30: 198.81/s, ~13,000 rejections a second on two cores): at most this much
+    # lower, if the hold-up fell in the window (Envoy's loop histograms give the longest).
+    lost = 200 * max(0.0, held_s - CATCH_UP_S) / span
     print(f"upstream {rate:.2f}/s ({100 * (rate / 200 - 1):+.2f}%), batch share {share:.3f}; "
+          f"longest hold-up {1000 * held_s:.0f} ms (allows {lost:.2f}/s less); "
           f"critical {critical.codes} p99 {critical.ms(99):.0f} ms; batch {batch.codes}; {stats}")
     # The rule's schedule is exact in virtual time; the only error is the jitter of the two
-    # ticks at the ends of the window (a few ms over 5 s, < 0.2%).
-    assert abs(rate / 200 - 1) < 0.005, f"{rate:.2f}/s at the upstream, configured 200/s"
+    # ticks at the ends of the window (a few ms over 5 s, < 0.2%), and the hold-up's loss.
+    assert 200 * 0.995 - lost < rate < 200 * 1.005, (
+        f"{rate:.2f}/s at the upstream, configured 200/s (hold-up {1000 * held_s:.0f} ms allows {lost:.2f}/s less)")
     # Batch gets at least its floor (20% of the releases), critical takes the rest; the
     # floor slots stray from their share by a few slots over 1000 (discrepancy < 0.5%).
     assert 0.19 <= share <= 0.23, f"batch got {share:.3f} of the releases, its floor is 0.2"
