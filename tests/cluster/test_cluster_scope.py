@@ -95,10 +95,19 @@ def test_three_proxies_with_uneven_load_share_one_rate(lab):
     assert -0.01 - lost / (RATE * span_s) <= m.error <= 0.01, (
         f"total within 1% of the setting over the run (the issue's figure), less {lost:.0f} slots of failed "
         f"engine calls and Envoy's hold-ups ({held_s * 1000:.0f} ms): " + figures(m))
+    # Slots that come due in a hold-up which straddles a window's end leave in the next window:
+    # one window is short and the next one over by up to the catch-up's slots (CI once: 75 ms,
+    # windows 290 then 310). They move and are not made: two adjacent windows together gain at
+    # most one move, at their first edge, so a filter that made slots would still be caught.
+    moved = RATE * min(held_s, CATCH_UP_S)
     for c in m.per_second:
-        assert RATE * 0.98 - lost - 1e-9 <= c <= RATE * 1.02 + 1e-9, (
+        assert RATE * 0.98 - lost - moved - 1e-9 <= c <= RATE * 1.02 + moved + 1e-9, (
             f"every 1 s window within 2% (the issue's figure), less {lost:.0f} slots of failed engine calls and "
-            f"Envoy's hold-ups ({held_s * 1000:.0f} ms): " + figures(m))
+            f"Envoy's hold-ups, give or take {moved:.0f} moved by a hold-up ({held_s * 1000:.0f} ms): " + figures(m))
+    for a, b in itertools.pairwise(m.per_second):
+        assert 2 * RATE * 0.98 - lost - moved - 1e-9 <= a + b <= 2 * RATE * 1.02 + moved + 1e-9, (
+            f"every two adjacent 1 s windows within 2% (the issue's figure), less {lost:.0f} slots of failed engine "
+            f"calls and Envoy's hold-ups ({held_s * 1000:.0f} ms): " + figures(m))
     allowance = math.ceil(RATE * JITTER_S)
     assert m.worst_100ms <= m.bound_100ms + allowance, (
         f"worst 100 ms window within the stated bound {m.bound_100ms} + {allowance} for release jitter "

@@ -86,6 +86,7 @@ SPORADIC_MS = 20.0
 HELD_FATES = ("released", "cancelled", "gone", "timed_out", "held")
 COUNTERS = ("requests", "queued", "rejected", "engine_failures", *HELD_FATES)
 EPOCH_S = 0.1
+CATCH_UP_S = 0.050  # CATCH_UP_NS (core/src/rate/mod.rs): slots due in a hold-up this long still leave
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -237,6 +238,8 @@ class Outcome:
     # The lab itself did not do what the scenario needs (e.g. it did not overload the rule):
     # then the run tests nothing, which is not the filter's failure.
     lab_problems: list[str] = field(default_factory=list)
+    # Figures a test judges further (e.g. "total": the rate at the upstream, /s).
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 def check(outcome: Outcome, what: str) -> None:
@@ -258,7 +261,7 @@ MEASURED_THREADS, MEASURED_EVERY_S = 5, 0.5
 
 
 def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: float = LATE_RATE,
-                  secs: float = LATE_SECS, headers: Sequence[str] = ()) -> Outcome:
+                  secs: float = LATE_SECS, headers: Sequence[str] = (), refuse_ms: float = REFUSE_MS) -> Outcome:
     """Each proxy offered `per_proxy_qps` of the rule for `secs`, and a measured client on
     p0 (5 threads, one request every 0.5 s each, from 2 s to 1 s before the end); every
     429 must be answered at arrival (within 10 ms, Envoy's own timing) and the rule's
@@ -296,14 +299,14 @@ def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: flo
     stamps = lab.arrivals(t0, t0 + secs + 2)
     total = windows.rate(stamps, t0 + 2, t0 + secs - 0.5)
     late = []  # (proxy, Envoy's ms, worst stall ms while it was in Envoy)
-    over = 0  # 429s over REFUSE_MS, excused or not
+    over = 0  # 429s over refuse_ms, excused or not
     for i, answers in enumerate(refusals):
         for a in answers:
-            if a.ms > REFUSE_MS:
+            if a.ms > refuse_ms:
                 over += 1
                 arrived = t0 + (a.arrived - wall0)
                 stall_ms = max(1000 * stalls.worst(arrived, arrived + (a.ms + 1) / 1000), held_up[i])
-                if a.ms - REFUSE_MS > stall_ms:
+                if a.ms - refuse_ms > stall_ms:
                     late.append((lab.tag(i), a.ms, round(stall_ms)))
     envoy_ms = [a.ms for x in refusals for a in x]
     refused = [s.ms for s in samples if s.status == 429]
@@ -311,7 +314,7 @@ def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: flo
     displaced = {k: delta(after, before, k) for k in after[0] if k.endswith(".displaced")}
     report = (f"each proxy offered {per_proxy_qps:g}/s (+10/s measured on p0) of {rate:g}/s: total at the upstream "
               f"{total:.1f}/s; 429s per proxy {rejected} (in the access logs {[len(x) for x in refusals]}), Envoy's "
-              f"time to answer them {quantiles(envoy_ms)}, over {REFUSE_MS:g} ms {over}, of them beyond any "
+              f"time to answer them {quantiles(envoy_ms)}, over {refuse_ms:g} ms {over}, of them beyond any "
               f"stall {len(late)}: "
               f"{late[:10]}{' ...' if len(late) > 10 else ''}; the measured client (the report's view) "
               f"{sum(s.status == 200 for s in samples)} x 200, {len(refused)} x 429 in {quantiles(refused)}; "
@@ -321,9 +324,9 @@ def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: flo
               f"timed_out - held) {lost}; displaced {displaced}; worst stall "
               f"{1000 * stalls.worst(t0, t0 + secs):.0f} ms; longest event loop per proxy at least "
               f"{[round(h, 1) for h in held_up]} ms; {load_average()}")
-    out = Outcome(report)
+    out = Outcome(report, figures={"total": total})
     if late:
-        out.problems.append(f"{len(late)} of {len(envoy_ms)} 429s answered later than {REFUSE_MS:g} ms after "
+        out.problems.append(f"{len(late)} of {len(envoy_ms)} 429s answered later than {refuse_ms:g} ms after "
                             f"arrival (Envoy's own time), beyond any stall of this process meanwhile and its "
                             f"proxy's longest event loop: (proxy, ms, stall ms) {late[:20]}")
     if any(lost):
@@ -334,8 +337,12 @@ def late_refusals(lab: ClusterLab, rule: str, per_proxy_qps: float, *, rate: flo
     if not_answered(clients) or any(s.status not in (200, 429) for s in samples):
         out.problems.append(f"answers other than 200/429: {[c.codes for c in clients]}, measured "
                             f"{sorted({s.status for s in samples})}")
-    if total < 0.97 * rate:
-        out.lab_problems.append(f"the loads did not saturate the rule: {total:.1f}/s at the upstream for {rate:g}/s")
+    # A failed engine call costs the fleet its proxy's share of one epoch (a timeout the engine
+    # counted: nobody gets those slots).
+    failed = sum(delta(after, before, "engine_failures"))
+    if total * (secs - 2.5) < 0.97 * rate * (secs - 2.5) - failed * rate * EPOCH_S / lab.n:
+        out.lab_problems.append(f"the loads did not saturate the rule: {total:.1f}/s at the upstream for {rate:g}/s "
+                                f"({failed} failed engine calls)")
     if [len(x) for x in refusals] != rejected or not sum(rejected):
         out.lab_problems.append(f"the access logs hold {[len(x) for x in refusals]} 429s for {rejected} rejected: "
                                 f"every 429 must be timed, and some must happen")
@@ -368,6 +375,66 @@ def test_overload_is_refused_at_arrival_never_after_a_hold(late_lab: ClusterLab,
           "queued = released + cancelled + gone + timed_out + held")
 
 
+# The engine's blips (CI 2026-11-29: one late 429 on the proxy with 2 failed calls): the fault
+# proxy forwards each call, then answers 80 ms late (past the 50 ms timeout: the engine counted
+# what it never told) for 40, 90 and 140 ms, at these seconds of the run: one to three calls.
+BLIPS = ((3.0, 0.04), (5.0, 0.09), (7.0, 0.14))
+
+
+@pytest.fixture(scope="module")
+def blip_lab(wasm: Path) -> Iterator[ClusterLab]:
+    with ClusterLab(plugin([cluster_rule("orders", f"{LATE_RATE}/s")]), wasm=wasm, refusal_log=True,
+                    loops=True, fault_proxy=True) as lab:
+        yield lab
+        assert not lab.panics(), lab.panics()
+
+
+def test_engine_blips_under_overload_refuse_nobody_after_a_hold(blip_lab: ClusterLab) -> None:
+    """As the 1.35 x case above, with the engine's calls timing out for a moment three
+    times (BLIPS: shorter than fallback_after, so no proxy falls back). A failed call cost
+    its proxy the shares its held requests' turns were reckoned on; they are forgiven
+    (`slots_forgiven`), so every 429 is still answered at arrival (within 100 ms, where one
+    after a hold comes at 1 s) and the counters add up.
+    The fleet's total stays within 1% (+ one slot at each edge of the window) plus what was
+    forgiven. The blips must fail some calls (else the run tests nothing). Fleet sweep:
+    `late-refusals-blips`. ~16 s."""
+    kinds = ("failures_transport", "failures_timeout", "failures_status", "failures_nonsense")
+    names = (*COUNTERS, "slots_forgiven", *kinds)
+    before = rule_counters(blip_lab, "orders", names)
+
+    engine = blip_lab.engine
+    assert engine is not None
+
+    def blips(start: float) -> None:
+        for at, length in BLIPS:
+            time.sleep(max(0.0, start + at - time.monotonic()))
+            engine.slow(80)
+            time.sleep(length)
+            engine.healthy()
+
+    thread = threading.Thread(target=blips, args=(time.monotonic(),), daemon=True)
+    thread.start()
+    try:
+        # A refusal after a hold comes at the deadline (1 s): 100 ms tells it from one at arrival.
+        # How fast Envoy answers a refusal at arrival is the 1.35 x case's subject (10 ms).
+        out = late_refusals(blip_lab, "orders", 45.0, refuse_ms=100.0)
+    finally:
+        thread.join(15)
+        engine.healthy()
+    after = rule_counters(blip_lab, "orders", names)
+    failed, forgiven = delta(after, before, "engine_failures"), delta(after, before, "slots_forgiven")
+    by_kind = {k.removeprefix("failures_"): delta(after, before, k) for k in kinds}
+    out.report += f"; engine calls failed per proxy {failed} (by kind {by_kind}), slots forgiven {forgiven}"
+    if not sum(failed):
+        out.lab_problems.append(f"the blips failed no engine call: {failed}")
+    span = LATE_SECS - 2.5  # late_refusals' window: from 2 s to 0.5 s before the end
+    if out.figures["total"] * span > LATE_RATE * span * 1.01 + 2 + sum(forgiven):
+        out.problems.append(f"the total above the rate by more than 1% (+ one slot at each edge of the "
+                            f"window) + the {sum(forgiven)} forgiven")
+    check(out, "with the engine's calls timing out for a moment, a request is still refused at arrival, never "
+               "after it was held (0 late refusals), and queued = released + cancelled + gone + timed_out + held")
+
+
 # -- 2. Two cluster rules in one Envoy (finding 3) --------------------------------------------------------
 
 TWO_SECS = 11.0
@@ -386,6 +453,7 @@ def two_rules(lab: ClusterLab, alpha: float, beta: float, *, cluster: Sequence[s
     offered = {"alpha": [2 * alpha / n] * n, "beta": [2 * beta * w for w in weights]}
     names = ("engine_calls", "engine_failures", "rejected", "slots_unused", "grid_mismatch")
     before = {r: [lab.rule_stats(i, r) for i in range(n)] for r in rates}
+    loops_before = lab.loop_histograms() if lab.loops else []
     lab.upstream.clear()
     with StallMonitor() as stalls:
         t0 = time.monotonic()
@@ -393,6 +461,12 @@ def two_rules(lab: ClusterLab, alpha: float, beta: float, *, cluster: Sequence[s
                               max_queue_delay_s=1.0).start() for r in rates for i in range(n)]
         with running(loads):
             clients = [x.result() for x in loads]
+    # A proxy's slots that come due while Envoy itself is held up leave at once after it, up to
+    # the 50 ms catch-up; beyond that they are lost (as in test_cluster_scope.py). CI once: beta
+    # 30 short of 1125 with one failed call, a window of 120, both rules short in that second.
+    held_s = max((longest_between(b, a) / 1e6 for b, a in zip(loops_before, lab.loop_histograms(), strict=True)),
+                 default=0.0) if lab.loops else 0.0
+    beyond_s = max(0.0, held_s - CATCH_UP_S)
     m0, m1 = t0 + TWO_SPAN[0], t0 + TWO_SPAN[1]
     span = m1 - m0
     out = Outcome("")
@@ -411,9 +485,10 @@ def two_rules(lab: ClusterLab, alpha: float, beta: float, *, cluster: Sequence[s
         if r not in cluster:
             continue
         failed = sum(counters["engine_failures"])
-        if abs(total - rate * span) > 0.01 * rate * span + 2 + rate * EPOCH_S * failed:
+        if abs(total - rate * span) > 0.01 * rate * span + 2 + rate * (EPOCH_S * failed + beyond_s):
             out.problems.append(f"{r}: the total off its rate by more than 1% (+ one slot at each edge of the "
-                                f"window, + one epoch's slots per failed engine call): {line}")
+                                f"window, + one epoch's slots per failed engine call, + the slots of Envoy's "
+                                f"longest hold-up beyond the catch-up, {1000 * held_s:.0f} ms): {line}")
         if r == "alpha":
             if max(each) - min(each) > 0.15 * min(each) + 2:
                 out.problems.append(f"alpha: proxies of equal demand not within 15% of each other (+ one slot at "
@@ -424,7 +499,8 @@ def two_rules(lab: ClusterLab, alpha: float, beta: float, *, cluster: Sequence[s
                 out.problems.append(f"beta: shares not in proportion to demand within 15% (+ one slot at each edge "
                                     f"of the window): {each} for {[round(f) for f in fair]}: {line}")
     out.report = ("\n  ".join(lines) + f"\n  answers {[c.codes for c in clients]}; worst stall "
-                  f"{1000 * stalls.worst(m0, m1):.0f} ms; {load_average()}")
+                  f"{1000 * stalls.worst(m0, m1):.0f} ms; Envoy's longest hold-up {1000 * held_s:.0f} ms; "
+                  f"{load_average()}")
     if not_answered(clients):
         out.problems.append(f"answers other than 200/429: {[c.codes for c in clients]}")
     return out
@@ -449,7 +525,7 @@ def test_two_cluster_rules_keep_each_rate_and_share(wasm: Path) -> None:
     even by one rule), so it could not tell the defect apart, at 900/s of
     Fortio on the shared cores."""
     rules = [cluster_rule("alpha", "30/s", prefix="/a/"), cluster_rule("beta", "150/s", prefix="/b/")]
-    with ClusterLab(plugin(rules), wasm=wasm) as lab:
+    with ClusterLab(plugin(rules), wasm=wasm, loops=True) as lab:
         outcome = two_rules(lab, 30.0, 150.0)
         panics = lab.panics()
     check(outcome, "two cluster rules in one Envoy: each within 1% of its rate, shares as each would have alone")

@@ -224,6 +224,8 @@ stats! {
         "Cluster scope: slots of the shared grid this proxy's requests used.";
     SlotsAhead: "slots_ahead", Counter, Cluster,
         "Cluster scope: of the slots taken, requests that went at once ahead of their slot: on this proxy's next slot before its time, or on credit when it had none (repaid from its next grants). At most `burst + 1` are ahead at any instant.";
+    SlotsForgiven: "slots_forgiven", Counter, Cluster,
+        "Cluster scope: held requests that went at their `max_queue_delay` on no slot and no credit: a failed engine call cost this proxy the shares their turns were reckoned on (at most the share it claimed and the two it left uncomputed, within `max_queue_delay` after them), so they were not refused after the hold.";
     SlotsGranted: "slots_granted", Counter, Cluster,
         "Cluster scope: slots of the shared grid the engine granted this proxy.";
     SlotsUnused: "slots_unused", Gauge, Cluster,

@@ -70,6 +70,11 @@ pub enum CellId {
     /// Cluster scope: how far the process went ahead of its grants
     /// (`[owed, until_ms]`, [`crate::cluster::Ahead`]); read off the fast path only.
     Ahead(usize),
+    /// Cluster scope: grants an engine call that failed cost the process
+    /// (`[count, until_ms]`, [`crate::cluster::forgive`]): as many held
+    /// requests whose `max_queue_delay` runs out before `until_ms` go
+    /// instead of being refused; read and written off the fast path only.
+    Forgiven(usize),
     /// Cluster scope: which VM of the process calls the engine (`[holder, until]`).
     Caller,
     /// Adaptive: which VM of the process learns a rule's rate (`[holder,
@@ -287,6 +292,7 @@ impl CellId {
             | CellId::Cursor(i)
             | CellId::Fallback(i)
             | CellId::Ahead(i)
+            | CellId::Forgiven(i)
             | CellId::Learner(i)
             | CellId::Learned(i)
             | CellId::Table(i) => Some(i),
@@ -304,6 +310,7 @@ impl CellId {
             CellId::Cursor(_) => rule_key(rule_name, "c"),
             CellId::Fallback(_) => rule_key(rule_name, "f"),
             CellId::Ahead(_) => rule_key(rule_name, "a"),
+            CellId::Forgiven(_) => rule_key(rule_name, "x"),
             CellId::Caller => Key::new()
                 .push(KEY_ROOT.as_bytes())?
                 .push(b"caller/")?
@@ -370,6 +377,7 @@ mod tests {
             (CellId::Cursor(3), format!("t3/{id}/c")),
             (CellId::Fallback(3), format!("t3/{id}/f")),
             (CellId::Ahead(3), format!("t3/{id}/a")),
+            (CellId::Forgiven(3), format!("t3/{id}/x")),
             (CellId::Caller, "throttle/v3/caller/00000000000000ab".into()),
             (CellId::Learner(3), format!("t3/{id}/l")),
             (CellId::Learned(3), format!("t3/{id}/s")),

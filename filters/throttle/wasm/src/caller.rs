@@ -45,7 +45,8 @@ impl Calls {
             return;
         }
         self.pending = None;
-        // Envoy delivers a timeout or a reset as an answer without headers.
+        // Envoy delivers a reset as an answer without headers, a timeout as
+        // its own 504 (`parse_answer` reads both).
         let body;
         let answer = match host.http_call_status() {
             Some(status) => {

@@ -70,9 +70,11 @@ impl Keys {
             CellId::Cursor(i) => (i, 2),
             CellId::Fallback(i) => (i, 3),
             CellId::Ahead(i) => (i, 4),
-            CellId::Caller | CellId::Learner(_) | CellId::Learned(_) | CellId::Table(_) => {
-                return None
-            }
+            CellId::Caller
+            | CellId::Forgiven(_)
+            | CellId::Learner(_)
+            | CellId::Learned(_)
+            | CellId::Table(_) => return None,
         };
         self.cells
             .get(rule)

@@ -47,11 +47,35 @@ impl Backlog<'_> {
 /// displaced because the floor slots bunched.
 pub fn turn_ns(b: &Backlog<'_>, c: usize, position: u64, admission: bool) -> Option<u64> {
     if admission {
-        if let Some(ns) = walk(b, c, position) {
-            return Some(ns);
+        match walk(b, c, position) {
+            Walk::Found(ns) => return Some(ns),
+            // Beyond every slot owned: reckoned, so after the last of them
+            // (a rate reckoned from the next slot on would put it among
+            // them, and take it as certain; fleet sweep seed 193: shares
+            // falling after the start's leftovers, 194 critical requests
+            // held and refused at their deadline).
+            Walk::Beyond => {
+                let after = b
+                    .outlook
+                    .certain_until
+                    .saturating_sub(b.now)
+                    .saturating_add(b.outlook.interval_ns.max(1));
+                return reckon(b, c, position, admission).map(|ns| ns.max(after));
+            }
+            Walk::Unknown => {}
         }
     }
     reckon(b, c, position, admission)
+}
+
+/// What an admission's walk over the known slots found.
+enum Walk {
+    /// The turn, in nanoseconds from now.
+    Found(u64),
+    /// Every owned slot walked, and the turn lies beyond them.
+    Beyond,
+    /// The known slots end (or the walk does) before the turn.
+    Unknown,
 }
 
 /// Slots an admission's walk looks at one by one, at most.
@@ -62,8 +86,10 @@ const WALK_MAX: u64 = 4096;
 /// every lower class with a floor is taken to wait (it may, by the time its
 /// floor slot comes), and the classes above keep arriving at their recent
 /// rate. None if the known slots end before its turn.
-fn walk(b: &Backlog<'_>, c: usize, position: u64) -> Option<u64> {
-    let (first, count, spacing) = b.outlook.known?;
+fn walk(b: &Backlog<'_>, c: usize, position: u64) -> Walk {
+    if b.outlook.known.is_none() {
+        return Walk::Unknown;
+    }
     let mut waiting = b.tickets.waiting();
     for (d, k) in b.classes.iter().enumerate().skip(c + 1) {
         if k.min_share_ppm > 0 {
@@ -79,11 +105,11 @@ fn walk(b: &Backlog<'_>, c: usize, position: u64) -> Option<u64> {
     let mut above = b.above(c, &waiting) as f64;
     let mut got = 0u64;
     let mut last_at = b.outlook.next_at;
-    for i in 0..count.min(WALK_MAX) {
-        let at = b.outlook.next_at.saturating_add(i.saturating_mul(spacing));
+    let mut walked = 0u64;
+    for (slot, at) in b.outlook.known_slots().take(WALK_MAX as usize) {
+        walked += 1;
         above += h * at.saturating_sub(last_at) as f64 / NS_PER_S as f64;
         last_at = at;
-        let slot = first.saturating_add(i);
         let mut w = waiting;
         // The classes above count as waiting while their backlog lasts.
         for x in 0..c {
@@ -95,14 +121,18 @@ fn walk(b: &Backlog<'_>, c: usize, position: u64) -> Option<u64> {
             Some(x) if x == c => {
                 got += 1;
                 if got >= position {
-                    return Some(at.saturating_sub(b.now));
+                    return Walk::Found(at.saturating_sub(b.now));
                 }
             }
             Some(x) if x < c => above = (above - 1.0).max(0.0),
             _ => {}
         }
     }
-    None
+    if b.outlook.later_all && walked < WALK_MAX {
+        Walk::Beyond
+    } else {
+        Walk::Unknown
+    }
 }
 
 /// The turn reckoned from the rates (see [`turn_ns`]).

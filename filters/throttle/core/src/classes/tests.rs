@@ -464,6 +464,46 @@ fn a_single_class_turn_is_the_schedule_exactly() {
     assert_eq!(turn_ns(&b, 0, 1, true), Some(7 * MS));
 }
 
+/// A grid's owned slots come in ranges with gaps (other proxies' slots):
+/// an admission walks every owned range, so a turn in a later range is
+/// that slot's time, and a turn beyond all of them is reckoned after the
+/// last (never taken as certain). Until issue 29 the walk saw only the
+/// range at the cursor and reckoned the rest at the share rate from the
+/// next slot on, which put turns among the owned slots that were not there
+/// (fleet sweep seed 193: shares falling after the start's leftovers).
+#[test]
+fn a_turn_walks_every_owned_range_and_beyond_them_is_reckoned() {
+    let classes = vec![class("only", 0)];
+    let t = waiting_tickets(&[4]);
+    let now = 1000 * MS;
+    let mut b = backlog(&classes, &t, now + 2 * MS, now);
+    // Slots 100..102 now (2 ms apart), then 150..152 and 200..201.
+    b.outlook.known = Some((100, 2, 2 * MS));
+    b.outlook.later[0] = (150, 152);
+    b.outlook.later[1] = (200, 201);
+    b.outlook.later_len = 2;
+    b.outlook.later_all = true;
+    b.outlook.certain_until = now + 2 * MS + 100 * 2 * MS;
+    b.outlook.interval_ns = 10 * MS;
+    // The 3rd and 4th in line: slots 150 and 151; the 5th: slot 200.
+    assert_eq!(turn_ns(&b, 0, 3, true), Some(2 * MS + 50 * 2 * MS));
+    assert_eq!(turn_ns(&b, 0, 5, true), Some(2 * MS + 100 * 2 * MS));
+    // The 6th: after the last owned slot, reckoned.
+    let sixth = turn_ns(&b, 0, 6, true).unwrap();
+    assert!(sixth > 202 * MS, "{sixth}");
+    assert!(
+        !b.outlook.fits(now, sixth, 210 * MS, 100 * MS),
+        "reckoned: the margin"
+    );
+    assert!(
+        b.outlook.fits(now, 202 * MS, 210 * MS, 100 * MS),
+        "owned: certain"
+    );
+    // Not every owned range listed: the rest is reckoned at the rate.
+    b.outlook.later_all = false;
+    assert_eq!(turn_ns(&b, 0, 6, true), Some(2 * MS + 5 * 10 * MS));
+}
+
 #[test]
 fn turns_count_floors_below_and_arrivals_above() {
     let classes = three();

@@ -309,21 +309,75 @@ pub fn before_its_time<A: SharedCell>(
     }
 }
 
-/// A request that waited for grants until its `max_queue_delay` ran out goes
-/// on credit if the process may (nothing ahead, less than `burst + 1` owed):
+/// How a request whose `max_queue_delay` ran out went ([`at_deadline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtDeadline {
+    /// On credit: the slot that repays it comes from the next grants ([`repay`]).
+    Credit,
+    /// On a slot a failed call cost the process ([`forgive`]): repaid by nothing.
+    Forgiven,
+}
+
+/// A request that waited for grants until its `max_queue_delay` ran out:
 /// its turn was reckoned on the share the process expected, and the grants
-/// came later. True if it went; the slot that repays it comes from the next
-/// grants ([`repay`]).
-pub fn at_deadline<A: SharedCell>(
+/// came later. It goes on credit if the process may (nothing ahead, less
+/// than `burst + 1` owed), else on a slot a failed call cost the process
+/// if one is still forgiven (`forgiven`, [`forgive`]; one fewer then).
+/// None: it may not (it is refused); Err: the forgiven cell failed.
+pub fn at_deadline<A: SharedCell, F: SharedCell>(
     ahead: &mut A,
+    forgiven: &mut F,
     reach: &Reach,
     now: u64,
-) -> Result<bool, StoreError> {
-    match go_ahead(ahead, reach, Attempt::Retry { waited_ns: 0 }, 0, now, None) {
-        Some(Take::Credit) => Ok(true),
-        Some(Take::Contention) => Err(StoreError(0)),
-        _ => Ok(false),
+) -> Result<Option<AtDeadline>, StoreError> {
+    // (The ahead cell in contention: no credit, a forgiven slot may go.)
+    if go_ahead(ahead, reach, Attempt::Retry { waited_ns: 0 }, 0, now, None) == Some(Take::Credit) {
+        return Ok(Some(AtDeadline::Credit));
     }
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = forgiven.load()?;
+        let [count, until_ms] = v.unwrap_or([0, 0]);
+        if count == 0 || until_ms.saturating_mul(NS_PER_MS) <= now {
+            return Ok(None);
+        }
+        if forgiven.store([count - 1, until_ms], token)? {
+            return Ok(Some(AtDeadline::Forgiven));
+        }
+    }
+    Err(StoreError(0))
+}
+
+/// Adds `slots` to what the process is forgiven until wall time `until`
+/// ([`crate::CellId::Forgiven`], `[count, until_ms]`): the share an engine
+/// call that failed claimed for it. The call may have been counted (a
+/// timeout) and its positions are unknown, or not, and its slots go to
+/// whoever claims the leftovers; either way the requests held on the turns
+/// reckoned from that share would be refused at their deadline, after the
+/// hold. Forgiven, that many go then instead ([`at_deadline`]):
+/// the fleet releases at most the lost share more, and only around a
+/// failed call (engine/README.md, "Failures"). What is still forgiven when
+/// `until` passes lapses.
+pub fn forgive<A: SharedCell>(
+    cell: &mut A,
+    slots: u64,
+    until: u64,
+    now: u64,
+) -> Result<(), StoreError> {
+    let until_ms = until.div_ceil(NS_PER_MS);
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (v, token) = cell.load()?;
+        let [count, old_until] = v.unwrap_or([0, 0]);
+        let live = old_until.saturating_mul(NS_PER_MS) > now;
+        let value = if live {
+            [count.saturating_add(slots), old_until.max(until_ms)]
+        } else {
+            [slots, until_ms]
+        };
+        if cell.store(value, token)? {
+            return Ok(());
+        }
+    }
+    Err(StoreError(0))
 }
 
 /// Repays what the process owes (requests that went on credit): takes its
@@ -404,6 +458,41 @@ mod tests {
     use crate::cluster::grants::tests::{ahead, at, cur, reach, setup, waiting_in, FIRST, MS};
     use crate::cluster::grants::{publish, take};
     use crate::testing::{MemBlob, MemCell};
+
+    #[test]
+    fn a_failed_calls_share_is_forgiven_once_each_and_lapses() {
+        let r = reach(); // burst 0: credit 1
+        let mut cell = MemCell::default();
+        let mut owed = MemCell::default();
+        // Credit first, while the process may: the forgiven slots stay.
+        forgive(&mut cell, 2, 1_500 * MS, 1_000 * MS).unwrap();
+        let went = |owed: &mut MemCell, cell: &mut MemCell, t: u64| {
+            at_deadline(owed, cell, &r, t * MS).unwrap()
+        };
+        assert_eq!(went(&mut owed, &mut cell, 1_000), Some(AtDeadline::Credit));
+        assert_eq!(cell.load().unwrap().0, Some([2, 1_500]));
+        // Credit spent. A failed call cost 2 slots, forgiven until 1.5 s;
+        // another, 1 more until 1.8 s: three go, the fourth is refused.
+        forgive(&mut cell, 1, 1_800 * MS, 1_100 * MS).unwrap();
+        for t in [1_200, 1_300, 1_790] {
+            assert_eq!(
+                went(&mut owed, &mut cell, t),
+                Some(AtDeadline::Forgiven),
+                "at {t} ms"
+            );
+        }
+        assert_eq!(went(&mut owed, &mut cell, 1_795), None);
+        // What is left when its time passes lapses; a new failure starts anew.
+        forgive(&mut cell, 5, 2_500 * MS, 2_000 * MS).unwrap();
+        assert_eq!(went(&mut owed, &mut cell, 2_500), None);
+        forgive(&mut cell, 1, 3_500 * MS, 3_000 * MS).unwrap();
+        assert_eq!(cell.load().unwrap().0, Some([1, 3_500]));
+        assert_eq!(
+            went(&mut owed, &mut cell, 3_100),
+            Some(AtDeadline::Forgiven)
+        );
+        assert_eq!(went(&mut owed, &mut cell, 3_200), None);
+    }
 
     #[test]
     fn without_grants_a_request_goes_on_credit_then_waits_and_repays_first() {

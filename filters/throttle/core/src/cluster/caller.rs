@@ -163,7 +163,8 @@ pub struct RuleUpdate {
     pub mode: Mode,
     /// Slots per second this process may expect (the fair share), 0 if unknown.
     pub grant_rate_per_s: u64,
-    /// How far ahead its shares are claimed (`k` epochs), ns.
+    /// How far ahead a share slot it does not own yet may come, ns
+    /// ([`super::Grants::lead_ns`]).
     pub lead_ns: u64,
     /// The part of `grant_rate_per_s` that is spare ([`super::Grants::spare_per_s`]).
     pub spare_per_s: u64,
@@ -177,6 +178,19 @@ pub struct RuleUpdate {
     /// clock offset from the fleet's changed ([`Skew`]), and its grants are
     /// the same fleet slots at other local times.
     pub shift: i64,
+}
+
+/// The share a failed call claimed for a rule: the turns of the requests
+/// held on it were reckoned with those slots, which will not come
+/// ([`super::forgive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forgiven {
+    pub rule: usize,
+    pub slots: u64,
+    /// Until when those turns can fall due: the end of the epoch the share
+    /// was for (a deadline within `max_queue_delay` after it may still have
+    /// counted on it).
+    pub epoch_end: u64,
 }
 
 /// A call to send to the engine's cluster, bounded by `engine.timeout`.
@@ -331,9 +345,47 @@ struct RuleState {
 }
 
 impl RuleState {
-    /// How far ahead shares are claimed: `k` epochs.
-    fn lead_ns(&self) -> u64 {
-        self.ahead.saturating_mul(self.spec.grid.epoch_ns)
+    /// How far ahead of `now` (our wall time) this proxy's next share slot
+    /// it does not own yet can come: `k` epochs, the claims' reach; and, for
+    /// a proxy whose demand is new (after an idle spell, or at its start),
+    /// the first epoch whose share counts it: a share of epoch `f + 1 +
+    /// lag` comes from the demand placed in epoch `f`, so a proxy that first
+    /// places demand at `e + k` gets no share before `e + k + lag + 1`
+    /// (fleet sweep seed 126: turns reckoned 300 ms out came 500-600 ms out,
+    /// and the requests were refused after their hold).
+    fn lead_ns(&self, now: u64) -> u64 {
+        let g = self.spec.grid;
+        let reach = self.ahead.saturating_mul(g.epoch_ns);
+        let now = self.fleet_time(now);
+        let e = g.epoch_of(now);
+        // The demand epoch of the next share not claimed yet (epoch e+k+1).
+        let next = (e + self.ahead).saturating_sub(self.lag);
+        let placed = self
+            .demand_ranges
+            .iter()
+            .map(|&(f, ..)| f)
+            .filter(|&f| f >= next)
+            .min()
+            .unwrap_or(e + 1 + self.ahead);
+        if placed <= next {
+            return reach;
+        }
+        reach.max(g.epoch_start(placed + 1 + self.lag).saturating_sub(now))
+    }
+
+    /// An update of rule `rule` (this one) that grants nothing: its mode,
+    /// no expected rate, no new ranges, no shift.
+    fn no_grants(&self, rule: usize, now: u64, reset: bool) -> RuleUpdate {
+        RuleUpdate {
+            rule,
+            mode: self.mode,
+            grant_rate_per_s: 0,
+            spare_per_s: 0,
+            lead_ns: self.lead_ns(now),
+            ranges: Vec::new(),
+            reset,
+            shift: 0,
+        }
     }
 
     /// The fleet's wall time for this rule at our wall time `now`.
@@ -390,6 +442,8 @@ pub struct Caller {
     domain: String,
     /// What the log should say (at warn), taken by [`Caller::take_events`].
     events: Vec<String>,
+    /// Shares failed calls claimed, to forgive ([`Caller::take_forgiven`]).
+    forgiven: Vec<Forgiven>,
     /// When the current run of failures was last logged.
     warned_at: Option<u64>,
 }
@@ -470,6 +524,7 @@ impl Caller {
             cluster: engine.cluster.clone(),
             domain: engine.domain.clone(),
             events: Vec::new(),
+            forgiven: Vec::new(),
             warned_at: None,
         }
     }
@@ -504,6 +559,12 @@ impl Caller {
     /// What happened that the log should say (at warn), since the last time.
     pub fn take_events(&mut self) -> Vec<String> {
         std::mem::take(&mut self.events)
+    }
+
+    /// The shares claimed by calls that failed since the last take, to
+    /// forgive ([`super::forgive`]).
+    pub fn take_forgiven(&mut self) -> Vec<Forgiven> {
+        std::mem::take(&mut self.forgiven)
     }
 
     /// Rule `i`'s grid.

@@ -17,7 +17,7 @@ use super::{
     fallback_after_grants, publish, repay, reset_grants, rule_reach, rule_spec, shift_grants, Mode,
     Reach,
 };
-use super::{owned_this_epoch, set_gap, Ahead, Cursor};
+use super::{forgive, owned_this_epoch, set_gap, Ahead, Cursor};
 
 /// The process-wide value of a rule's counter (`rule`: the configuration's
 /// index), as the host keeps it: the flushed counts of every VM.
@@ -155,6 +155,7 @@ impl Calls {
             .collect();
         let (call, updates) = self.caller.tick(now, &facts);
         out.problems.extend(self.caller.take_events());
+        self.forgive(store, now, &mut out);
         self.publish(store, mono, now, &updates, totals, &mut out);
         for (i, fact) in facts.iter().enumerate() {
             if fact.owed > 0 {
@@ -181,6 +182,7 @@ impl Calls {
         let (mono, now) = (clock.mono(), clock.wall());
         let updates = self.caller.on_answer(now, answer);
         out.problems.extend(self.caller.take_events());
+        self.forgive(store, now, &mut out);
         self.publish(store, mono, now, &updates, totals, &mut out);
         for u in &updates {
             if u.mode == Mode::Grid && !u.ranges.is_empty() {
@@ -277,6 +279,30 @@ impl Calls {
                         "rule {index}: could not start the fallback schedule after the grants"
                     ));
                 }
+            }
+        }
+    }
+
+    /// Forgives each rule the share its failed calls claimed ([`forgive`]),
+    /// until `max_queue_delay` after the epoch the share was for.
+    fn forgive<S: Store>(&mut self, store: S, now: u64, out: &mut Effects) {
+        for f in self.caller.take_forgiven() {
+            let (Some(&index), Some(reach)) = (self.rules.get(f.rule), self.reaches.get(f.rule))
+            else {
+                continue;
+            };
+            let until = f.epoch_end.saturating_add(reach.max_delay_ns);
+            if forgive(
+                &mut store.cell(CellId::Forgiven(index)),
+                f.slots,
+                until,
+                now,
+            )
+            .is_err()
+            {
+                out.problems.push(format!(
+                    "rule {index}: could not forgive the slots of a failed call in shared data"
+                ));
             }
         }
     }

@@ -45,8 +45,11 @@ pub struct Grants {
     /// Slots per second this process may expect from the grid (its fair
     /// share), for the reject-at-once estimate; 0 if unknown.
     pub grant_rate_per_s: u64,
-    /// How far ahead of now its shares are claimed (`k` epochs): a process
-    /// that owns no slot yet gets none from its shares before that.
+    /// How far ahead of now a share slot it does not own yet may come: `k`
+    /// epochs (the claims' reach), or, for a process whose demand is new,
+    /// until the first share that counts it (`lag + 1` epochs after its
+    /// first demand place). No share slot comes before that but those it
+    /// owns; only leftovers may.
     pub lead_ns: u64,
     /// The part of `grant_rate_per_s` that is its part of what the fleet
     /// leaves of the rate (0: the fleet asks for the rate or more).

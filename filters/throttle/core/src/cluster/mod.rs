@@ -38,8 +38,10 @@
 //!    ticket each, granted the owned slots as they come due) if its turn
 //!    ([`turn`]) comes within `max_queue_delay` less a margin, else it is
 //!    refused now; one still waiting at its deadline goes on credit if the
-//!    process may ([`at_deadline`]), else it is refused (counted; the
-//!    invariants in engine/README.md say when that can happen).
+//!    process may, else on a slot a failed call cost the process
+//!    ([`at_deadline`]), else it is refused
+//!    (counted; the invariants in engine/README.md say when that can
+//!    happen).
 //!    `Local`: [`crate::admit`] on the rule's fallback TAT with
 //!    [`local_schedule`] (a retry: what is left of `max_queue_delay`).
 //!    `Deny`, `Reject`, `Contention`: reject. Every request of the rule
@@ -57,6 +59,7 @@
 //! | `throttle/v2/rule/<rule>/cursor` | `[next_slot, end_of_range]` (16 bytes) | every worker ([`take`]) |
 //! | `throttle/v2/rule/<rule>/waiting` | `[count, 0]` | every worker ([`take`], [`add_waiting`]) |
 //! | `throttle/v2/rule/<rule>/fallback` | the fallback schedule's `[0, tat]`, as a process rule's cell | every worker ([`crate::admit`]) |
+//! | `t3/<rule>/x` | `[count, until_ms]`: slots a failed call cost, forgiven at deadlines ([`forgive`]) | the calling VM, and workers at a deadline ([`at_deadline`]) |
 //! | `throttle/v2/caller/<hash of the configuration>` | the caller lease `[holder, until]` | the VMs that may call |
 
 pub mod ahead;
@@ -71,7 +74,10 @@ pub mod sim;
 pub mod skew;
 pub mod wire;
 
-pub use ahead::{at_deadline, before_its_time, credit_left, on_credit, repay, set_gap, Ahead};
+pub use ahead::{
+    at_deadline, before_its_time, credit_left, forgive, on_credit, repay, set_gap, Ahead,
+    AtDeadline,
+};
 pub use caller::{
     Call, Caller, RuleFacts, RuleSpec, RuleStats, RuleUpdate, CALL_TOLERANCE_NS,
     MIN_CALL_INTERVAL_NS,
@@ -84,7 +90,7 @@ pub use cursor::{
 pub use engine::{Claim, Counted, Counter, Engine, Failure, Request};
 pub use grants::{
     fallback_after_grants, margin_for, margin_ns, on_grid, owned_this_epoch, publish, reckon_limit,
-    reset_grants, shift_grants, take, turn, turn_ns, DERATE, RECKON_NS,
+    reset_grants, shift_grants, spare_in_lead, take, turn, turn_ns, DERATE, RECKON_NS,
 };
 pub use grid::Grid;
 

@@ -140,6 +140,9 @@ enum Taken {
     Fallback,
     /// A request went on credit (the process's debt grew).
     Credit,
+    /// A request went at its deadline on a slot a failed call cost (one
+    /// fewer forgiven).
+    Forgiven,
 }
 
 /// The in-memory store of one proxy, noting what each successful
@@ -160,6 +163,7 @@ impl Store for SimStore<'_> {
         let before = match id {
             CellId::Cursor(_) => self.mem.load(id)?.0.map_or(0, |[next, _]| next),
             CellId::Ahead(_) => Ahead::decode(self.mem.load(id)?.0).owed,
+            CellId::Forgiven(_) => self.mem.load(id)?.0.map_or(0, |[count, _]| count),
             _ => 0,
         };
         let stored = self.mem.store(id, value, token)?;
@@ -168,6 +172,7 @@ impl Store for SimStore<'_> {
                 CellId::Cursor(_) if value[0] > before => Some(Taken::Slot(value[0] - 1)),
                 CellId::Fallback(_) => Some(Taken::Fallback),
                 CellId::Ahead(_) if Ahead::decode(Some(value)).owed > before => Some(Taken::Credit),
+                CellId::Forgiven(_) if value[0] < before => Some(Taken::Forgiven),
                 _ => None,
             };
             self.taken.borrow_mut().extend(taken);

@@ -437,7 +437,9 @@ fn failing_calls_fall_back_after_fallback_after_and_the_first_good_answer_return
             },
             grant_rate_per_s: 0,
             spare_per_s: 0,
-            lead_ns: 300 * MS,
+            // No demand placed since the failures: its next share that counts
+            // it is epoch e+k+lag+1 after the next call's (T0 + 1 s).
+            lead_ns: 649 * MS,
             ranges: vec![],
             reset: false,
             shift: 0,

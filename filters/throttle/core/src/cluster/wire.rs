@@ -84,6 +84,11 @@ pub fn parse_answer(
         if is_envoy_local_reply(http_status, body) {
             return Err(Failure::Transport);
         }
+        // Envoy's own 504 when the call outlived `engine.timeout` (the
+        // call's timeout is its route's).
+        if http_status == 504 && body.starts_with(b"upstream request timeout") {
+            return Err(Failure::Timeout);
+        }
         return Err(Failure::Status(http_status));
     }
     let v: Value = serde_json::from_slice(body).map_err(|e| nonsense(format!("not JSON: {e}")))?;
@@ -336,6 +341,13 @@ mod tests {
             assert_eq!(parse_answer(503, body, one), Err(Failure::Transport));
         }
         assert_eq!(parse_answer(503, b"{}", one), Err(Failure::Status(503)));
+        // Envoy's own 504 at engine.timeout: a timeout (seen on real Envoy,
+        // tests/cluster/test_other_numbers.py's blips); another 504 is a status.
+        assert_eq!(
+            parse_answer(504, b"upstream request timeout", one),
+            Err(Failure::Timeout)
+        );
+        assert_eq!(parse_answer(504, b"", one), Err(Failure::Status(504)));
         assert_eq!(
             parse_answer(500, b"no healthy upstream", one),
             Err(Failure::Status(500))

@@ -542,7 +542,7 @@ fn the_statistics_table_has_not_drifted() {
 
 /// A rule defines the stats of its features only (the glue defines a metric
 /// for each, per rule, on every pod): a process-scope rule with a rate and
-/// nothing else, 11 (not all 38).
+/// nothing else, 11 (not all 39).
 #[test]
 fn a_rule_defines_only_the_stats_of_its_features() {
     use crate::stats::{ClassStat, Stat};
@@ -556,7 +556,7 @@ fn a_rule_defines_only_the_stats_of_its_features() {
         (r#", "key": {"header": "x"}, "key_quota": "1/s""#, 11, 0),
         (classes, 11, 6),
         (&format!(r#"{classes}, "dry_run": true"#), 5, 6),
-        (r#", "scope": "cluster""#, 27, 0),
+        (r#", "scope": "cluster""#, 28, 0),
         (
             r#", "adaptive": {"min_rate": "1/s", "max_rate": "20/s"}"#,
             19,

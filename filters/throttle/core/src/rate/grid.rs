@@ -208,11 +208,29 @@ impl<C: SharedCell, B: SharedBlob, F: SharedCell> RateSource for GridSource<C, B
             .last()
             .filter(|r| r.1 > min)
             .map(|r| self.reach.grid.slot_time(r.1 - 1));
-        Ok(Outlook {
+        // The spare of the lead, as a line's turn counts it
+        // ([`cluster::spare_in_lead`]): its slots there at the reckoned
+        // share gap (a spare gap is no shorter: the turns err later).
+        let mine = last_owned.unwrap_or(0).max(self.reach.grid.slot_time(min));
+        let in_lead = cluster::spare_in_lead(&g, &self.reach, mine, wall.saturating_add(g.lead_ns))
+            .saturating_mul(interval_ns);
+        let mut out = Outlook {
             certain_until: last_owned.map_or(now, |t| now.saturating_add(t.saturating_sub(wall))),
             known,
             reckon_ns: cluster::reckon_limit(&g),
+            lead_at: now.saturating_add(g.lead_ns.saturating_sub(in_lead)),
             ..Outlook::every(next_at, interval_ns)
-        })
+        };
+        // The owned ranges after the current one, for a walk over them all.
+        if let Some((slot, count, _)) = known {
+            let end = slot.saturating_add(count);
+            let mut later = g.ranges.iter().filter(|r| r.0 >= end && r.1 > r.0);
+            for (to, from) in out.later.iter_mut().zip(later.by_ref()) {
+                *to = *from;
+                out.later_len += 1;
+            }
+            out.later_all = later.next().is_none();
+        }
+        Ok(out)
     }
 }

@@ -58,12 +58,45 @@ pub struct Outlook {
     /// end; the grid's current owned range). Which class a slot goes to
     /// depends on its index ([`crate::classes::floor_of`]).
     pub known: Option<(u64, u64, u64)>,
+    /// The owned slots after `known`'s, as `[start, end)` index ranges on
+    /// the same spacing (the grid's later owned ranges, up to
+    /// [`LATER_RANGES`]; `later_all`: every one up to `certain_until`).
+    pub later: [(u64, u64); LATER_RANGES],
+    pub later_len: usize,
+    pub later_all: bool,
     /// How far beyond `certain_until` a turn may be reckoned
     /// ([`cluster::reckon_limit`]).
     pub reckon_ns: u64,
+    /// Monotonic time before which no slot comes beyond `certain_until`
+    /// (the grid's: a proxy's share is claimed `k` epochs ahead, and counts
+    /// its demand `lag + 1` epochs after it is placed, `Grants::lead_ns`;
+    /// leftovers may come sooner, and the reckoning errs on the side of
+    /// refusing). 0: none.
+    pub lead_at: u64,
 }
 
+/// Owned ranges an outlook lists beyond the current one: a proxy holds
+/// shares for `k + 1` epochs (4 with the defaults), each in at most 8
+/// ranges, and leftovers.
+pub const LATER_RANGES: usize = 48;
+
 impl Outlook {
+    /// The known slots in order: `(index, monotonic time due)`, the
+    /// current range's and then the later ones'.
+    pub fn known_slots(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let (first, count, spacing) = self.known.unwrap_or((0, 0, 0));
+        let later = self.later.get(..self.later_len).unwrap_or_default();
+        std::iter::once((first, first.saturating_add(count)))
+            .chain(later.iter().copied())
+            .flat_map(|(a, b)| a..b)
+            .map(move |k| {
+                let at = self
+                    .next_at
+                    .saturating_add(k.saturating_sub(first).saturating_mul(spacing));
+                (k, at)
+            })
+    }
+
     /// An outlook of one slot every `interval_ns` (0: none) from `next_at`.
     pub fn every(next_at: u64, interval_ns: u64) -> Outlook {
         Outlook {
@@ -76,21 +109,33 @@ impl Outlook {
             interval_ns,
             certain_until: u64::MAX,
             known: None,
+            later: [(0, 0); LATER_RANGES],
+            later_len: 0,
+            later_all: false,
             reckon_ns: u64::MAX,
+            lead_at: 0,
         }
     }
 
     /// Whether a turn `turn_ns` from `now` fits within `max_delay_ns`: at
-    /// once if its slot is known by then; if reckoned, with `margin_ns` to
-    /// spare and at most `reckon_ns` beyond the known slots.
+    /// once if its slot is known by then; if reckoned (from the known slots
+    /// on, and from `lead_at` if later), with `margin_ns` to spare and at
+    /// most `reckon_ns` beyond the known slots.
     pub fn fits(&self, now: u64, turn_ns: u64, max_delay_ns: u64, margin_ns: u64) -> bool {
         let at = now.saturating_add(turn_ns);
         if turn_ns > max_delay_ns {
             return false;
         }
-        at <= self.certain_until
-            || (turn_ns.saturating_add(margin_ns) <= max_delay_ns
-                && at - self.certain_until.max(now) <= self.reckon_ns)
+        if at <= self.certain_until {
+            return true;
+        }
+        // No slot comes between the known ones and `lead_at`: the reckoned
+        // ones come that much later. That wait is known, not reckoned, so
+        // `reckon_ns` counts from the later of the two.
+        let from = self.certain_until.max(now);
+        let at = at.saturating_add(self.lead_at.saturating_sub(from));
+        at.saturating_sub(now).saturating_add(margin_ns) <= max_delay_ns
+            && at.saturating_sub(from.max(self.lead_at)) <= self.reckon_ns
     }
 }
 

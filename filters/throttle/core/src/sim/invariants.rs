@@ -28,7 +28,10 @@
 //!    where that expectation cannot be known: a proxy's first `(k + 2) E`
 //!    (no share of its own computed yet: turns come from the even split
 //!    `R / max(N, expected_replicas)`, and a busier, uneven fleet grants
-//!    less), an engine fault episode (as in 1), and, with clocks apart, until
+//!    less), an engine fault episode (as in 1) in which the proxy fell back
+//!    or Redis lost its counters (a blip shorter than `fallback_after` is
+//!    not exempt: the shares it cost are forgiven at the deadline,
+//!    [`crate::cluster::forgive`]), and, with clocks apart, until
 //!    2 s after the fleet found them (as in 1: shares claimed on another
 //!    proxy's epochs come to nothing). And every rule's counters
 //!    keep `queued = released + cancelled + gone + timed_out + held` plus the
@@ -82,6 +85,19 @@
 //!    uses its slots (a window's edges move by a tick's lateness and the
 //!    clocks' spread). Not for rules with a key quota (each key's quota
 //!    caps them) or below 20/s.
+//! 10. **No needless refusal.** While the fleet asks for at most 80% of the
+//!     rate (as in 3), a request of a cluster rule without classes or key
+//!     quota is not refused at arrival if two ideal limiters, each holding
+//!     every request, would both release it within `3/4 x (max_queue_delay -
+//!     margin) - E`, and not at once (that is 3's, which counts a refusal as
+//!     a wait): the fleet's of 3, and its proxy's own at its part of the rate
+//!     (its part of the fleet's requests over the 2 s before and the second
+//!     after, at least an even split over the proxies with requests then),
+//!     with burst `b`. The filter reckons a turn at 3/4 of its expected
+//!     share within `max_queue_delay` less its margin (an epoch, or its slot
+//!     gap if longer), and a claim's slots lie anywhere in their epoch. Not
+//!     in a proxy's first `(k + 2) E` and 2 s (as 3), nor around faults and
+//!     stalls.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -92,7 +108,7 @@ use crate::stats::{ClassStat, Stat};
 
 use super::fleet::Trace;
 use super::process::End;
-use super::scenario::{RuleSpec, Shape};
+use super::scenario::{Fault, RuleSpec, Shape};
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,6 +173,12 @@ struct Facts<'a> {
     stall_ns: u64,
     /// Engine fault episodes, true ns.
     faults: Vec<(u64, u64)>,
+    /// Of those, blips: calls timing out for less than `fallback_after`.
+    blips: Vec<(u64, u64)>,
+    /// Of those, the episodes in which Redis lost its counters.
+    lost: Vec<(u64, u64)>,
+    /// When each proxy's rules fell back (its log says so), true ns.
+    fell_back: Vec<Vec<u64>>,
     /// Whether any proxy's clock is off by more than max_clock_skew, or steps.
     clocks_apart: bool,
     /// The spread of the clocks within max_clock_skew, ns.
@@ -182,12 +204,30 @@ impl<'a> Facts<'a> {
             .max()
             .unwrap_or(0);
         let jitter_ns = sc.tick_ms.1.max(sc.tick_ms.0) * NS_PER_MS;
-        let faults = sc
-            .faults
+        // The episodes (true ns) of the faults `which` picks.
+        let spans = |which: &dyn Fn(&Fault) -> bool| -> Vec<(u64, u64)> {
+            sc.faults
+                .iter()
+                .filter(|f| which(f))
+                .map(|f| {
+                    let (a, b) = f.span_ms();
+                    (sc.at(a), sc.at(b))
+                })
+                .collect()
+        };
+        let faults = spans(&|_| true);
+        let blips =
+            spans(&|f| matches!(f, Fault::Slow { for_ms, .. } if *for_ms < sc.fallback_after_ms));
+        let lost = spans(&|f| matches!(f, Fault::RedisRestart { .. }));
+        let fell_back = t
+            .processes
             .iter()
-            .map(|f| {
-                let (a, b) = f.span_ms();
-                (sc.at(a), sc.at(b))
+            .map(|p| {
+                p.log
+                    .iter()
+                    .filter(|(_, l)| l.contains("on_engine_failure fallback"))
+                    .map(|(at, _)| *at)
+                    .collect()
             })
             .collect();
         let skews: Vec<i64> = sc.proxies.iter().map(|p| p.skew_ms).collect();
@@ -201,6 +241,9 @@ impl<'a> Facts<'a> {
             jitter_ns,
             stall_ns,
             faults,
+            blips,
+            lost,
+            fell_back,
             clocks_apart,
             skew_spread_ns: if clocks_apart {
                 0
@@ -227,11 +270,40 @@ impl<'a> Facts<'a> {
     }
 
     /// Whether `[a, b)` touches an engine fault episode (from 1 s before
-    /// it to 3 s after it ends).
+    /// it to 3 s after it ends): for the rate's windows.
     fn disturbed(&self, a: u64, b: u64) -> bool {
         self.faults
             .iter()
             .any(|&(fa, fb)| b > fa.saturating_sub(NS_PER_S) && a < fb + 3 * NS_PER_S)
+    }
+
+    /// As `disturbed`, but a blip only from its start to 1 s after its end
+    /// (the shares it cost are for epochs up to `(k + lag + 2) E` = 700 ms
+    /// after it): for what the fleet gives (no wait, shares, throughput,
+    /// floors). Until 2026-11-30 blips were not drawn.
+    fn shaken(&self, a: u64, b: u64) -> bool {
+        self.faults.iter().any(|&(fa, fb)| {
+            if self.blips.contains(&(fa, fb)) {
+                b > fa && a < fb + NS_PER_S
+            } else {
+                b > fa.saturating_sub(NS_PER_S) && a < fb + 3 * NS_PER_S
+            }
+        })
+    }
+
+    /// Whether `[a, b)` touches an engine fault episode (as `disturbed`)
+    /// in which proxy `p` fell back or Redis lost its counters. A blip, a
+    /// few calls failing for less than `fallback_after`, is not one: the
+    /// grants it cost are forgiven at the deadline.
+    fn fell_back(&self, p: usize, a: u64, b: u64) -> bool {
+        let near =
+            |&&(fa, fb): &&(u64, u64)| b > fa.saturating_sub(NS_PER_S) && a < fb + 3 * NS_PER_S;
+        let when = self.fell_back.get(p).map_or(&[][..], Vec::as_slice);
+        self.lost.iter().any(|x| near(&x))
+            || self.faults.iter().filter(near).any(|&(fa, fb)| {
+                when.iter()
+                    .any(|&t| t >= fa.saturating_sub(NS_PER_S) && t < fb + 3 * NS_PER_S)
+            })
     }
 
     fn releases(&self, rule: usize, filter: impl Fn(usize, Option<u32>) -> bool) -> Vec<u64> {
@@ -438,7 +510,7 @@ fn early_refusal(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
         // within 2 s of it, are not counted: the move is the detection, and
         // the invariant holds from 2 s after it (as the rate's does).
         if r.spec.cluster
-            && (f.disturbed(x.arrived, at)
+            && (f.fell_back(x.proxy, x.arrived, at)
                 || clock_settling(f, x.arrived)
                 || f.moved(x.arrived.saturating_sub(2 * NS_PER_S), at)
                 || x.arrived < f.startup_until(x.proxy))
@@ -535,9 +607,9 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     fleet.sort_unstable();
     let times: Vec<u64> = fleet.iter().map(|x| x.0).collect();
     let fleet_waits = gcra_waits(&times, r.interval_ns, n * (b + 1) - 1);
-    let mut ok_fleet: HashMap<usize, bool> = HashMap::new();
+    let mut fleet_wait: HashMap<usize, u64> = HashMap::new();
     for ((_, i), w) in fleet.iter().zip(fleet_waits) {
-        ok_fleet.insert(*i, w == 0);
+        fleet_wait.insert(*i, w);
     }
     // Demand over the 2 s before `at`: the fleet's, and who had some
     // (counted at 10 ms steps: a proxy's own by binary search).
@@ -569,7 +641,7 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     // The proxy's own limiter: its demand of the last 2 s plus an even part
     // of what the fleet left of the rate (what its shares and its part of
     // the spare give it), with burst `b`.
-    let mut ok_proc: HashMap<usize, bool> = HashMap::new();
+    let mut proc_wait: HashMap<usize, u64> = HashMap::new();
     let mut own_gap: HashMap<usize, u64> = HashMap::new();
     for (p, mine_t) in by_proxy.iter().enumerate() {
         let mine: Vec<(u64, usize)> = fleet
@@ -591,7 +663,7 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
             let t = tat.max(at);
             let release = (t - b as f64 * interval).max(at);
             tat = t + interval;
-            ok_proc.insert(i, release <= at);
+            proc_wait.insert(i, (release - at).max(0.0) as u64);
             own_gap.insert(i, interval as u64);
         }
     }
@@ -614,12 +686,12 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     let mut worst = (0u64, String::new());
     for (i, x) in f.t.records.iter().enumerate() {
         if x.rule != r.index
-            || !ok_fleet.get(&i).copied().unwrap_or(false)
-            || !ok_proc.get(&i).copied().unwrap_or(false)
+            || fleet_wait.get(&i).is_none_or(|&w| w > 0)
+            || proc_wait.get(&i).is_none_or(|&w| w > 0)
         {
             continue;
         }
-        if f.disturbed(x.arrived, x.arrived)
+        if f.shaken(x.arrived, x.arrived)
             || !below(x.arrived)
             || x.arrived < f.startup_until(x.proxy) + SETTLING_NS + NS_PER_S
         {
@@ -648,6 +720,7 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
             }
         }
     }
+    needless_refusal(f, r, &fleet, &fleet_wait, &by_proxy, &below, out);
     if waited > 0 {
         out.push(v("no_wait", format!(
             "rule {}: {waited} requests within the fleet's rate waited over {} ms and their proxy's slot gap (worst {:.0} ms: {})",
@@ -656,6 +729,109 @@ fn no_wait(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
             worst.0 as f64 / 1e6,
             worst.1
         )));
+    }
+}
+
+/// Invariant 10 (see the module docs): in cluster scope, a request refused
+/// at arrival that the ideal limiters would release well within
+/// `max_queue_delay` is refused needlessly. `fleet` (arrival, record index)
+/// sorted, `fleet_wait` each one's wait at the fleet's ideal limiter (by
+/// record index), `by_proxy` each proxy's arrivals, sorted.
+fn needless_refusal(
+    f: &Facts<'_>,
+    r: &RuleView<'_>,
+    fleet: &[(u64, usize)],
+    fleet_wait: &HashMap<usize, u64>,
+    by_proxy: &[Vec<u64>],
+    below: &dyn Fn(u64) -> bool,
+    out: &mut Vec<Violation>,
+) {
+    // Classes order by class (a lower one waits behind a higher one), and
+    // a key quota refuses on its own: neither is a fleet FIFO.
+    if !r.spec.classes.is_empty() || r.spec.key_quota_per_s.is_some() {
+        return;
+    }
+    let mqd = r.spec.max_queue_delay_ms * NS_PER_MS;
+    let b = r.spec.burst as f64;
+    // The proxy's part of the rate around `at` (2 s before, 1 s after):
+    // its part of the fleet's demand, at least an even split over the
+    // proxies with demand (a proxy that bursts beside others gets its part).
+    let span = |at: u64| {
+        (
+            at.saturating_sub(2 * NS_PER_S).max(f.start),
+            (at + NS_PER_S).min(f.end),
+        )
+    };
+    let count = |v: &[u64], (from, to): (u64, u64)| {
+        v.partition_point(|&x| x < to) - v.partition_point(|&x| x < from)
+    };
+    // One pass over the fleet's requests in order, a GCRA per proxy.
+    let mut tat = vec![0f64; by_proxy.len()];
+    let mut own_wait: HashMap<usize, (u64, u64)> = HashMap::new();
+    for &(a, i) in fleet {
+        let Some(p) = f.t.records.get(i).map(|x| x.proxy) else {
+            continue;
+        };
+        let (Some(mine), Some(tat)) = (by_proxy.get(p), tat.get_mut(p)) else {
+            continue;
+        };
+        let w = span(a);
+        let all: usize = by_proxy.iter().map(|v| count(v, w)).sum();
+        let members = by_proxy.iter().filter(|v| count(v, w) > 0).count().max(1);
+        let part = (count(mine, w) as f64 / all.max(1) as f64).max(1.0 / members as f64);
+        let interval = 1e9 / (r.rate * part).max(1e-3);
+        let at = a as f64;
+        let t = tat.max(at);
+        let release = (t - b * interval).max(at);
+        *tat = t + interval;
+        own_wait.insert(i, ((release - at) as u64, interval as u64));
+    }
+    let mut needless = 0;
+    let mut first = None;
+    for (i, x) in f.t.records.iter().enumerate() {
+        let End::Refused { held: false, .. } = x.end else {
+            continue;
+        };
+        if x.rule != r.index
+            || f.shaken(x.arrived, x.arrived)
+            || !below(x.arrived)
+            || x.arrived < f.startup_until(x.proxy) + SETTLING_NS + NS_PER_S
+        {
+            continue;
+        }
+        let Some(&(own, gap)) = own_wait.get(&i) else {
+            continue;
+        };
+        // What the filter reckons: a turn at 3/4 of its expected share
+        // (`cluster::DERATE`) within max_queue_delay less its margin (an
+        // epoch, or its slot gap if longer), less an epoch for the grants'
+        // granularity (a claim's slots lie anywhere in its epoch).
+        let within = mqd.saturating_sub(r.epoch_ns.max(gap)) / 4 * 3;
+        let within = within.saturating_sub(r.epoch_ns);
+        let wait = own.max(fleet_wait.get(&i).copied().unwrap_or(u64::MAX));
+        // A wait of 0 is invariant 3's (it counts a refusal as a wait).
+        if wait > 0 && wait <= within {
+            needless += 1;
+            first.get_or_insert_with(|| {
+                format!(
+                    "proxy {} at {:.3} s, ideal wait {:.0} ms, within {:.0} ms",
+                    x.proxy,
+                    (x.arrived - f.start) as f64 / 1e9,
+                    wait as f64 / 1e6,
+                    within as f64 / 1e6
+                )
+            });
+        }
+    }
+    if needless > 0 {
+        out.push(v(
+            "needless_refusal",
+            format!(
+                "rule {}: {needless} requests refused at arrival that the fleet's rate would hold well within max_queue_delay (first: {})",
+                r.spec.name,
+                first.unwrap_or_default()
+            ),
+        ));
     }
 }
 
@@ -711,7 +887,7 @@ fn shares(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     let mut a = f.start + 3 * NS_PER_S;
     while a + w <= f.end {
         let b = a + w;
-        if f.disturbed(a, b) {
+        if f.shaken(a, b) {
             a = b;
             continue;
         }
@@ -811,7 +987,7 @@ fn throughput(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
                     && sc.at(at) < b
             })
         });
-        if overloaded && !long_stall && !f.disturbed(from, b) && steady(sc, r.index, from, b) {
+        if overloaded && !long_stall && !f.shaken(from, b) && steady(sc, r.index, from, b) {
             let got = count(&times, a, b);
             // A release may leave up to J late (its tick) and the clocks
             // differ by up to S: a window's edges can move that much rate
@@ -841,7 +1017,7 @@ fn floors(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     let mut a = f.start + 2 * NS_PER_S;
     while a + NS_PER_S <= f.end {
         let b = a + NS_PER_S;
-        if f.disturbed(a, b) {
+        if f.shaken(a, b) {
             a = b;
             continue;
         }
@@ -946,13 +1122,8 @@ fn soundness(f: &Facts<'_>, out: &mut Vec<Violation>) {
     }
     // Unless Redis lost the counters (a restart): claims after it count
     // from zero again, and the bound over the fault episode (1) is what holds.
-    let lost =
-        f.t.scenario
-            .faults
-            .iter()
-            .any(|x| matches!(x, super::Fault::RedisRestart { .. }));
     for (rule, mut ranges) in by_rule {
-        if lost {
+        if !f.lost.is_empty() {
             break;
         }
         ranges.sort_unstable();

@@ -252,6 +252,16 @@ pub fn draw(seed: u64) -> Scenario {
             }
         }
     }
+    // Blips, drawn apart too: a call or two timing out after the engine
+    // counted it (less than `fallback_after`), as a busy machine makes them.
+    let mut bl = rng.fork(0xB11B_0000);
+    if sc.rules.iter().any(|r| r.cluster) && bl.chance(0.3) {
+        sc.faults.push(Fault::Slow {
+            at_ms: bl.range(2_000, sc.duration_ms - 1_500),
+            for_ms: bl.pick(&[40, 90, 140]),
+            latency_ms: 80,
+        });
+    }
     sc
 }
 
@@ -392,10 +402,13 @@ fn clocks(sc: &mut Scenario, rng: &mut Rng) {
 
 /// The named scenarios: red team 3's findings 2-6 at their own numbers, and
 /// CI's own failures.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 16] = [
+    "burst-after-idle",
     "late-refusals",
     "late-refusals-1.1",
+    "late-refusals-blips",
     "two-rules",
+    "two-rules-blips",
     "two-rules-7-450",
     "clock-tie",
     "stalls",
@@ -460,6 +473,44 @@ pub fn named(name: &str) -> Option<Scenario> {
                 sc.loads.push(uniform(0, p, each, None));
             }
             sc.duration_ms = 14_000;
+        }
+        // CI's own (2026-11-29): under late-refusals' overload a call or
+        // two timed out on one proxy (its engine counted them), and a
+        // request held on the share they claimed was refused at its
+        // deadline. Blips of one, two and three calls' length.
+        "late-refusals-blips" | "two-rules-blips" => {
+            let mut sc = named(name.trim_end_matches("-blips"))?;
+            sc.name = name.into();
+            for (at_ms, for_ms) in [(4_000, 40), (7_000, 90), (10_000, 140)] {
+                sc.faults.push(Fault::Slow {
+                    at_ms,
+                    for_ms,
+                    latency_ms: 80,
+                });
+            }
+            return Some(sc);
+        }
+        // CI's own (2026-11-30, tests/cluster/test_holds.py): 3 proxies at
+        // 100/s (2 s), warmed at 20/s for 3 s, idle 3 s, then 50 at once on
+        // each, started a few ms apart: 150 the fleet serves in 1.5 s. One
+        // proxy refused 11 at arrival.
+        "burst-after-idle" => {
+            let mut r = RuleSpec::cluster("burst", 100.0, 3);
+            r.max_queue_delay_ms = 2000;
+            sc.rules.push(r);
+            sc.proxies = vec![ProxySpec::new(2); 3];
+            for p in 0..3 {
+                let mut warm = uniform(0, p, 20.0, None);
+                warm.to_ms = 3000;
+                sc.loads.push(warm);
+                let mut b = uniform(0, p, 0.0, None);
+                b.shape = Shape::Burst {
+                    n: 50,
+                    at_ms: 6000 + p as u64 * 12,
+                };
+                sc.loads.push(b);
+            }
+            sc.duration_ms = 9_000;
         }
         // Finding 3: two cluster rules in one Envoy.
         "two-rules" => {

@@ -205,6 +205,7 @@ pub fn initial_values(config: &Config) -> Vec<(Option<usize>, Initial)> {
                 CellId::Cursor(index),
                 CellId::Fallback(index),
                 CellId::Ahead(index),
+                CellId::Forgiven(index),
             ] {
                 add(Initial::Cell(id));
             }

@@ -214,8 +214,9 @@ impl Worker {
     /// A waiter whose `max_queue_delay` ran out before its grant: in cluster
     /// scope its turn was reckoned on the share the proxy expected, and the
     /// grants came later: it goes on credit if the proxy may (at most
-    /// `burst + 1` ahead of its grants, [`cluster::at_deadline`]); else (or
-    /// in process scope) it is answered with the rule's rejection.
+    /// `burst + 1` ahead of its grants), or on a slot a failed engine call
+    /// cost the proxy ([`cluster::at_deadline`]); else (or in process scope)
+    /// it is answered with the rule's rejection.
     fn expire<S: Store>(
         &mut self,
         cfg: &Config,
@@ -228,19 +229,22 @@ impl Worker {
         if self.leave_line(cfg, store, w, now, plan) {
             return;
         }
-        let credit = cluster::rule_reach(rule).is_some_and(|reach| {
-            cluster::at_deadline(&mut store.cell(CellId::Ahead(w.rule)), &reach, wall)
-                .unwrap_or(false)
-        });
-        if credit {
-            plan.merge(
-                w.rule,
-                &Counts::of(&[(Stat::SlotsTaken, 1), (Stat::SlotsAhead, 1)]),
+        let went = cluster::rule_reach(rule).and_then(|reach| {
+            let (mut ahead, mut forgiven) = (
+                store.cell(CellId::Ahead(w.rule)),
+                store.cell(CellId::Forgiven(w.rule)),
             );
-            self.granted_to(cfg, store, w, now, plan);
-        } else {
-            self.refuse(cfg, w, 1, plan);
-        }
+            cluster::at_deadline(&mut ahead, &mut forgiven, &reach, wall)
+                .ok()
+                .flatten()
+        });
+        let counts: &[(Stat, i32)] = match went {
+            Some(cluster::AtDeadline::Credit) => &[(Stat::SlotsTaken, 1), (Stat::SlotsAhead, 1)],
+            Some(cluster::AtDeadline::Forgiven) => &[(Stat::SlotsForgiven, 1)],
+            None => return self.refuse(cfg, w, 1, plan),
+        };
+        plan.merge(w.rule, &Counts::of(counts));
+        self.granted_to(cfg, store, w, now, plan);
     }
 
     /// Answers a waiter whose turn cannot come in time; its ticket is abandoned.

@@ -280,7 +280,7 @@ impl Caller {
                     mode: Mode::Grid,
                     grant_rate_per_s: rates.0,
                     spare_per_s: rates.1,
-                    lead_ns: r.lead_ns(),
+                    lead_ns: r.lead_ns(now),
                     ranges: list,
                     reset: std::mem::take(&mut r.reset),
                     shift: std::mem::take(&mut r.shift),
@@ -304,15 +304,39 @@ impl Caller {
                     // Slots granted ahead may be granted again from the
                     // fresh counters: drop them, and start counting anew.
                     r.forget_counters();
-                    updates.push(RuleUpdate {
+                    let reset = std::mem::take(&mut r.reset);
+                    updates.push(r.no_grants(i, now, reset));
+                    continue;
+                }
+                // The call cost this proxy its share of epoch `e+k`, and
+                // the shares it would have computed from what it asked:
+                // the next call's (from the demand total it looked at)
+                // and the one `lag + 1` epochs later (from its demand's
+                // place). Nothing is claimed for those, and their slots go
+                // to whoever claims the leftovers. Its turns were reckoned
+                // on all three: forgiven, as many go at their deadline.
+                let of = |purpose| {
+                    call.plan
+                        .iter()
+                        .filter(move |p| p.rule == i && p.purpose == purpose)
+                };
+                // (The later shares as the largest of the last ones
+                // computed: a call that failed after another claims none
+                // of its own.)
+                let share: u64 = of(Purpose::Share).map(|p| p.hits).sum();
+                let last = r.shares.iter().map(|s| s.1).max().unwrap_or(0).max(share);
+                let look = u64::from(of(Purpose::DemandLook).next().is_some());
+                let place = u64::from(of(Purpose::DemandAdd).next().is_some());
+                let slots = share.saturating_add(last.saturating_mul(look + place));
+                if slots > 0 {
+                    let epochs = r
+                        .ahead
+                        .saturating_add(1)
+                        .saturating_add(look.max(place * (r.lag + 1)));
+                    self.forgiven.push(Forgiven {
                         rule: i,
-                        mode: r.mode,
-                        grant_rate_per_s: 0,
-                        spare_per_s: 0,
-                        lead_ns: r.lead_ns(),
-                        ranges: Vec::new(),
-                        reset: std::mem::take(&mut r.reset),
-                        shift: 0,
+                        slots,
+                        epoch_end: now.saturating_add(epochs.saturating_mul(r.spec.grid.epoch_ns)),
                     });
                 }
             }
@@ -367,16 +391,7 @@ impl Caller {
                 },
             };
             r.stats.fallback_since = Some(now);
-            out.push(RuleUpdate {
-                rule: i,
-                mode: r.mode,
-                grant_rate_per_s: 0,
-                spare_per_s: 0,
-                lead_ns: r.lead_ns(),
-                ranges: Vec::new(),
-                reset: false,
-                shift: 0,
-            });
+            out.push(r.no_grants(i, now, false));
         }
         out
     }
