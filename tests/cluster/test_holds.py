@@ -227,9 +227,13 @@ def test_low_rates_are_shared_and_the_total_kept(wasm):
     max_queue_delay 2 s, offered 2 x the rate split 50/30/20, for 14 s. Over
     10 s of it: the total at the upstream is at least 95% of the rate (the
     issue's figure; one slot off at each edge of the window), and every proxy
-    gets at least half its demand share of what went out, less one slot, and
-    at least one (not starved: on main two of the three got none; the
-    issue's 10 points are the simulation's, over longer runs). The same rule name at the same rate on
+    gets at least its demand share of what went out less 4 slots, and at
+    least one. Each proxy keeps a share deficit of at most 3 slots either way
+    (engine/README.md: which proxy draws an epoch's one slot depends on the
+    order of the claims, a lottery; the deficit weighs the next draws), plus
+    one slot off at an edge of the window. Until 2026-11-30 the bound was half
+    the share less one, and CI still saw 23/24/3 at 5/s; since, five runs
+    here were within 2 slots of 50/30/20. The same rule name at the same rate on
     every proxy counts no grid_mismatch (the control of test 7). Costs ~20 s."""
     rules = [cluster_rule(n, f"{r}/s", prefix=f"/{n}/", mqd="2s") for n, r in LOW_RATES]
     names = ("rejected", "slots_unused", "grid_mismatch")
@@ -256,7 +260,7 @@ def test_low_rates_are_shared_and_the_total_kept(wasm):
                     f"{[a['slots_unused'] for a in after[name]]}, grid_mismatch "
                     f"{delta(after[name], before[name], 'grid_mismatch')}")
             lines.append(line)
-            fewest = [max(1, math.floor(d * total / 2) - 1) for d in DEMAND]
+            fewest = [max(1, math.floor(d * total) - 4) for d in DEMAND]
             line += f"; each at least {fewest}"
             if total < least or any(x < f for x, f in zip(each, fewest, strict=True)):
                 problems.append(line)
@@ -264,9 +268,8 @@ def test_low_rates_are_shared_and_the_total_kept(wasm):
         print("\n  " + report)
         assert not problems, (
             "at low rates the total is at least 95% of the rate (one slot off at each edge of the window) and every "
-            "proxy gets at least one slot and half its demand share of the total, less one slot for the window's "
-            "edges (at 2/s a 20% proxy expects 4 slots in 10 s: closer than that is chance here, see the "
-            "simulation's low_rates_are_shared_in_proportion_to_demand for the 10 points over longer runs):\n  " + "\n  ".join(problems) + "\n  all: " + report)
+            "proxy gets at least one slot and its demand share of the total less 4 slots (a share deficit of up to 3, "
+            "one slot off at an edge of the window):\n  " + "\n  ".join(problems) + "\n  all: " + report)
         assert all(x == 0 for n, _ in LOW_RATES for x in delta(after[n], before[n], "grid_mismatch")), (
             "one rate under each name: no grid_mismatch: " + report)
         assert not_answered(clients) == 0, f"no answer other than 200/429: {[c.codes for c in clients]}"

@@ -76,7 +76,10 @@ mod answer;
 mod shares;
 
 pub use shares::{ahead_epochs, lag_epochs};
-use shares::{div_ceil_u128, epoch_phase, grant_rate, phase_offset, share, spare, spare_phase};
+use shares::{
+    deficit_hits, div_ceil_u128, epoch_phase, fair_share, grant_rate, phase_offset, share, spare,
+    spare_phase,
+};
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
 /// The process counter they read moves when each worker hands its counts
@@ -116,6 +119,15 @@ pub const SETTLING_NS: u64 = NS_PER_S;
 
 /// The demand counter's unit: 1/64 of a request per epoch.
 pub const DEMAND_UNIT: u64 = 64;
+
+/// A slot in the unit of a rule's share deficit (`shares::deficit_hits`).
+pub const DEFICIT_UNIT: i64 = 1 << 16;
+
+/// The most a proxy's share deficit counts, either way: 3 slots.
+pub const DEFICIT_CAP: i64 = 3 * DEFICIT_UNIT;
+
+/// Epochs over which a share deficit is made up (`shares::deficit_hits`).
+pub const DEFICIT_EPOCHS: i64 = 10;
 
 /// How many member looks (epochs) the `local_share` divisor remembers (~5 s).
 pub const MEMBERS_MEMORY: usize = 50;
@@ -302,6 +314,9 @@ struct RuleState {
     first_answer: Option<u64>,
     /// Where this process's demand sits in each epoch's demand total: (epoch, D0, D1).
     demand_ranges: Vec<(u64, u64, u64)>,
+    /// This process's own demand behind each demand add (epoch, demand),
+    /// before its deficit weighed in: what its shares are owed by.
+    demand_owed: Vec<(u64, u64)>,
     /// Demand totals looked at, per epoch.
     demand_totals: Vec<(u64, u64)>,
     /// The last member counts looked at.
@@ -323,6 +338,10 @@ struct RuleState {
     /// of a request (what the demand counter adds up: fine enough that a
     /// proxy with 0.4 requests per epoch and one with 1 get shares 2 to 5).
     demand: u64,
+    /// The shares this process was owed by its part of the demand and did
+    /// not get (negative: got beyond it), in 1/[`DEFICIT_UNIT`] of a slot,
+    /// within [`DEFICIT_CAP`] (`deficit_hits`).
+    deficit: i64,
     mode: Mode,
     stats: RuleStats,
     /// This process's clock against the other proxies'.
@@ -415,6 +434,7 @@ impl RuleState {
         self.member_adds.clear();
         self.seen.clear();
         self.demand_ranges.clear();
+        self.demand_owed.clear();
         self.demand_totals.clear();
         self.gen = None;
     }
@@ -499,12 +519,14 @@ impl Caller {
                     shares: Vec::new(),
                     first_answer: None,
                     demand_ranges: Vec::new(),
+                    demand_owed: Vec::new(),
                     demand_totals: Vec::new(),
                     member_looks: Vec::new(),
                     lag: lag_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
                     ahead: ahead_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
                     arrived_samples: Vec::new(),
                     demand: 0,
+                    deficit: 0,
                     mode: Mode::Grid,
                     stats: RuleStats::default(),
                     skew: Skew::new(epoch_ns, engine.max_clock_skew_ns),
@@ -697,6 +719,7 @@ impl Caller {
             let y = (ahead - 1).saturating_sub(lag);
             let look = ahead.saturating_sub(lag);
             r.demand_ranges.retain(|(f, ..)| *f >= y);
+            r.demand_owed.retain(|(f, _)| *f >= y);
             r.demand_totals.retain(|(f, _)| *f >= y);
             r.seen.retain(|(f, _)| *f + 2 > e);
             r.member_adds.retain(|f| *f > e);
@@ -708,6 +731,8 @@ impl Caller {
                 demand = DEMAND_UNIT;
             }
             if demand == 0 {
+                // A proxy that stopped starts afresh when its demand returns.
+                r.deficit = 0;
                 continue;
             }
             // Whole requests per epoch, for the leftover claim (a fraction
@@ -717,13 +742,27 @@ impl Caller {
             r.last_epoch = Some(e);
             let next = e + 1;
             let share = match (lookup3(&r.demand_ranges, y), lookup(&r.demand_totals, y)) {
-                (Some(place), total) if total > 0 => share(
-                    &g,
-                    g.slots_in(ahead),
-                    place,
-                    total.max(place.1),
-                    epoch_phase(ahead),
-                ),
+                (Some(place), total) if total > 0 => {
+                    let (l, total) = (g.slots_in(ahead), total.max(place.1));
+                    let share = share(&g, l, place, total, epoch_phase(&g, ahead));
+                    // Owed by its own demand, whatever its deficit added.
+                    let own = r
+                        .demand_owed
+                        .iter()
+                        .find(|(f, _)| *f == y)
+                        .map_or(place.1 - place.0, |&(_, d)| d);
+                    let owed = fair_share(&g, l, (0, own), total);
+                    r.deficit = r
+                        .deficit
+                        .saturating_add(owed)
+                        .saturating_sub(
+                            i64::try_from(share)
+                                .unwrap_or(i64::MAX)
+                                .saturating_mul(DEFICIT_UNIT),
+                        )
+                        .clamp(-DEFICIT_CAP, DEFICIT_CAP);
+                    share
+                }
                 _ => 0,
             };
             // Below the rate, once the demand totals have settled: this
@@ -740,12 +779,12 @@ impl Caller {
                     g.slots_in(ahead),
                     total,
                     r.stats.members,
-                    spare_phase(ahead, self.phase_permille),
+                    spare_phase(&g, ahead, self.phase_permille),
                 ),
                 _ => 0,
             };
             let extra = if settled && r.mode == Mode::Grid && r.stats.demand > 0 {
-                let phi = spare_phase(next, self.phase_permille);
+                let phi = spare_phase(&g, next, self.phase_permille);
                 spare(&g, g.slots_in(next), r.stats.demand, r.stats.members, phi)
             } else {
                 0
@@ -814,10 +853,14 @@ impl Caller {
                 if lookup3(&r.demand_ranges, ahead).is_none() {
                     let backlog = fact.waiting.saturating_sub(fact.owned_soon);
                     let spread = k.saturating_add(lag).saturating_add(1).max(1);
+                    let base = demand.saturating_add(backlog.saturating_mul(DEMAND_UNIT) / spread);
+                    let total = lookup(&r.demand_totals, y);
+                    r.demand_owed.retain(|(f, _)| *f != ahead);
+                    r.demand_owed.push((ahead, base));
                     push(
                         Purpose::DemandAdd,
                         ahead,
-                        demand.saturating_add(backlog.saturating_mul(DEMAND_UNIT) / spread),
+                        deficit_hits(&g, base, r.deficit, total),
                     );
                 }
                 if share > 0 {

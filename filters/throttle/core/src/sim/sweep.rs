@@ -402,8 +402,9 @@ fn clocks(sc: &mut Scenario, rng: &mut Rng) {
 
 /// The named scenarios: red team 3's findings 2-6 at their own numbers, and
 /// CI's own failures.
-pub const NAMES: [&str; 16] = [
+pub const NAMES: [&str; 17] = [
     "burst-after-idle",
+    "low-rates",
     "late-refusals",
     "late-refusals-1.1",
     "late-refusals-blips",
@@ -511,6 +512,24 @@ pub fn named(name: &str) -> Option<Scenario> {
                 sc.loads.push(b);
             }
             sc.duration_ms = 9_000;
+        }
+        // CI's low-rate test on real Envoy (2026-11-30): rules at 2/s and
+        // 5/s (one slot every 5 or 2 epochs), max_queue_delay 2 s, three
+        // proxies offered twice each rate split 50/30/20; at 5/s the 20%
+        // proxy got 3 of 50 releases over 10 s.
+        "low-rates" => {
+            for (name, rate) in [("low2", 2.0), ("low5", 5.0)] {
+                let mut r = RuleSpec::cluster(name, rate, 3);
+                r.max_queue_delay_ms = 2000;
+                sc.rules.push(r);
+            }
+            sc.proxies = vec![ProxySpec::new(2); 3];
+            for (rule, rate) in [(0, 2.0), (1, 5.0)] {
+                for (p, part) in [0.5, 0.3, 0.2].into_iter().enumerate() {
+                    sc.loads.push(uniform(rule, p, 2.0 * rate * part, None));
+                }
+            }
+            sc.duration_ms = 14_000;
         }
         // Finding 3: two cluster rules in one Envoy.
         "two-rules" => {
