@@ -77,8 +77,8 @@ mod shares;
 
 pub use shares::{ahead_epochs, lag_epochs};
 use shares::{
-    deficit_hits, div_ceil_u128, epoch_phase, fair_share, grant_rate, phase_offset, share, spare,
-    spare_phase,
+    deficit_hits, div_ceil_u128, epoch_phase, fair_share, grant_rate, over_rate, phase_offset,
+    share, spare, spare_phase,
 };
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
@@ -752,15 +752,19 @@ impl Caller {
                         .find(|(f, _)| *f == y)
                         .map_or(place.1 - place.0, |&(_, d)| d);
                     let owed = fair_share(&g, l, (0, own), total);
-                    r.deficit = r
-                        .deficit
-                        .saturating_add(owed)
-                        .saturating_sub(
-                            i64::try_from(share)
-                                .unwrap_or(i64::MAX)
-                                .saturating_mul(DEFICIT_UNIT),
-                        )
-                        .clamp(-DEFICIT_CAP, DEFICIT_CAP);
+                    r.deficit = if over_rate(&g, total) {
+                        r.deficit
+                            .saturating_add(owed)
+                            .saturating_sub(
+                                i64::try_from(share)
+                                    .unwrap_or(i64::MAX)
+                                    .saturating_mul(DEFICIT_UNIT),
+                            )
+                            .clamp(-DEFICIT_CAP, DEFICIT_CAP)
+                    } else {
+                        // Below the rate a share is the demand: no lottery.
+                        0
+                    };
                     share
                 }
                 _ => 0,
