@@ -83,28 +83,33 @@ pub(super) fn rotated_div(num: u128, den: u128, phi: u64) -> u64 {
 /// the order of the claims.
 pub(super) fn share(g: &Grid, l: u64, (d0, d1): (u64, u64), total: u64, phi: u64) -> u64 {
     let t = u128::from(g.interval_ns);
-    // The rate per epoch in demand units: DEMAND_UNIT * E / T.
-    let capacity = u128::from(DEMAND_UNIT) * u128::from(g.epoch_ns);
-    let den = (u128::from(total) * t).max(capacity);
+    let den = share_den(g, total);
     let at = |d: u64| rotated_div(u128::from(l) * u128::from(d) * t, den, phi);
     at(d1).saturating_sub(at(d0))
+}
+
+/// What [`share`] divides a place in the demand by, times `T`: the fleet's
+/// demand `total` or, if more, the rate per epoch in demand units
+/// (`DEMAND_UNIT x E / T`).
+fn share_den(g: &Grid, total: u64) -> u128 {
+    let capacity = u128::from(DEMAND_UNIT) * u128::from(g.epoch_ns);
+    (u128::from(total) * u128::from(g.interval_ns))
+        .max(capacity)
+        .max(1)
 }
 
 /// Whether a demand total (1/[`DEMAND_UNIT`] of a request per epoch) asks
 /// for the rate or more: the shares then split `L` in proportion.
 pub(super) fn over_rate(g: &Grid, total: u64) -> bool {
-    u128::from(total) * u128::from(g.interval_ns)
-        >= u128::from(DEMAND_UNIT) * u128::from(g.epoch_ns)
+    u128::from(total) * u128::from(g.interval_ns) >= share_den(g, 0)
 }
 
 /// The exact share that `[d0, d1)` of `total` is owed of `l` slots, in
 /// 1/[`DEFICIT_UNIT`] of a slot: [`share`] before its rotated floor.
 pub(super) fn fair_share(g: &Grid, l: u64, (d0, d1): (u64, u64), total: u64) -> i64 {
     let t = u128::from(g.interval_ns);
-    let capacity = u128::from(DEMAND_UNIT) * u128::from(g.epoch_ns);
-    let den = (u128::from(total) * t).max(capacity).max(1);
     let num = u128::from(l) * u128::from(d1.saturating_sub(d0)) * t * DEFICIT_UNIT as u128;
-    i64::try_from(num / den).unwrap_or(i64::MAX)
+    i64::try_from(num / share_den(g, total)).unwrap_or(i64::MAX)
 }
 
 /// The demand a proxy adds for an epoch: its own (`base`, its arrivals and
@@ -139,9 +144,8 @@ pub(super) fn deficit_hits(g: &Grid, base: u64, deficit: i64, total: u64) -> u64
     if base == 0 || !over_rate(g, total) {
         return base;
     }
-    let epoch = u128::from(g.epoch_ns.max(1));
-    let per_slot =
-        (u128::from(total) * u128::from(g.interval_ns) / epoch).max(u128::from(DEMAND_UNIT));
+    // The demand one slot takes: the total per slot of the rate.
+    let per_slot = share_den(g, total) / u128::from(g.epoch_ns.max(1));
     let per_slot = i128::try_from(per_slot).unwrap_or(i128::MAX);
     let extra =
         i128::from(deficit) * per_slot / (i128::from(DEFICIT_UNIT) * i128::from(DEFICIT_EPOCHS));
