@@ -23,8 +23,9 @@ import copy
 import math
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -423,6 +424,19 @@ class ClusterLab:
                     self.proxies[i].stats("cluster.upstream.ratelimit.", settle=False).items()}
         return self.proxies[i].rule_stats(rule, settle=False)
 
+    @contextlib.contextmanager
+    def counter_trace(self, rule: str, names: Sequence[str], interval: float = 0.2) -> Iterator[CounterTrace]:
+        """Samples, every `interval` s while the block runs, the sum over the proxies
+        of some of a rule's counters (`CounterTrace`): what happened between two
+        instants where the upstream sees only what was released."""
+        trace = CounterTrace(lambda: sum(sum(self.rule_stats(i, rule).get(n, 0) for n in names)
+                                         for i in range(self.n)), interval)
+        trace.start()
+        try:
+            yield trace
+        finally:
+            trace.stop()
+
     def arrivals(self, start: float, end: float, *, tag: str | None = None, prefix: str | None = None) -> list[float]:
         """The upstream's arrival times in `[start, end)` (sorted), of one proxy
         (`tag`) and of one rule (the requests whose path starts with `prefix`)."""
@@ -528,3 +542,38 @@ def measure(arrivals: Sequence[float], arrival_tags: Sequence[str | None], *, st
         failures=requests - codes.get(200, 0) - codes.get(429, 0), rejected=codes.get(429, 0),
         stats=[{k: v for k, v in d.items() if not k.startswith("__")} for d in deltas],
     )
+
+
+class CounterTrace:
+    """A counter read every `interval` s on a thread: `(monotonic s, value)` rows."""
+
+    def __init__(self, read: Callable[[], int], interval: float) -> None:
+        self.read = read
+        self.interval = interval
+        self.rows: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.rows.append((time.monotonic(), self.read()))
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.rows.append((time.monotonic(), self.read()))
+
+    def increase(self, start: float, end: float) -> int:
+        """How much the counter grew over at least `[start, end)`: from the last
+        reading at or before `start` to the first at or after `end` (the whole
+        trace where it has none), so a window's count errs towards more."""
+        before = [v for t, v in self.rows if t <= start]
+        after = [v for t, v in self.rows if t >= end]
+        first = before[-1] if before else self.rows[0][1]
+        last = after[0] if after else self.rows[-1][1]
+        return last - first

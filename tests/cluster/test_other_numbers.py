@@ -708,6 +708,7 @@ CRITICAL = "x-priority: critical"
 CLASSES = [{"name": "critical", "match": {"headers": {"x-priority": "critical"}}},
            {"name": "batch", "min_share": 0.2, "max_queue_delay": "3s"}]
 FLOOR_SECS = 14.0
+BATCH_ASKED = ("class.batch.admitted", "class.batch.queued", "class.batch.rejected")
 
 
 def report_load(url: str, *, qps: float, duration_s: float, max_queue_delay_s: float,
@@ -731,7 +732,7 @@ def class_floor(lab: ClusterLab, *, secs: float = FLOOR_SECS) -> Outcome:
             (on[2], "/c/x", 0.3 * rate, 1.0, (CRITICAL,)), (on[3], "/b/x", 0.3 * rate, 3.0, ())]
     before = rule_counters(lab, "orders")
     lab.upstream.clear()
-    with StallMonitor() as stalls:
+    with StallMonitor() as stalls, lab.counter_trace("orders", BATCH_ASKED) as asked:
         t0 = time.monotonic()
         loads = [report_load(lab.proxies[i].url + path, qps=q, duration_s=secs, max_queue_delay_s=mqd,
                              headers=h).start() for i, path, q, mqd, h in plan]
@@ -743,9 +744,16 @@ def class_floor(lab: ClusterLab, *, secs: float = FLOOR_SECS) -> Outcome:
     batch = lab.arrivals(t0, t0 + secs + 5, prefix="/b/")
     per_s = windows.window_counts(batch, m0, m1, 1.0)
     totals = windows.window_counts(stamps, m0, m1, 1.0)
+    # Batch requests that reached any proxy in each window (admitted, held or refused,
+    # read every 0.2 s, so a window counts what came within 0.2 s of its edges too).
+    # A floor is owed to a class with demand (invariant 6): the report's load offers
+    # none for seconds (Fortio `-t` spreads each connection's calls over the run: at
+    # 60/s on 294 connections, 2 calls each, 9.8 s apart).
+    offered = [asked.increase(m0 + k, min(m0 + k + 1, m1)) for k in range(len(per_s))]
     # The floor is a share of the releases (min_share): 90% of 20% of what the window
     # released, and never more than the issue's 18.
-    needed = [min(math.ceil(0.9 * floor), math.ceil(0.9 * 0.2 * t - 1e-9)) for t in totals]
+    needed = [min(math.ceil(0.9 * floor), math.ceil(0.9 * 0.2 * t - 1e-9)) if o else 0
+              for t, o in zip(totals, offered, strict=True)]
     short = [(k + 2, c, n) for k, (c, n) in enumerate(zip(per_s, needed, strict=True)) if c < n]
     total = windows.count_between(stamps, m0, m1)
     span = m1 - m0
@@ -754,7 +762,7 @@ def class_floor(lab: ClusterLab, *, secs: float = FLOOR_SECS) -> Outcome:
     displaced = {k: delta(after, before, k) for k in after[0] if k.endswith(".displaced")}
     report = (f"critical 150/s + batch 90/s offered ({rate}/s, batch's floor {floor:g}/s): total "
               f"{total / span:.2f}/s over {span:g} s, 1 s windows {totals}; batch 1 s windows from 2 s {per_s} "
-              f"({windows.rate(batch, m0, m1):.1f}/s; needed {needed}), critical "
+              f"({windows.rate(batch, m0, m1):.1f}/s; needed {needed}; batch requests reaching the proxies {offered}), critical "
               f"{windows.window_counts(lab.arrivals(t0, t0 + secs + 5, prefix='/c/'), m0, m1, 1.0)}; displaced "
               f"{displaced}; engine calls failed {failed}; answers {[c.codes for c in clients]}; worst stall "
               f"{1000 * stalls.worst(m0, m1):.0f} ms; {load_average()}")
@@ -792,24 +800,29 @@ def test_the_top_class_alone_is_never_displaced(classes_lab: ClusterLab) -> None
           "the top class alone: never displaced, refused at arrival only, the counters add up")
 
 
-# Seen 2026-11-28 (issue 29, per-proxy counters sampled every ~0.9 s in two runs): in the seconds
-# where batch got 0-1, no batch request reached any proxy: p1 counted no requests at all and p2
-# no batch admitted, queued or refused, for ~3.5-4 s at a time (this Fortio load sends in waves).
-# In the other seconds p2 refused most of its batch at arrival (17-24 of ~25 per sample): a
-# proxy gives batch 20% of the slots it owns, and p0, with only critical, gives none
-# (filters/throttle/core/tests/cluster_floors.rs).
+# Seen 2026-11-28 and 2026-11-30 (issue 29, per-proxy counters sampled every 0.5-0.9 s): the
+# report's load offers no batch at all for ~4 s in the middle of the run (Fortio `-t` spreads
+# each connection's calls over the run: 2 calls per connection, 9.8 s apart; process scope
+# covers that gap with its 3 s line, cluster scope reckons its line only ~600 ms past the slots
+# it owns while the fleet is over the rate). Those windows owe no floor and are not counted.
+# What fails is the second in which batch comes back (2026-11-30, four runs: 28-55 batch
+# requests reached the proxies, 1-4 were released; twice the next second too, 4-6): p1, with only batch, drew no share while it was idle and
+# gets one only a lead later, and p2 gives batch 20% of its own slots, not of the rule's
+# (filters/throttle/core/tests/cluster_floors.rs; the fleet-wide floor is designed in
+# engine/README.md, "Class floors across the fleet").
 @pytest.mark.xfail(strict=True, reason=(
-    "known defect, not fixed (issue 29): on real Envoy with the report's Fortio loads batch still gets 0-4 a "
-    "second for 2-3 s (and over 40 in others); the simulation's class-floors scenario, with even arrivals, "
-    "holds. Strict: when it holds, this marker must go."))
+    "known defect, not fixed (issue 29): floors are chosen per proxy from the slots it owns, so when batch "
+    "returns after a pause on a proxy that drew no share while idle it gets 1-4 in that second (28-55 asked). "
+    "Strict: when it holds, this marker must go."))
 def test_a_class_floor_holds_every_second(classes_lab: ClusterLab) -> None:
     """Finding 6. Three proxies, a 100/s rule (max_queue_delay 1 s) with
     classes critical (header x-priority: critical) and batch (min_share 0.2,
     max_queue_delay 3 s); p0 offered critical 120/s, p1 batch 60/s, p2
     critical 30/s + batch 30/s, for 14 s with the report's Fortio loads
     (`report_load`). From 2 s to 0.5 s before the end: batch gets at least 90%
-    of its floor, 18, in every 1 s window (the issue's target; 90% of 20% of
-    what the window released if it released fewer than 100), and the total is
+    of its floor, 18, in every 1 s window in which batch requests reached a
+    proxy (the issue's target where a floor is owed; 90% of 20% of what the
+    window released if it released fewer than 100), and the total is
     within 1% of the rate (+ one slot at each edge, + one epoch's slots per
     failed engine call). On main (the report) batch got 0-8 a second for 2-4
     s at a time; process scope, all four loads through one proxy (the
