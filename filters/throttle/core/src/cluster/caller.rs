@@ -730,6 +730,23 @@ impl Caller {
                 // measured.
                 demand = DEMAND_UNIT;
             }
+            // Slots owed alone (requests that went on credit, none arriving
+            // or waiting now) are a debt, not an arrival rate: placed spread
+            // over the `k + lag + 1` epochs before their shares come due,
+            // and not at all while the fleet asks for the rate or more (a
+            // share taken to repay it is taken from proxies with arrivals;
+            // it is repaid from leftovers). Until issue 29 a debt placed a
+            // request an epoch until repaid: in an oversubscribed fleet of
+            // many proxies with a request every few seconds, the debts
+            // outweighed a busy proxy's arrivals, which drew 7 of the 26
+            // slots it was owed (fleet sweep seed 146).
+            let owes_only =
+                r.mode == Mode::Grid && r.demand == 0 && fact.waiting == 0 && fact.owed > 0;
+            let places = !owes_only || !over_rate(&g, r.stats.demand);
+            if owes_only {
+                let spread = r.ahead.saturating_add(r.lag).saturating_add(1).max(1);
+                demand = (fact.owed.saturating_mul(DEMAND_UNIT) / spread).max(1);
+            }
             if demand == 0 {
                 // A proxy that stopped starts afresh when its demand returns.
                 r.deficit = 0;
@@ -854,7 +871,7 @@ impl Caller {
                 if !r.own_adds.contains(&ahead) {
                     push(Purpose::MemberAdd, ahead, 1);
                 }
-                if lookup3(&r.demand_ranges, ahead).is_none() {
+                if lookup3(&r.demand_ranges, ahead).is_none() && places {
                     let backlog = fact.waiting.saturating_sub(fact.owned_soon);
                     let spread = k.saturating_add(lag).saturating_add(1).max(1);
                     let base = demand.saturating_add(backlog.saturating_mul(DEMAND_UNIT) / spread);

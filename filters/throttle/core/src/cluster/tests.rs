@@ -330,6 +330,52 @@ fn a_counter_that_moves_in_steps_keeps_a_sparse_proxy_claiming() {
     assert_eq!(c.stats(0).map(|s| s.calls), Some(25));
 }
 
+/// What a proxy that owes 2 slots and has no arrivals claims in its 12th
+/// epoch, beside a busy proxy with `busy_per_epoch` arrivals an epoch (500/s:
+/// 50 slots an epoch): its leftover claim on the next epoch and its demand
+/// add (None: it places none).
+fn owing_beside(busy_per_epoch: u64) -> (Option<u64>, Option<u64>) {
+    let mut eng = FakeEngine::default();
+    let (mut busy, mut owing) = (orders(), orders());
+    let owes = [RuleFacts {
+        arrived_total: 0,
+        waiting: 0,
+        owed: 2,
+        owned_soon: 0,
+    }];
+    for k in 0..12u64 {
+        let now = T0 + k * 100 * MS;
+        let arrived = [RuleFacts {
+            arrived_total: busy_per_epoch * k,
+            ..Default::default()
+        }];
+        exchange(&mut eng, &mut busy, now, &arrived);
+        if k < 11 {
+            exchange(&mut eng, &mut owing, now + MS, &owes);
+        }
+    }
+    let (call, _) = owing.tick(T0 + 1101 * MS, &owes);
+    let body = String::from_utf8(call.unwrap().request.body).unwrap();
+    (
+        hits_of(&body, "throttle_slots", E0 + 12),
+        hits_of(&body, "throttle_demand", E0 + 14),
+    )
+}
+
+#[test]
+fn slots_owed_alone_place_no_demand_while_the_fleet_asks_for_more_than_the_rate() {
+    // Two requests went on credit and nothing arrives now: the debt is
+    // claimed from the next epoch's leftovers either way (below the rate
+    // with its half of the 40 spare slots). Beside a proxy asking twice
+    // the rate it places no demand for a share; below the rate it places
+    // the debt spread over k + lag + 1 = 6 epochs (2 x 64 / 6). Until issue 29 a debt placed a request an epoch (64) until
+    // repaid: in a fleet of many sparse proxies over the rate, the debts
+    // outweighed a busy proxy's arrivals (fleet sweep seed 146: it drew 7
+    // of the 26 slots it was owed).
+    assert_eq!(owing_beside(100), (Some(2), None));
+    assert_eq!(owing_beside(10), (Some(2 + 20), Some(2 * 64 / 6)));
+}
+
 /// Two proxies with `per_a` and `per_b` arrivals per epoch, calling once
 /// per epoch in turns: the shares each is granted, once demand is known.
 fn shares_of(per_a: u64, per_b: u64) -> Vec<(u64, u64)> {
