@@ -119,7 +119,8 @@ impl Controller {
         // only empties that queue, all at once (after a capacity returned,
         // 1.8x of a demand it nearly reached sent what was held for
         // 300 ms within a fraction of a second: +20% over that second).
-        let mut target = pct(self.rate, gain).min(pct(demand, DEMAND_CEILING_PCT).max(self.rate));
+        let steady = self.steady_demand(now, ahead_ns).min(demand);
+        let mut target = pct(self.rate, gain).min(pct(steady, DEMAND_CEILING_PCT).max(self.rate));
         let mut near_shed = false;
         if let Some(c) = self.shed_ceiling {
             if target > pct(c, t.near_shed_gain_pct) {
