@@ -805,7 +805,9 @@ fn the_start_of_a_load_is_not_taken_for_a_queue() {
 
 /// The way back up after a capacity returns (S1's workers, S2's service
 /// time, S9's storm: 200/s back to the offered 400/s), seeds 1-10: within
-/// ±10% within 2 s in 19 runs of 30 here, 4 s at most (21 before the drain
+/// ±10% within 2 s in 27 runs of 30 here, 2.4 s at most (19 before a full
+/// probe that showed room was kept when its time was up, and a probe went
+/// to the median round's demand; 21 before the drain
 /// followed its capacity up by 2% steps: S9's fewer, S2's more; before
 /// answers suddenly faster than the reference started a probe at once: 17; the
 /// learner before issue 31's "settle" part: 1 of 30, 1.8-5.1 s). Probes
@@ -823,7 +825,35 @@ fn the_way_back_up_after_a_capacity_returns_is_mostly_within_2_s() {
             within += u32::from(t <= 2.0 + 1e-9);
         }
     }
-    assert!(within >= 19, "back within 2 s in {within} runs of 30");
+    assert!(within >= 25, "back within 2 s in {within} runs of 30");
+}
+
+/// The same over twenty seeds, per scenario (issue 31: within 2 s). A full
+/// probe that shows room when its time is up (it queued nothing, its
+/// answers came no slower, what it sent was served) is kept at once at
+/// what it sent, and the next one starts: before, each waited for its last
+/// answers back at the rate before and was kept at 95% of what it
+/// delivered (0.7-0.8 s a step; S1 12 of 20, S2 18, S9 11). And a probe
+/// goes to the demand of the median round of the last 500 ms: the rounds
+/// of retries of the rule's own 429s took it to 1.2-1.3x the offered rate
+/// (S9).
+#[test]
+fn the_way_back_up_after_a_capacity_returns_within_2_s_over_twenty_seeds() {
+    for (name, phase, at_least) in [("S1", 2, 18), ("S2", 2, 19), ("S9", 2, 15)] {
+        let mut within = 0;
+        let mut worst = 0.0f64;
+        for seed in 1..=20 {
+            let (_, p) = adaptive(name, seed);
+            let t = p[phase].time_to_adapt_s.unwrap_or(f64::MAX);
+            worst = worst.max(t);
+            within += u32::from(t <= 2.0 + 1e-9);
+        }
+        assert!(
+            within >= at_least,
+            "{name}: back within 2 s in {within} of 20 (at most {worst} s)"
+        );
+        assert!(worst <= 3.0, "{name}: back after {worst} s");
+    }
 }
 
 /// `arrivals` arrived in a round, `sent` of them went out and were answered

@@ -119,7 +119,8 @@ impl Controller {
         // only empties that queue, all at once (after a capacity returned,
         // 1.8x of a demand it nearly reached sent what was held for
         // 300 ms within a fraction of a second: +20% over that second).
-        let mut target = pct(self.rate, gain).min(pct(demand, DEMAND_CEILING_PCT).max(self.rate));
+        let steady = self.steady_demand(now, ahead_ns).min(demand);
+        let mut target = pct(self.rate, gain).min(pct(steady, DEMAND_CEILING_PCT).max(self.rate));
         let mut near_shed = false;
         if let Some(c) = self.shed_ceiling {
             if target > pct(c, t.near_shed_gain_pct) {
@@ -213,6 +214,12 @@ impl Controller {
             let g = self.probe_gain_pct.saturating_sub(100).min(50);
             if queued {
                 self.set_rate(pct(before, 100 - g));
+            } else if self.room_so_far(before, start, now, latency) {
+                // Room already: kept now, at its rate, and the next one
+                // starts at once (slow start's pace: one round trip, not
+                // one round trip and a wait back at the rate before).
+                self.keep_early(now, ahead_ns, before, start, latency, reasons);
+                return;
             } else {
                 self.set_rate(before);
             }
@@ -221,6 +228,58 @@ impl Controller {
             return;
         }
         self.judge_probe(now, ahead_ns, before, (start, until), near_shed, reasons);
+    }
+
+    /// Whether a full probe whose time is up shows room already: it went
+    /// out clearly above the rate before, queued nothing, its answers came
+    /// no slower, and what it sent one latency ago was all served.
+    fn room_so_far(&self, before: u64, start: u64, now: u64, latency_ns: u64) -> bool {
+        let t = self.tune;
+        // (Its answers over two thirds of it at least: over less, a probe
+        // just above the capacity has not queued enough to show, S2.)
+        let len = now.saturating_sub(start);
+        if self.probe_gain_pct < t.gain_pct || len < latency_ns.saturating_mul(3) {
+            return false;
+        }
+        let (sent_rate, _) = self.probe_sent(before, (start, now), latency_ns);
+        let answered = self.sums(start.saturating_add(latency_ns), now);
+        answered.tally.good >= t.min_samples
+            && sent_rate > pct(before, t.delivered_pct)
+            && answered.served_rate() >= pct(sent_rate, 90)
+            && !self.slower(
+                &self.sums(start.saturating_sub(len), start).tally,
+                &self.sums(start, now).tally,
+            )
+    }
+
+    /// A full probe kept as soon as its time is up (`room_so_far`).
+    fn keep_early(
+        &mut self,
+        now: u64,
+        ahead_ns: u64,
+        before: u64,
+        start: u64,
+        latency_ns: u64,
+        reasons: &mut Reasons,
+    ) {
+        let delivered = self
+            .sums(start.saturating_add(latency_ns), now)
+            .served_rate();
+        let (sent_rate, _) = self.probe_sent(before, (start, now), latency_ns);
+        self.escalate = false;
+        self.streak = self.streak.saturating_add(1);
+        self.capacity = self.capacity.max(delivered);
+        // At what it sent: it queued nothing, so no queue needs the
+        // cruise's margin to drain.
+        let mut keep = sent_rate.min(self.rate);
+        if self.demand_known(now) {
+            keep = keep.min(self.demand_ceiling(now, ahead_ns));
+        }
+        self.set_rate(keep.max(before));
+        self.settle_until = now.saturating_add(self.round_ns());
+        self.next_probe = now;
+        self.phase = Phase::Cruise;
+        reasons.add(Reason::Kept);
     }
 
     /// What a probe sent over `(start, end]` (per second), and whether it

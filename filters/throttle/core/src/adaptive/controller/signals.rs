@@ -344,6 +344,32 @@ impl Controller {
         pct(self.demand(now, ahead_ns), DEMAND_CEILING_PCT)
     }
 
+    /// The demand a probe may go to: as [`Self::demand`], with the arrivals
+    /// of the median round of the last 500 ms (a round of retries of the
+    /// rule's own 429s arrives at twice the rest, S9: a probe to 105% of
+    /// the last 300 ms went to 1.2-1.3x the offered rate and sent what the
+    /// rule held at once, out of the band for a second; the rounds of the
+    /// probe before, which took the rule's 429s away, are the clients'
+    /// own).
+    pub(super) fn steady_demand(&self, now: u64, ahead_ns: u64) -> u64 {
+        let from = now.saturating_sub(500 * MS);
+        let mut rates: Vec<u64> = self
+            .rounds
+            .iter()
+            .filter(|r| r.end > from && r.end <= now && r.dur > 0)
+            .map(|r| per_s(r.tally.arrivals, r.dur))
+            .collect();
+        if rates.is_empty() {
+            return self.demand(now, ahead_ns);
+        }
+        rates.sort_unstable();
+        let held = count_in(
+            self.rate,
+            ahead_ns.saturating_sub(self.tune.queue_budget_ns),
+        );
+        rates[rates.len() / 2].saturating_add(per_s(held, NS_PER_S))
+    }
+
     /// The demand (µreq/s): what arrived over the last 300 ms, and what the
     /// rule's own queue holds beyond `queue_budget_ns` (`ahead_ns` at the
     /// rate) to be sent within a second. A queue within the budget is sent
