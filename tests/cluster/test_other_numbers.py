@@ -810,10 +810,13 @@ def test_the_top_class_alone_is_never_displaced(classes_lab: ClusterLab) -> None
 # gets one only a lead later, and p2 gives batch 20% of its own slots, not of the rule's
 # (filters/throttle/core/tests/cluster_floors.rs; the fleet-wide floor is designed in
 # engine/README.md, "Class floors across the fleet").
-@pytest.mark.xfail(strict=True, reason=(
+# Not strict: after the debt change (2026-11-30) it held in 1 of 6 runs, so a strict marker
+# would fail CI at random; the strict records of this defect are the ignored tests of
+# filters/throttle/core/tests/cluster_floors.rs and sweep-known.txt (floors).
+@pytest.mark.xfail(strict=False, reason=(
     "known defect, not fixed (issue 29): floors are chosen per proxy from the slots it owns, so when batch "
-    "returns after a pause on a proxy that drew no share while idle it gets 1-4 in that second (28-55 asked). "
-    "Strict: when it holds, this marker must go."))
+    "returns after a pause on a proxy that drew no share while idle it gets 1-5 in that second (17-50 asked); "
+    "held in 1 of 6 runs on 2026-11-30"))
 def test_a_class_floor_holds_every_second(classes_lab: ClusterLab) -> None:
     """Finding 6. Three proxies, a 100/s rule (max_queue_delay 1 s) with
     classes critical (header x-priority: critical) and batch (min_share 0.2,
