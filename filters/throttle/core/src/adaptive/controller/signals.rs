@@ -359,15 +359,15 @@ impl Controller {
             .filter(|r| r.end > from && r.end <= now && r.dur > 0)
             .map(|r| per_s(r.tally.arrivals, r.dur))
             .collect();
-        if rates.is_empty() {
-            return self.demand(now, ahead_ns);
-        }
         rates.sort_unstable();
+        let Some(&median) = rates.get(rates.len() / 2) else {
+            return self.demand(now, ahead_ns);
+        };
         let held = count_in(
             self.rate,
             ahead_ns.saturating_sub(self.tune.queue_budget_ns),
         );
-        rates[rates.len() / 2].saturating_add(per_s(held, NS_PER_S))
+        median.saturating_add(per_s(held, NS_PER_S))
     }
 
     /// The demand (µreq/s): what arrived over the last 300 ms, and what the
