@@ -271,7 +271,13 @@ impl Controller {
         self.capacity = self.capacity.max(delivered);
         // At what it sent: it queued nothing, so no queue needs the
         // cruise's margin to drain.
-        let mut keep = sent_rate.min(self.rate);
+        self.keep(now, ahead_ns, sent_rate.min(self.rate), before, reasons);
+    }
+
+    /// A probe kept at `rate` (no more than the demand's ceiling, no less
+    /// than the rate `before` it): cruise from now, the next probe due.
+    fn keep(&mut self, now: u64, ahead_ns: u64, rate: u64, before: u64, reasons: &mut Reasons) {
+        let mut keep = rate;
         if self.demand_known(now) {
             keep = keep.min(self.demand_ceiling(now, ahead_ns));
         }
@@ -377,15 +383,7 @@ impl Controller {
             // Kept at no more than the demand's ceiling: what it delivered
             // may be what the rule held going out at once (S9's retries:
             // kept at 95% of that, +13% over the offered rate for a second).
-            let mut keep = pct(delivered, t.cruise_pct);
-            if self.demand_known(now) {
-                keep = keep.min(self.demand_ceiling(now, ahead_ns));
-            }
-            self.set_rate(keep.max(before));
-            self.settle_until = now.saturating_add(self.round_ns());
-            self.next_probe = now;
-            self.phase = Phase::Cruise;
-            reasons.add(Reason::Kept);
+            self.keep(now, ahead_ns, pct(delivered, t.cruise_pct), before, reasons);
             return;
         }
         self.streak = 0;
