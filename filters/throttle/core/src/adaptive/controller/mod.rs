@@ -244,6 +244,10 @@ enum Phase {
         until: u64,
         judge: u64,
         near_shed: bool,
+        /// The probe's own rate, and whether its time is up and that was
+        /// acted on (kept early, drained, or back to `before`).
+        probe: u64,
+        ended: bool,
     },
     /// Below the capacity since `since` until the queue is gone; the drain
     /// rate went out at `from`; `busy`: how many times the capacity was
@@ -403,12 +407,14 @@ impl Controller {
                 until,
                 judge,
                 near_shed,
+                probe,
+                ended,
             } => self.probing(
                 now,
                 ahead_ns,
-                before,
+                (before, probe),
                 (start, until, judge),
-                near_shed,
+                (near_shed, ended),
                 reasons,
             ),
             Phase::Drain { since, from, busy } => self.drain(now, (since, from), busy, reasons),

@@ -56,11 +56,20 @@ impl Controller {
         }
         if self.standing_queue(now) {
             // A drain that ended early, or a probe that went just above.
-            let c = if self.capacity > 0 {
+            // The upstream was busy all along the window (a queue stood in
+            // both its halves): what it served is its capacity, measured
+            // anew. (The capacity last measured may be that of a probe's
+            // short window, or a drain's: 5-10% low, and a drain at 92%
+            // of it left the band, S2's slower service.)
+            let w = self.sums(now.saturating_sub(self.long_window_ns()), now);
+            let c = if w.tally.good >= t.min_samples {
+                w.served_rate()
+            } else if self.capacity > 0 {
                 self.capacity
             } else {
                 self.rate
             };
+            self.capacity = c;
             let cut = Cut {
                 target: pct(c, t.drain_pct),
                 reason: Reason::Queue,
@@ -170,6 +179,8 @@ impl Controller {
             until,
             judge,
             near_shed,
+            probe: self.rate,
+            ended: false,
         };
         reasons.add(Reason::Probe);
     }
@@ -180,15 +191,38 @@ impl Controller {
         &mut self,
         now: u64,
         ahead_ns: u64,
-        before: u64,
+        (before, probe): (u64, u64),
         (start, until, judge): (u64, u64, u64),
-        near_shed: bool,
+        (near_shed, ended): (bool, bool),
         reasons: &mut Reasons,
     ) {
         if now < until {
+            // The rule's held requests keep the times the probe's rate
+            // gave them: what it admits now goes out `ahead_ns` later. So
+            // it admits at the rate before from `ahead_ns` before its time
+            // is up (at most its second half), and what it sends at its
+            // own rate ends when its time is up, as judged. (Admitting at
+            // its rate until then, a probe held by a full rule's queue of
+            // 300 ms sent 0.8 s instead of 0.5 s: 60 more requests for a
+            // probe of +40% just above the capacity, a queue that stood
+            // at the rate before until the queue test cut below the band,
+            // S2's slower service.)
+            let tail = until
+                .saturating_sub(ahead_ns)
+                .max(start.saturating_add(until.saturating_sub(start) / 2));
+            if now >= tail
+                && !near_shed
+                && self.rate > before
+                && self.probe_gain_pct >= self.tune.gain_pct
+            {
+                self.set_rate(before);
+            }
             return;
         }
-        if self.rate > before && !near_shed {
+        if probe > before && !near_shed && !ended {
+            if let Phase::Up { ended, .. } = &mut self.phase {
+                *ended = true;
+            }
             // What the probe queued, if the upstream had no room for it, is
             // drained while its answers come in (BBR's drain after
             // ProbeBW's up phase): below the rate by as much as the probe
@@ -218,7 +252,7 @@ impl Controller {
                 // Room already: kept now, at its rate, and the next one
                 // starts at once (slow start's pace: one round trip, not
                 // one round trip and a wait back at the rate before).
-                self.keep_early(now, ahead_ns, before, start, latency, reasons);
+                self.keep_early(now, ahead_ns, (before, probe), start, latency, reasons);
                 return;
             } else {
                 self.set_rate(before);
@@ -257,7 +291,7 @@ impl Controller {
         &mut self,
         now: u64,
         ahead_ns: u64,
-        before: u64,
+        (before, probe): (u64, u64),
         start: u64,
         latency_ns: u64,
         reasons: &mut Reasons,
@@ -271,7 +305,7 @@ impl Controller {
         self.capacity = self.capacity.max(delivered);
         // At what it sent: it queued nothing, so no queue needs the
         // cruise's margin to drain.
-        self.keep(now, ahead_ns, sent_rate.min(self.rate), before, reasons);
+        self.keep(now, ahead_ns, sent_rate.min(probe), before, reasons);
     }
 
     /// A probe kept at `rate` (no more than the demand's ceiling, no less
