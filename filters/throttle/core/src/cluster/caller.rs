@@ -319,6 +319,9 @@ struct RuleState {
     demand_owed: Vec<(u64, u64)>,
     /// Demand totals looked at, per epoch.
     demand_totals: Vec<(u64, u64)>,
+    /// Whether a demand total was looked at since the counters were last
+    /// lost: `stats.demand` is the fleet's demand then, even when it is 0.
+    demand_seen: bool,
     /// The last member counts looked at.
     member_looks: Vec<u64>,
     /// Epochs between the start of a demand epoch's adds and the look at its
@@ -436,6 +439,7 @@ impl RuleState {
         self.demand_ranges.clear();
         self.demand_owed.clear();
         self.demand_totals.clear();
+        self.demand_seen = false;
         self.gen = None;
     }
 }
@@ -521,6 +525,7 @@ impl Caller {
                     demand_ranges: Vec::new(),
                     demand_owed: Vec::new(),
                     demand_totals: Vec::new(),
+                    demand_seen: false,
                     member_looks: Vec::new(),
                     lag: lag_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
                     ahead: ahead_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
@@ -804,7 +809,15 @@ impl Caller {
                 ),
                 _ => 0,
             };
-            let extra = if settled && r.mode == Mode::Grid && r.stats.demand > 0 {
+            // A total seen to be 0 is a fleet asking for nothing, not one
+            // never seen: a lone proxy back from idle looks first at a total
+            // of its idle spell while its own demand still reads 0 (the
+            // arrivals counter moves at the workers' ticks). Until issue 29
+            // it then claimed no spare, only the slot it owed, for the next
+            // two epochs, and their requests waited for the one after
+            // (fleet sweep seed 54: a lone proxy at 19/s of 300/s, b0,
+            // waited 47 ms at 6.26 s).
+            let extra = if settled && r.mode == Mode::Grid && r.demand_seen {
                 let phi = spare_phase(&g, next, self.phase_permille);
                 spare(&g, g.slots_in(next), r.stats.demand, r.stats.members, phi)
             } else {

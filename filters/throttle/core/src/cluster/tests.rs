@@ -860,6 +860,107 @@ fn an_epoch_without_a_call_does_not_cost_a_lone_proxy_its_spare() {
     );
 }
 
+#[test]
+fn a_lone_proxy_back_from_idle_claims_its_spare_though_the_total_read_0() {
+    // A lone proxy at 500/s asks for 1 request an epoch for 2 s, is idle
+    // for 2 s (no call), then a request comes and goes on credit. Its first
+    // call looks at a demand total of its idle spell: 0, and its own demand
+    // still reads 0 (the arrivals counter moves at the workers' ticks). A
+    // total seen to be 0 is a fleet asking for nothing, not one never seen:
+    // until issue 29 the next leftover claim took the 1 slot owed and no
+    // spare, and the requests of that epoch waited for the one after (fleet
+    // sweep seed 54: a lone proxy at 19/s of 300/s, b0, waited 47 ms).
+    let mut eng = FakeEngine::default();
+    let mut c = orders();
+    let mut arrived = 0;
+    let mut claimed = Vec::new();
+    for k in 0..46u64 {
+        let idle = (20..40).contains(&k);
+        if !idle {
+            arrived += 1;
+        }
+        let facts = [RuleFacts {
+            arrived_total: if k >= 40 { 20 } else { arrived },
+            waiting: 0,
+            owed: u64::from(k >= 40),
+            owned_soon: 0,
+        }];
+        let (called, updates) = exchange(&mut eng, &mut c, T0 + k * 100 * MS + 30 * MS, &facts);
+        let granted: u64 = ranges(&updates).iter().map(|r| r.1 - r.0).sum();
+        if called && k >= 40 {
+            claimed.push((k, granted));
+        }
+    }
+    let short: Vec<_> = claimed.iter().filter(|&&(_, n)| n < 40).collect();
+    assert!(
+        !claimed.is_empty() && short.is_empty(),
+        "calls back from idle that claimed little: {short:?} of {claimed:?}"
+    );
+}
+
+/// The slots each of three proxies at 500/s (L = 50) is granted for each
+/// epoch, by epoch, when all three ask for 2 requests an epoch for 3 s and
+/// then for `after` an epoch (the fleet below the rate), calling in the
+/// same order every epoch (phases 0, 400, 800: 0, 10 and 20 ms in).
+fn grants_of_three(after: u64) -> Vec<std::collections::BTreeMap<u64, u64>> {
+    let mut eng = FakeEngine::default();
+    let mut proxies: Vec<Caller> = [0, 400, 800]
+        .iter()
+        .map(|&ph| orders().with_phase(ph))
+        .collect();
+    let mut arrived = [0u64; 3];
+    let mut by_epoch = vec![std::collections::BTreeMap::new(); 3];
+    for k in 0..40u64 {
+        for (i, c) in proxies.iter_mut().enumerate() {
+            arrived[i] += if k < 30 { 2 } else { after };
+            let facts = [RuleFacts {
+                arrived_total: arrived[i],
+                waiting: 0,
+                owed: 0,
+                owned_soon: 0,
+            }];
+            let now = T0 + k * 100 * MS + (1 + 10 * i as u64) * MS;
+            let (_, updates) = exchange(&mut eng, c, now, &facts);
+            for (a, b) in ranges(&updates) {
+                for slot in a..b {
+                    *by_epoch[i].entry(slot * 2 / 100).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    by_epoch
+}
+
+#[test]
+#[ignore = "issue 29, not fixed: the leftover claims overdraw the epoch when demand rises"]
+fn below_the_rate_a_proxys_spare_covers_its_rise_and_leaves_the_others_theirs() {
+    // Three proxies rise at once from 2 to 10 requests an epoch of 50 (from
+    // 12% of the rate to 60%). Their shares still follow the old demand (6
+    // of 50) for the `k + lag + 1` epochs before the new demand counts, and
+    // each one's part of the spare is (50 - 6) / 3 = 14: its rise of 8 fits
+    // in it. Each claims its rise on top of its part of the spare (8 + 14),
+    // first come first served: the third proxy finds the epoch taken and
+    // gets 2, 2 and 8 slots for its 10 requests in the first three epochs,
+    // its requests within the rate waiting for the next epoch's grants (the
+    // kind of fleet sweep seeds 23 and 31: waits of 35-87 ms at a third to
+    // a half of the rate). Not fixed: claiming the larger of the two (the
+    // spare holds the rise) makes this pass, but over seeds 1-200 it took
+    // from bursts the spare they were held on (invariant 10: 2,647 -> 2,702
+    // requests, seed 52 new), engine/README.md, "Invariants", 3.
+    let grants = grants_of_three(10);
+    let first = E0 + 31;
+    for (i, g) in grants.iter().enumerate() {
+        let short: Vec<_> = (first..first + 8)
+            .map(|f| (f - E0, g.get(&f).copied().unwrap_or(0)))
+            .filter(|&(_, n)| n < 10)
+            .collect();
+        assert!(
+            short.is_empty(),
+            "proxy {i}: epochs (from the start) granted fewer than its 10 requests: {short:?}"
+        );
+    }
+}
+
 // ---- a dry-run class rule claims as its enforcing twin (issue 30) ----------
 
 /// A 100/s cluster rule with classes over 2 replicas (50/s each), `dry_run`

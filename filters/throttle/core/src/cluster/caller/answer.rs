@@ -193,6 +193,7 @@ impl Caller {
                         c.after.saturating_add(r.demand)
                     };
                     bump(&mut r.demand_totals, p.epoch, |_| c.after);
+                    r.demand_seen = true;
                 }
                 Purpose::MemberAdd => {
                     r.member_adds.push(p.epoch);
