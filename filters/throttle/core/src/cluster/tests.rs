@@ -824,6 +824,28 @@ fn a_phase_spreads_calls_over_the_first_quarter_of_the_epoch() {
     assert!(c.tick(T0 + 13 * MS, &facts).0.is_some());
 }
 
+/// A lone proxy's calls over `epochs` epochs of 100 ms with the facts
+/// `facts(k)` gives (none: no tick in that epoch): the slots each call from
+/// epoch `from` on was granted.
+fn lone_claims(
+    epochs: u64,
+    from: u64,
+    facts: impl Fn(u64) -> Option<RuleFacts>,
+) -> Vec<(u64, u64)> {
+    let mut eng = FakeEngine::default();
+    let mut c = orders();
+    let mut claimed = Vec::new();
+    for k in 0..epochs {
+        let Some(f) = facts(k) else { continue };
+        let (called, updates) = exchange(&mut eng, &mut c, T0 + k * 100 * MS + 30 * MS, &[f]);
+        let granted: u64 = ranges(&updates).iter().map(|r| r.1 - r.0).sum();
+        if called && k >= from {
+            claimed.push((k, granted));
+        }
+    }
+    claimed
+}
+
 #[test]
 fn an_epoch_without_a_call_does_not_cost_a_lone_proxy_its_spare() {
     // A lone proxy at 500/s asking for 1 request an epoch of the 50 claims
@@ -834,25 +856,15 @@ fn an_epoch_without_a_call_does_not_cost_a_lone_proxy_its_spare() {
     // nothing is not a fleet without spare: until 2026-11-28 that epoch's
     // leftover claim took 1 slot of 50 (fleet sweep seed 4: a request within
     // the rate held 54 ms).
-    let mut eng = FakeEngine::default();
-    let mut c = orders();
-    let mut claimed = Vec::new();
-    for k in 0..40u64 {
-        if k == 25 {
-            continue; // no tick in this epoch
-        }
-        let facts = [RuleFacts {
+    let claimed = lone_claims(40, 20, |k| {
+        // No tick in epoch 25.
+        (k != 25).then_some(RuleFacts {
             arrived_total: k,
             waiting: 0,
             owed: 0,
             owned_soon: 0,
-        }];
-        let (called, updates) = exchange(&mut eng, &mut c, T0 + k * 100 * MS + 30 * MS, &facts);
-        let granted: u64 = ranges(&updates).iter().map(|r| r.1 - r.0).sum();
-        if called && k >= 20 {
-            claimed.push((k, granted));
-        }
-    }
+        })
+    });
     let short: Vec<_> = claimed.iter().filter(|&&(_, n)| n < 40).collect();
     assert!(
         short.is_empty(),
@@ -870,27 +882,15 @@ fn a_lone_proxy_back_from_idle_claims_its_spare_though_the_total_read_0() {
     // until issue 29 the next leftover claim took the 1 slot owed and no
     // spare, and the requests of that epoch waited for the one after (fleet
     // sweep seed 54: a lone proxy at 19/s of 300/s, b0, waited 47 ms).
-    let mut eng = FakeEngine::default();
-    let mut c = orders();
-    let mut arrived = 0;
-    let mut claimed = Vec::new();
-    for k in 0..46u64 {
-        let idle = (20..40).contains(&k);
-        if !idle {
-            arrived += 1;
-        }
-        let facts = [RuleFacts {
-            arrived_total: if k >= 40 { 20 } else { arrived },
+    // 1 request an epoch but in epochs 20-39: 20 in all by epoch 40.
+    let claimed = lone_claims(46, 40, |k| {
+        Some(RuleFacts {
+            arrived_total: (k + 1).min(20),
             waiting: 0,
             owed: u64::from(k >= 40),
             owned_soon: 0,
-        }];
-        let (called, updates) = exchange(&mut eng, &mut c, T0 + k * 100 * MS + 30 * MS, &facts);
-        let granted: u64 = ranges(&updates).iter().map(|r| r.1 - r.0).sum();
-        if called && k >= 40 {
-            claimed.push((k, granted));
-        }
-    }
+        })
+    });
     let short: Vec<_> = claimed.iter().filter(|&&(_, n)| n < 40).collect();
     assert!(
         !claimed.is_empty() && short.is_empty(),
