@@ -13,6 +13,8 @@
 //! fleet-sweep --scenario NAME --stall LEN@AT[/PROXY]     NAME with one stall (ms; PROXY: one, else all)
 //! fleet-sweep --noise-search NAME|all [--runs N]         named scenarios at N other noises (default 20)
 //! fleet-sweep --scenario NAME --noise K                  NAME at noise K (its own XOR K)
+//! fleet-sweep --offset-search NAME [--offsets N]         NAME's bursts moved 0..N ms later (default 100)
+//! fleet-sweep --scenario NAME --offset MS                NAME's bursts MS ms later
 //! ```
 //! Exit status 1 if any invariant failed.
 //!
@@ -170,13 +172,22 @@ fn stall_arg(args: &[String]) -> Option<(u64, u64, Option<usize>)> {
 /// Named scenario `name`, with the stall of `--stall` and the noise of
 /// `--noise` if given.
 fn scenario(args: &[String], name: &str) -> Option<Scenario> {
-    let mut sc = match stall_arg(args) {
-        Some((len, at, proxy)) => {
+    let mut sc = match (stall_arg(args), arg(args, "--offset")) {
+        (Some((len, at, proxy)), _) => {
             let mut sc = sweep::with_stall(name, len, at, proxy)?;
             sc.name = stall_name(name, len, at, proxy);
             sc
         }
-        None => sweep::named(name)?,
+        (None, Some(by)) => {
+            let Ok(by) = by.parse::<u64>() else {
+                eprintln!("fleet-sweep: --offset takes a number (ms)");
+                std::process::exit(2);
+            };
+            let mut sc = sweep::with_offset(name, by)?;
+            sc.name = format!("{name} --offset {by}");
+            sc
+        }
+        (None, None) => sweep::named(name)?,
     };
     if let Some(k) = arg(args, "--noise") {
         let Ok(k) = k.parse::<u64>() else {
@@ -187,6 +198,29 @@ fn scenario(args: &[String], name: &str) -> Option<Scenario> {
         sc.name = format!("{} --noise {k}", sc.name);
     }
     Some(sc)
+}
+
+/// `--offset-search NAME`: named scenario NAME with its bursts moved 0, 1,
+/// .. `offsets - 1` ms later, over the phases of the engine calls. True if
+/// nothing failed.
+fn offset_search(name: &str, offsets: u64) -> bool {
+    let started = Instant::now();
+    let (mut runs, mut failed) = (0u64, 0u64);
+    for by in 0..offsets {
+        let Some(mut sc) = sweep::with_offset(name, by) else {
+            continue;
+        };
+        sc.name = format!("{name} --offset {by}");
+        runs += 1;
+        if !report(&sweep::run_checked(&sc), false) {
+            failed += 1;
+        }
+    }
+    println!(
+        "fleet-sweep: offset search of {name}: {runs} runs (its bursts 0..{offsets} ms later), {failed} failed, in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    runs > 0 && failed == 0
 }
 
 /// `--noise-search NAME|all`: each named scenario at `runs` other noises
@@ -275,6 +309,12 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(20);
         std::process::exit(if noise_search(&name, runs) { 0 } else { 1 });
+    }
+    if let Some(name) = arg(&args, "--offset-search") {
+        let offsets = arg(&args, "--offsets")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(100);
+        std::process::exit(if offset_search(&name, offsets) { 0 } else { 1 });
     }
     if let Some(name) = arg(&args, "--stall-search") {
         let starts = arg(&args, "--starts")

@@ -87,7 +87,11 @@ fn a_burst_of_batch_alone(n: u32) -> Result<(u64, u64), String> {
     sc.proxies = vec![ProxySpec::new(2); 2];
     sc.loads.push(uniform(0, 150.0, 0));
     let mut burst = uniform(1, 0.0, 1);
-    burst.shape = Shape::Burst { n, at_ms: 3000 };
+    burst.shape = Shape::Burst {
+        n,
+        at_ms: 3000,
+        spread_ms: 0,
+    };
     sc.loads.push(burst);
     sc.duration_ms = 12_000;
     let t = fleet::run(&sc)?;

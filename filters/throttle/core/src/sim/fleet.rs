@@ -211,11 +211,15 @@ impl Fleet {
                 }
                 after.unwrap_or(from) + rng.exp(1e9 / per_s)
             }
-            Shape::Burst { n, at_ms } => {
+            Shape::Burst {
+                n,
+                at_ms,
+                spread_ms,
+            } => {
                 if sent >= u64::from(n) {
                     return None;
                 }
-                self.sc.at(at_ms)
+                self.sc.at(at_ms) + sent * spread_ms * NS_PER_MS / u64::from(n)
             }
         };
         (t < to).then_some(t)

@@ -79,8 +79,12 @@ pub enum Shape {
     Uniform { per_s: f64, phase_ms: u64 },
     /// Poisson at this rate.
     Poisson { per_s: f64 },
-    /// `n` at once at `at_ms` (a burst, e.g. after idle).
-    Burst { n: u32, at_ms: u64 },
+    /// `n` from `at_ms` (a burst, e.g. after idle), evenly over `spread_ms`
+    /// (0: all at once). A client's burst is never at one instant: Fortio
+    /// opens its 50 connections over 5-40 ms on the machines here, and an
+    /// engine answer can land among them (CI 2026-12-01: scenario
+    /// `burst-after-idle-spread`).
+    Burst { n: u32, at_ms: u64, spread_ms: u64 },
 }
 
 /// One stream of requests: of a rule, at a proxy, over a time span.
