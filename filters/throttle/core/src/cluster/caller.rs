@@ -312,6 +312,10 @@ struct RuleState {
     /// answer came.
     shares: Vec<(u64, u64, u64)>,
     first_answer: Option<u64>,
+    /// The other proxies' demand in the last demand total looked at (the
+    /// total less this proxy's own add to it), for the spare a proxy whose
+    /// demand is new reckons with ([`shares::grant_rate`]).
+    others_demand: u64,
     /// Where this process's demand sits in each epoch's demand total: (epoch, D0, D1).
     demand_ranges: Vec<(u64, u64, u64)>,
     /// This process's own demand behind each demand add (epoch, demand),
@@ -522,6 +526,7 @@ impl Caller {
                     granted: Vec::new(),
                     shares: Vec::new(),
                     first_answer: None,
+                    others_demand: 0,
                     demand_ranges: Vec::new(),
                     demand_owed: Vec::new(),
                     demand_totals: Vec::new(),

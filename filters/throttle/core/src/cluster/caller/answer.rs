@@ -186,7 +186,13 @@ impl Caller {
                     // without spare (until 2026-11-28 it claimed no spare
                     // then: fleet sweep seed 4). The shares keep the engine's
                     // total: every proxy must compute them from the same one.
-                    let added = r.demand_ranges.iter().any(|&(f, ..)| f == p.epoch);
+                    let own = r
+                        .demand_ranges
+                        .iter()
+                        .find(|&&(f, ..)| f == p.epoch)
+                        .map(|&(_, d0, d1)| d1.saturating_sub(d0));
+                    let added = own.is_some();
+                    r.others_demand = c.after.saturating_sub(own.unwrap_or(0));
                     r.stats.demand = if added {
                         c.after
                     } else {
