@@ -312,6 +312,9 @@ struct RuleState {
     /// answer came.
     shares: Vec<(u64, u64, u64)>,
     first_answer: Option<u64>,
+    /// When this process first planned for the rule (its configuration is
+    /// in force from then), for [`RuleState::settled`].
+    born: Option<u64>,
     /// The other proxies' demand in the last demand total looked at (the
     /// total less this proxy's own add to it), for the spare a proxy whose
     /// demand is new reckons with ([`shares::grant_rate`]).
@@ -397,6 +400,23 @@ impl RuleState {
             return reach;
         }
         reach.max(g.epoch_start(placed + 1 + self.lag).saturating_sub(now))
+    }
+
+    /// Whether the demand totals this process reads are the fleet's whole
+    /// demand: [`SETTLING_NS`] after its first answer, or after it first
+    /// planned, once answered. At a fleet's start the first totals miss the
+    /// proxies that have not placed their demand yet, and would show room
+    /// that is not there; a proxy whose first traffic comes later reads
+    /// totals every proxy with demand has been adding to. Until 2026-12-01
+    /// only the first answer counted, and a proxy that sat idle since its
+    /// start (it makes no call without demand) reckoned its first second
+    /// of traffic with no spare: real Envoy, a 100/s rule over 3 idle
+    /// proxies, 20/s each: 2-4 of the first 60 refused at arrival on each
+    /// (tests/cluster/test_holds.py's warm-up; 0-3 since, those before the
+    /// first answer); the simulation of it, 10 of 180 (now none).
+    fn settled(&self, now: u64) -> bool {
+        let since = |t: Option<u64>| t.is_some_and(|t| now.saturating_sub(t) >= SETTLING_NS);
+        since(self.first_answer) || (self.first_answer.is_some() && since(self.born))
     }
 
     /// An update of rule `rule` (this one) that grants nothing: its mode,
@@ -526,6 +546,7 @@ impl Caller {
                     granted: Vec::new(),
                     shares: Vec::new(),
                     first_answer: None,
+                    born: None,
                     others_demand: 0,
                     demand_ranges: Vec::new(),
                     demand_owed: Vec::new(),
@@ -707,6 +728,7 @@ impl Caller {
         let mut plan = Vec::new();
         for (i, (r, fact)) in self.rules.iter_mut().zip(facts).enumerate() {
             let g = r.spec.grid;
+            r.born.get_or_insert(now);
             // Epochs are counted on the fleet's clock.
             let now = r.fleet_time(now);
             let e = g.epoch_of(now);
@@ -798,9 +820,7 @@ impl Caller {
             };
             // Below the rate, once the demand totals have settled: this
             // proxy's part of the spare too ([`spare`]).
-            let settled = r
-                .first_answer
-                .is_some_and(|first| now.saturating_sub(first) >= SETTLING_NS);
+            let settled = r.settled(now);
             // The part of epoch `e+k`'s spare that goes with its share (the
             // same total), for the rate this proxy can expect
             // ([`shares::grant_rate`]).

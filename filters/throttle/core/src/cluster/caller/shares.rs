@@ -187,7 +187,7 @@ pub(super) fn div_ceil_u128(a: u64, b: u64, c: u64) -> u64 {
 /// a second: too few to tell, the estimate errs low, so that a request
 /// refused is refused at once rather than after it waited); and, while the fleet asks for less
 /// than the rate, its part of what is left over (the rest split over the `N`
-/// proxies with demand; not in the first [`SETTLING_NS`] of answers, when
+/// proxies with demand; not before it is [`RuleState::settled`], when
 /// partial demand totals would show room that is not there). Before any
 /// answer, `R / max(N, expected_replicas)`. With the spare part on its own
 /// (for a proxy whose demand is new, by the other proxies' demand alone).
@@ -200,9 +200,9 @@ pub(super) fn grant_rate(r: &RuleState, now: u64) -> (u64, u64) {
     );
     let n = r.stats.members.max(u64::from(r.spec.expected_replicas));
     let prior = ns.div_ceil(t * u128::from(n.max(1)));
-    let Some(first) = r.first_answer else {
+    if r.first_answer.is_none() {
         return (u64::try_from(prior).unwrap_or(u64::MAX), 0);
-    };
+    }
     let memory = u128::try_from(share_memory(&g)).unwrap_or(u128::MAX);
     let epochs_of = r.shares.iter().map(|&(f, ..)| f);
     let (share, spare_with) = match (epochs_of.clone().min(), epochs_of.max()) {
@@ -221,7 +221,7 @@ pub(super) fn grant_rate(r: &RuleState, now: u64) -> (u64, u64) {
         }
         _ => (prior, 0),
     };
-    let settled = now.saturating_sub(first) >= SETTLING_NS;
+    let settled = r.settled(now);
     let capacity = u128::from(DEMAND_UNIT) * e;
     let total = u128::from(r.stats.demand);
     let spare = if settled {
