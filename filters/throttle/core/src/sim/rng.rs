@@ -1,5 +1,20 @@
 //! A small seeded generator (SplitMix64): the same seed gives the same run.
 
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's finaliser.
+fn finalise(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// One draw from `x` alone, as a generator's next would be after `x`: for
+/// a value a scenario derives without taking from a seed's generator.
+pub fn mix(x: u64) -> u64 {
+    finalise(x.wrapping_add(GAMMA))
+}
+
 /// SplitMix64 (Steele, Lea and Flood), deterministic and fast enough for a
 /// simulation; not for anything secret.
 #[derive(Debug, Clone)]
@@ -11,11 +26,8 @@ impl Rng {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(GAMMA);
+        finalise(self.0)
     }
 
     /// Uniform in `[0, 1)`.

@@ -15,7 +15,7 @@ use crate::clock::NS_PER_MS;
 
 use super::fleet;
 use super::invariants::{self, Violation};
-use super::rng::Rng;
+use super::rng::{mix, Rng};
 use super::scenario::{Fault, Load, ProxySpec, RuleSpec, Scenario, Shape};
 
 /// The outcome of one seed (or named scenario).
@@ -467,32 +467,21 @@ pub fn with_stall(name: &str, len_ms: u64, at_ms: u64, proxy: Option<usize>) -> 
 /// requests). Each point draws its own noise.
 pub fn with_offset(name: &str, by_ms: u64) -> Option<Scenario> {
     let mut sc = named(name)?;
-    let mut moved = false;
+    let (mut moved, end) = (false, sc.duration_ms);
     for l in &mut sc.loads {
         if let Shape::Burst { at_ms, .. } = &mut l.shape {
             *at_ms += by_ms;
+            if *at_ms >= end {
+                return None;
+            }
             moved = true;
         }
     }
-    if !moved
-        || sc
-            .loads
-            .iter()
-            .any(|l| matches!(l.shape, Shape::Burst { at_ms, .. } if at_ms >= sc.duration_ms))
-    {
+    if !moved {
         return None;
     }
     sc.noise ^= by_ms.wrapping_mul(0x9E37_79B9);
     Some(sc)
-}
-
-/// SplitMix64's finaliser: a draw from `x` that takes nothing from a
-/// seed's generator.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// A named scenario (None: no such name).
@@ -548,11 +537,10 @@ pub fn named(name: &str) -> Option<Scenario> {
         // the rest were reckoned as if the fleet asked for the rate or more.
         // Here over 20 ms at 6,000 + 21 ms (`--offset-search` tries others).
         "burst-after-idle" | "burst-after-idle-spread" => {
-            let spread_ms = if name == "burst-after-idle" { 0 } else { 20 };
-            let at = if name == "burst-after-idle" {
-                6000
+            let (at, spread_ms) = if name == "burst-after-idle" {
+                (6000, 0)
             } else {
-                6021
+                (6021, 20)
             };
             let mut r = RuleSpec::cluster("burst", 100.0, 3);
             r.max_queue_delay_ms = 2000;

@@ -223,16 +223,18 @@ pub(super) fn grant_rate(r: &RuleState, now: u64) -> (u64, u64) {
     };
     let settled = r.settled(now);
     let capacity = u128::from(DEMAND_UNIT) * e;
-    let total = u128::from(r.stats.demand);
-    let spare = if settled {
-        // Left over per second, over the proxies with demand:
-        // (64 E - A T) / (64 T E) * NS / N.
-        capacity.saturating_sub(total * t) * ns
-            / (capacity * t)
-            / u128::from(r.stats.members.max(1))
-    } else {
-        0
+    // Left over per second by a demand total, over the proxies with demand:
+    // (64 E - A T) / (64 T E) * NS / N; none before the totals settled.
+    let spare_by = |total: u64| {
+        if settled {
+            capacity.saturating_sub(u128::from(total) * t) * ns
+                / (capacity * t)
+                / u128::from(r.stats.members.max(1))
+        } else {
+            0
+        }
     };
+    let spare = spare_by(r.stats.demand);
     // Each share with the part of the spare the same demand total left this
     // proxy (they add up to the rate for a lone proxy, whatever its own
     // demand does), or the spare by the latest total if more (room the
@@ -254,11 +256,8 @@ pub(super) fn grant_rate(r: &RuleState, now: u64) -> (u64, u64) {
     // 50 on one proxy; scenario `burst-after-idle-spread` at offsets
     // 0..200 ms: 51 of 200 runs refused some, 43 beyond the invariant's
     // allowance; now none).
-    let spare = if settled && r.lead_ns(now) > r.ahead.saturating_mul(g.epoch_ns) {
-        let others = u128::from(r.others_demand);
-        capacity.saturating_sub(others * t) * ns
-            / (capacity * t)
-            / u128::from(r.stats.members.max(1))
+    let spare = if r.lead_ns(now) > r.ahead.saturating_mul(g.epoch_ns) {
+        spare_by(r.others_demand)
     } else {
         spare
     };
