@@ -15,6 +15,7 @@
 //! fleet-sweep --scenario NAME --noise K                  NAME at noise K (its own XOR K)
 //! fleet-sweep --offset-search NAME [--offsets N]         NAME's bursts moved 0..N ms later (default 100)
 //! fleet-sweep --scenario NAME --offset MS                NAME's bursts MS ms later
+//! fleet-sweep ... --at-hour                               every seed over the top of the hour
 //! ```
 //! Exit status 1 if any invariant failed.
 //!
@@ -302,6 +303,17 @@ fn stall_search(name: &str, starts: u64) -> bool {
     failed == 0
 }
 
+/// The scenario of `seed`; with `--at-hour`, moved so that the service's
+/// hour ends 2-12 s into it (a tenth of the seeds draw that themselves).
+fn drawn(args: &[String], seed: u64) -> Scenario {
+    let sc = sweep::draw(seed);
+    if args.iter().any(|a| a == "--at-hour") {
+        sweep::at_hour(sc)
+    } else {
+        sc
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(name) = arg(&args, "--noise-search") {
@@ -371,9 +383,9 @@ fn main() {
             std::process::exit(2);
         };
         if args.iter().any(|a| a == "--dump") {
-            println!("{:#?}", sweep::draw(seed));
+            println!("{:#?}", drawn(&args, seed));
         }
-        let ok = report(&sweep::run_checked(&sweep::draw(seed)), true);
+        let ok = report(&sweep::run_checked(&drawn(&args, seed)), true);
         std::process::exit(if ok { 0 } else { 1 });
     }
     let seconds: f64 = arg(&args, "--seconds")
@@ -406,7 +418,7 @@ fn main() {
     let mut kinds = BTreeSet::new();
     let mut seed = from;
     while started.elapsed().as_secs_f64() < seconds && seed - from < max_seeds {
-        let o = sweep::run_checked(&sweep::draw(seed));
+        let o = sweep::run_checked(&drawn(&args, seed));
         runs += 1;
         requests += o.requests;
         if o.refused.is_some() {

@@ -193,6 +193,11 @@ pub struct Scenario {
     pub noise: u64,
 }
 
+/// 2026-11-21 13:00 UTC, s since the Unix epoch: a boundary of the service's
+/// hour, where its counters start again and claims pause
+/// ([`crate::cluster::grid::Grid::may_claim`]).
+pub const HOUR_S: u64 = 1_795_266_000;
+
 impl Scenario {
     /// An empty scenario: no rules, no proxies, the default engine block.
     pub fn new(seed: u64, name: &str) -> Scenario {
@@ -211,8 +216,9 @@ impl Scenario {
             tick_ms: (2, 6),
             service_ms: 2,
             duration_ms: 10_000,
-            // 2026-11-28 12:30 UTC: the middle of an hour.
-            start_s: 1_795_264_200 + 1_800,
+            // The top of an hour (claims pause for its first 100 ms, inside
+            // the invariants' first seconds).
+            start_s: HOUR_S,
             max_held_per_worker: 10_000,
         }
     }
@@ -359,8 +365,14 @@ impl Scenario {
                 .collect();
             format!("; stalls {}", each.join(", "))
         };
+        // The service's hour boundaries after the start, within the run.
+        let into = self.start_s % 3600;
+        let hour = match 3600 - into {
+            s if into > 0 && s * 1000 < self.duration_ms => format!("; the hour at {s} s"),
+            _ => String::new(),
+        };
         format!(
-            "{} proxies ({} vms), {} s; rules [{}]; {} loads; {} faults; {} skewed{stalls}",
+            "{} proxies ({} vms), {} s; rules [{}]; {} loads; {} faults; {} skewed{stalls}{hour}",
             self.proxies.len(),
             self.proxies.iter().map(|p| p.vms).sum::<usize>(),
             self.duration_ms / 1000,
