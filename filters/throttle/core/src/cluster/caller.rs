@@ -78,7 +78,7 @@ mod shares;
 pub use shares::{ahead_epochs, lag_epochs};
 use shares::{
     deficit_hits, div_ceil_u128, epoch_phase, fair_share, grant_rate, over_rate, phase_offset,
-    share, spare, spare_phase,
+    share, share_positions, spare, spare_phase,
 };
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
@@ -282,6 +282,9 @@ struct Planned {
     purpose: Purpose,
     epoch: u64,
     hits: u64,
+    /// Positions of the epoch below the counter's (a leftover claim on an
+    /// epoch that opens the hour: the shares taken there without a claim).
+    base: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -651,7 +654,7 @@ impl Caller {
             sample_arrivals(r, now, fact.arrived_total);
         }
         updates.extend(self.fallback_if_due(now));
-        let call = self.plan(now, facts, held_back);
+        let call = self.plan(now, facts, held_back, &mut updates);
         (call, updates)
     }
 
@@ -714,8 +717,15 @@ impl Caller {
 
     /// Plans the call of this tick: `held_back` is [`Caller::held_back`],
     /// and each rule's `plan_for` [`Caller::plan_epoch`], read at the start
-    /// of the tick.
-    fn plan(&mut self, now: u64, facts: &[RuleFacts], held_back: bool) -> Option<Call> {
+    /// of the tick. A rule's share of a dark epoch ([`Grid::dark`]) needs
+    /// no call: it is granted at once, in `updates`.
+    fn plan(
+        &mut self,
+        now: u64,
+        facts: &[RuleFacts],
+        held_back: bool,
+        updates: &mut Vec<RuleUpdate>,
+    ) -> Option<Call> {
         if self.pace_stepped_back(now) {
             // A due time further ahead than the pace allows: the clock
             // stepped back. Pace from now.
@@ -725,6 +735,7 @@ impl Caller {
             return None;
         }
         let (skew, timeout) = (self.skew_ns, self.timeout_ns);
+        let wall = now;
         let mut plan = Vec::new();
         for (i, (r, fact)) in self.rules.iter_mut().zip(facts).enumerate() {
             let g = r.spec.grid;
@@ -750,9 +761,19 @@ impl Caller {
             let ahead = e + k;
             let y = (ahead - 1).saturating_sub(lag);
             let look = ahead.saturating_sub(lag);
-            r.demand_ranges.retain(|(f, ..)| *f >= y);
-            r.demand_owed.retain(|(f, _)| *f >= y);
-            r.demand_totals.retain(|(f, _)| *f >= y);
+            // An epoch that opens the service's hour takes its share by the
+            // hour before's last total, without a claim ([`Grid::opens_hour`]).
+            let span = k + lag + 1;
+            let opens = g.opens_hour(ahead, skew, span);
+            let by = if opens { g.reference(ahead, lag) } else { y };
+            let next = e + 1;
+            let next_by = g
+                .opens_hour(next, skew, span)
+                .then(|| g.reference(next, lag));
+            let keep = y.min(by).min(next_by.unwrap_or(y));
+            r.demand_ranges.retain(|(f, ..)| *f >= keep);
+            r.demand_owed.retain(|(f, _)| *f >= keep);
+            r.demand_totals.retain(|(f, _)| *f >= keep);
             r.seen.retain(|(f, _)| *f + 2 > e);
             r.member_adds.retain(|f| *f > e);
             let mut demand = r.demand;
@@ -789,16 +810,18 @@ impl Caller {
             // owes is claimed next).
             let a = demand / DEMAND_UNIT;
             r.last_epoch = Some(e);
-            let next = e + 1;
-            let share = match (lookup3(&r.demand_ranges, y), lookup(&r.demand_totals, y)) {
+            let mut positions = (0, 0);
+            let share = match (lookup3(&r.demand_ranges, by), lookup(&r.demand_totals, by)) {
                 (Some(place), total) if total > 0 => {
                     let (l, total) = (g.slots_in(ahead), total.max(place.1));
-                    let share = share(&g, l, place, total, epoch_phase(&g, ahead));
+                    let phi = epoch_phase(&g, ahead);
+                    positions = share_positions(&g, l, place, total, phi);
+                    let share = share(&g, l, place, total, phi);
                     // Owed by its own demand, whatever its deficit added.
                     let own = r
                         .demand_owed
                         .iter()
-                        .find(|(f, _)| *f == y)
+                        .find(|(f, _)| *f == by)
                         .map_or(place.1 - place.0, |&(_, d)| d);
                     let owed = fair_share(&g, l, (0, own), total);
                     r.deficit = if over_rate(&g, total) {
@@ -824,7 +847,7 @@ impl Caller {
             // The part of epoch `e+k`'s spare that goes with its share (the
             // same total), for the rate this proxy can expect
             // ([`shares::grant_rate`]).
-            let spare_of_share = match lookup(&r.demand_totals, y) {
+            let spare_of_share = match lookup(&r.demand_totals, by) {
                 total if settled && r.mode == Mode::Grid && total > 0 => spare(
                     &g,
                     g.slots_in(ahead),
@@ -861,12 +884,31 @@ impl Caller {
             let leftover = need
                 .saturating_sub(lookup(&r.granted, next))
                 .min(g.slots_in(next));
+            // Leftovers of an epoch that opens the hour come after the
+            // positions its shares took without a claim: all of them, by
+            // the one total every proxy placed them by (unknown here: no
+            // leftover claim).
+            let leftover_base = match next_by {
+                None => Some(0),
+                Some(f) => r
+                    .demand_totals
+                    .iter()
+                    .find(|(x, _)| *x == f)
+                    .map(|&(_, t)| {
+                        let l = g.slots_in(next);
+                        share_positions(&g, l, (0, t), t, epoch_phase(&g, next)).1
+                    }),
+            };
             let mut push = |purpose, epoch, hits| {
                 plan.push(Planned {
                     rule: i,
                     purpose,
                     epoch,
                     hits,
+                    base: match purpose {
+                        Purpose::Leftover => leftover_base.unwrap_or(0),
+                        _ => 0,
+                    },
                 })
             };
             if g.may_claim(look, now, skew, timeout) {
@@ -899,7 +941,7 @@ impl Caller {
             if g.may_claim(next, now, skew, timeout) {
                 // Also the loss detector: it includes this proxy's own add.
                 push(Purpose::MemberLook, next, 0);
-                if leftover > 0 {
+                if leftover > 0 && leftover_base.is_some() {
                     push(Purpose::Leftover, next, leftover);
                 }
             }
@@ -922,16 +964,47 @@ impl Caller {
                         deficit_hits(&g, base, r.deficit, total),
                     );
                 }
-                if share > 0 {
+                if share > 0 && !opens {
                     push(Purpose::Share, ahead, share);
                 }
-                if lookup3(&r.demand_ranges, y).is_some() {
+                if lookup3(&r.demand_ranges, y).is_some() && !opens {
                     // The share is known now, before the engine answers (a
                     // share of nothing counts as nothing); and with it what
                     // the same total leaves over, this proxy's part of which
                     // it claims with the leftovers: the two add up to `L`
                     // for a lone proxy however its demand moves.
                     r.shares.push((ahead, share, spare_of_share));
+                }
+            }
+            if opens && r.mode == Mode::Grid && lookup3(&r.demand_ranges, by).is_some() {
+                // Every proxy takes the positions its place in the same
+                // total gives it: they tile the epoch without a claim.
+                r.shares.push((ahead, share, spare_of_share));
+                if share > 0 {
+                    let shift = g.shift_slots(r.skew.offset_epochs);
+                    let ranges = g
+                        .position_ranges(ahead, positions.0, positions.1)
+                        .into_iter()
+                        .map(|(a, b)| {
+                            (
+                                a.saturating_add_signed(shift),
+                                b.saturating_add_signed(shift),
+                            )
+                        })
+                        .collect();
+                    bump(&mut r.granted, ahead, |v| v + share);
+                    r.stats.granted += share;
+                    let rates = grant_rate(r, wall);
+                    updates.push(RuleUpdate {
+                        rule: i,
+                        mode: Mode::Grid,
+                        grant_rate_per_s: rates.0,
+                        spare_per_s: rates.1,
+                        lead_ns: r.lead_ns(wall),
+                        ranges,
+                        reset: std::mem::take(&mut r.reset),
+                        shift: std::mem::take(&mut r.shift),
+                    });
                 }
             }
         }

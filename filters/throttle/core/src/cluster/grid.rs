@@ -189,6 +189,38 @@ impl Grid {
         now >= w_start.saturating_add(skew)
             && now.saturating_add(skew).saturating_add(timeout) < w_end
     }
+
+    /// Whether epoch `f` opens the service's hour: its start lies within the
+    /// hour's first `max_clock_skew + span x E`, where `span = 1 + lag + k`
+    /// (epochs from the demand add behind a share to the share's epoch).
+    /// The claims behind such an epoch's share cross the hour: its share
+    /// claim (`k` epochs before it), or the demand add of the total it is
+    /// computed from (`1 + lag + k` before it), is due in the hour before
+    /// or within the new hour's first `max_clock_skew`, where
+    /// [`Grid::may_claim`] sends none. So every proxy takes its share of
+    /// these epochs by one total read before the hour ([`Grid::reference`])
+    /// without a claim, and nobody claims leftovers on them, which would be
+    /// counted from 0 over those shares ([`super::caller`]). Every proxy
+    /// reckons the same epochs from the grid and the configuration alone.
+    /// Until 2026-12-01 the hour's first two epochs went unclaimed and
+    /// released nothing, and the next five were first come (CI, two cluster
+    /// rules overloaded over the top of the hour: 25 of 30 and 120 of 150
+    /// in that second; requests held on those slots refused at their
+    /// deadline).
+    pub fn opens_hour(&self, f: u64, skew: u64, span: u64) -> bool {
+        let into = self.epoch_start(f) % WINDOW_NS;
+        into < skew.saturating_add(span.saturating_mul(self.epoch_ns))
+    }
+
+    /// The epoch whose demand total places the shares of an epoch that
+    /// opens the hour ([`Grid::opens_hour`]): the one behind the hour's
+    /// first epoch's share (`1 + lag` before it), known when that share is
+    /// planned, `k` epochs before the hour.
+    pub fn reference(&self, f: u64, lag: u64) -> u64 {
+        let start = self.epoch_start(f);
+        self.epoch_of(start - start % WINDOW_NS)
+            .saturating_sub(1 + lag)
+    }
 }
 
 /// Hour window (as the service numbers it: seconds since the Unix epoch,
@@ -359,6 +391,28 @@ mod tests {
         assert!(!g.may_claim(f_after, h - 300 * MS, skew, timeout));
         assert!(!g.may_claim(f_after, h + 99 * MS, skew, timeout));
         assert!(g.may_claim(f_after, h + 100 * MS, skew, timeout));
+        // The epochs whose shares cross the hour: its first skew + 6 E
+        // (k = 3, lag = 2), each placed by the total behind the hour's first.
+        let opens: Vec<bool> = (-2i64..9)
+            .map(|j| g.opens_hour(f_after.saturating_add_signed(j), skew, 6))
+            .collect();
+        assert_eq!(
+            opens,
+            [false, false, true, true, true, true, true, true, true, false, false]
+        );
+        assert_eq!(g.reference(f_after + 6, 2), f_after - 3);
+        for f in f_after..f_after + 7 {
+            // Share claim, or the demand add behind it, crosses the hour.
+            let (share_due, add_due) = (g.epoch_start(f - 3), g.epoch_start(f - 6));
+            for phase in [0, 25 * MS] {
+                assert!(
+                    !g.may_claim(f, share_due + phase, skew, timeout)
+                        || !g.may_claim(f - 3, add_due + phase, skew, timeout)
+                );
+            }
+        }
+        assert!(g.may_claim(f_after + 7, g.epoch_start(f_after + 4), skew, timeout));
+        assert!(g.may_claim(f_after + 4, g.epoch_start(f_after + 1), skew, timeout));
         assert_eq!(window_of(h - 1), 1_795_464_000);
         assert_eq!(window_of(h), 1_795_467_600);
     }

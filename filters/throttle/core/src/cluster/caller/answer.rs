@@ -67,7 +67,16 @@ impl Caller {
             };
             let sent = r.fleet_time(call.sent_at);
             let ours = (WINDOW_NS - sent % WINDOW_NS).div_ceil(NS_PER_S);
-            if c.reset_s.abs_diff(ours) > tolerance && c.reset_s.abs_diff(ours + 3600) > tolerance {
+            // Counted in the next hour (the service's clock ahead, or ours
+            // behind, by more than max_clock_skew) is as wrong as in the
+            // last: claims are sent only where every clock within
+            // max_clock_skew is in the hour of their epoch, so a counter of
+            // that epoch in another hour is one no other proxy counts on.
+            // Until 2026-12-01 the next hour passed, and a proxy 1.3 s
+            // behind the others took shares of the hour's first epochs by a
+            // total only it had counted (fleet sweep --at-hour, seed 2: a
+            // slot granted twice).
+            if c.reset_s.abs_diff(ours) > tolerance {
                 return Err(Failure::Clock(format!(
                     "the service's hour ends in {} s, ours in {ours} s: clocks differ by more than max_clock_skew",
                     c.reset_s
@@ -211,8 +220,8 @@ impl Caller {
                 Purpose::DemandAdd => r.demand_ranges.push((p.epoch, c.after - p.hits, c.after)),
                 Purpose::Share | Purpose::Leftover => {
                     bump(&mut r.seen, p.epoch, |v| v.max(c.after));
-                    let before = c.after - p.hits;
-                    let end = c.after.min(g.slots_in(p.epoch));
+                    let before = (c.after - p.hits).saturating_add(p.base);
+                    let end = c.after.saturating_add(p.base).min(g.slots_in(p.epoch));
                     if before < end {
                         // The fleet's slots, in this process's time.
                         let shift = g.shift_slots(r.skew.offset_epochs);

@@ -81,11 +81,25 @@ pub(super) fn rotated_div(num: u128, den: u128, phi: u64) -> u64 {
 /// a burst, a proxy whose demand rose, one that owes credit). Over the
 /// proxies, the shares add up to exactly `l x min(1, A / (R x E))`, whatever
 /// the order of the claims.
-pub(super) fn share(g: &Grid, l: u64, (d0, d1): (u64, u64), total: u64, phi: u64) -> u64 {
+pub(super) fn share(g: &Grid, l: u64, place: (u64, u64), total: u64, phi: u64) -> u64 {
+    let (a, b) = share_positions(g, l, place, total, phi);
+    b.saturating_sub(a)
+}
+
+/// The positions `[a, b)` of epoch's `l` that [`share`] counts: the places
+/// of all proxies in one total tile `[0, L')` without overlap, so a proxy
+/// may take its positions without a claim (a dark epoch, [`Grid::dark`]).
+pub(super) fn share_positions(
+    g: &Grid,
+    l: u64,
+    (d0, d1): (u64, u64),
+    total: u64,
+    phi: u64,
+) -> (u64, u64) {
     let t = u128::from(g.interval_ns);
     let den = share_den(g, total);
     let at = |d: u64| rotated_div(u128::from(l) * u128::from(d) * t, den, phi);
-    at(d1).saturating_sub(at(d0))
+    (at(d0), at(d1).max(at(d0)))
 }
 
 /// What [`share`] divides a place in the demand by, times `T`: the fleet's
