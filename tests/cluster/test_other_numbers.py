@@ -451,7 +451,8 @@ def two_rules(lab: ClusterLab, alpha: float, beta: float, *, cluster: Sequence[s
     weights = [(i + 1) / sum(range(1, n + 1)) for i in range(n)]
     rates = {"alpha": alpha, "beta": beta}
     offered = {"alpha": [2 * alpha / n] * n, "beta": [2 * beta * w for w in weights]}
-    names = ("engine_calls", "engine_failures", "rejected", "slots_unused", "grid_mismatch")
+    names = ("engine_calls", "engine_failures", "rejected", "slots_unused", "grid_mismatch", "slots_granted",
+             "slots_forgiven", "failures_clock", "clock_offset_ms")
     before = {r: [lab.rule_stats(i, r) for i in range(n)] for r in rates}
     loops_before = lab.loop_histograms() if lab.loops else []
     lab.upstream.clear()
