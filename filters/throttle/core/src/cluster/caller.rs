@@ -458,6 +458,24 @@ impl RuleState {
         self.reset = true;
     }
 
+    /// Grants positions `[a, b)` of epoch `f` (the fleet's slots, in this
+    /// process's time: shifted by its clock's offset, [`Skew`]), counted.
+    fn grant_positions(&mut self, f: u64, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let g = self.spec.grid;
+        let shift = g.shift_slots(self.skew.offset_epochs);
+        bump(&mut self.granted, f, |v| v + (b - a));
+        self.stats.granted += b - a;
+        g.position_ranges(f, a, b)
+            .into_iter()
+            .map(|(x, y)| {
+                (
+                    x.saturating_add_signed(shift),
+                    y.saturating_add_signed(shift),
+                )
+            })
+            .collect()
+    }
+
     /// The engine lost its counters: nothing seen or added there holds.
     fn forget_counters(&mut self) {
         self.forget_grants();
@@ -717,7 +735,7 @@ impl Caller {
 
     /// Plans the call of this tick: `held_back` is [`Caller::held_back`],
     /// and each rule's `plan_for` [`Caller::plan_epoch`], read at the start
-    /// of the tick. A rule's share of a dark epoch ([`Grid::dark`]) needs
+    /// of the tick. A rule's share of an epoch that opens the hour ([`Grid::opens_hour`]) needs
     /// no call: it is granted at once, in `updates`.
     fn plan(
         &mut self,
@@ -981,19 +999,7 @@ impl Caller {
                 // total gives it: they tile the epoch without a claim.
                 r.shares.push((ahead, share, spare_of_share));
                 if share > 0 {
-                    let shift = g.shift_slots(r.skew.offset_epochs);
-                    let ranges = g
-                        .position_ranges(ahead, positions.0, positions.1)
-                        .into_iter()
-                        .map(|(a, b)| {
-                            (
-                                a.saturating_add_signed(shift),
-                                b.saturating_add_signed(shift),
-                            )
-                        })
-                        .collect();
-                    bump(&mut r.granted, ahead, |v| v + share);
-                    r.stats.granted += share;
+                    let ranges = r.grant_positions(ahead, positions.0, positions.1);
                     let rates = grant_rate(r, wall);
                     updates.push(RuleUpdate {
                         rule: i,

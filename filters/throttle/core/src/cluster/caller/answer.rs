@@ -223,20 +223,10 @@ impl Caller {
                     let before = (c.after - p.hits).saturating_add(p.base);
                     let end = c.after.saturating_add(p.base).min(g.slots_in(p.epoch));
                     if before < end {
-                        // The fleet's slots, in this process's time.
-                        let shift = g.shift_slots(r.skew.offset_epochs);
+                        let granted = r.grant_positions(p.epoch, before, end);
                         if let Some(list) = ranges.get_mut(p.rule) {
-                            list.extend(g.position_ranges(p.epoch, before, end).into_iter().map(
-                                |(a, b)| {
-                                    (
-                                        a.saturating_add_signed(shift),
-                                        b.saturating_add_signed(shift),
-                                    )
-                                },
-                            ));
+                            list.extend(granted);
                         }
-                        bump(&mut r.granted, p.epoch, |v| v + (end - before));
-                        r.stats.granted += end - before;
                     }
                 }
             }
