@@ -80,7 +80,13 @@ fn report(o: &Outcome, verbose: bool) -> bool {
         } else {
             format!("--scenario {}", o.scenario.name)
         };
-        println!("  replay: make fleet-sweep ARGS='{replay} --verbose'");
+        // The same seed moved over the hour is another run: say so.
+        let hour = if std::env::args().any(|a| a == "--at-hour") {
+            " --at-hour"
+        } else {
+            ""
+        };
+        println!("  replay: make fleet-sweep ARGS='{replay}{hour} --verbose'");
     }
     o.violations.is_empty()
 }
