@@ -476,7 +476,9 @@ fn rate(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
     }
 }
 
-/// With clocks apart: before 2 s after the last skew event the fleet could find.
+/// With clocks apart: before 2 s after the last skew event the fleet could
+/// find (and, if the probes paused for the hour before they found it, 2 s
+/// after they could find it past the pause).
 fn clock_settling(f: &Facts<'_>, t: u64) -> bool {
     if !f.clocks_apart {
         return false;
@@ -490,7 +492,19 @@ fn clock_settling(f: &Facts<'_>, t: u64) -> bool {
         .chain([0])
         .max()
         .unwrap_or(0);
-    t < sc.at(last_event + 2_000 + 2_000)
+    let settled = last_event + 2_000 + 2_000;
+    // The probes pause within their reach either side of the service's
+    // hour (their counters would cross it, [`crate::cluster::grid::Grid::may_claim`]):
+    // a skew not found before that pause is found after it.
+    let reach = crate::cluster::skew::REACH_NS / NS_PER_MS;
+    let into = sc.start_s % 3600;
+    let settled = match (3600 - into) * 1000 {
+        hour if into > 0 && hour < settled + reach && hour + reach > last_event => {
+            settled.max(hour + reach + 2_000 + 2_000)
+        }
+        _ => settled,
+    };
+    t < sc.at(settled)
 }
 
 fn early_refusal(f: &Facts<'_>, r: &RuleView<'_>, out: &mut Vec<Violation>) {
@@ -1114,10 +1128,12 @@ fn soundness(f: &Facts<'_>, out: &mut Vec<Violation>) {
     }
     // No grid slot granted twice, per rule, across the fleet (caller rule
     // indexes are the cluster rules in order).
-    let mut by_rule: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
-    for proc_ in &f.t.processes {
+    // Per rule: each range granted, and to which proxy.
+    type Granted = Vec<((u64, u64), usize)>;
+    let mut by_rule: BTreeMap<usize, Granted> = BTreeMap::new();
+    for (p, proc_) in f.t.processes.iter().enumerate() {
         for &(rule, range) in &proc_.granted {
-            by_rule.entry(rule).or_default().push(range);
+            by_rule.entry(rule).or_default().push((range, p));
         }
     }
     // Unless Redis lost the counters (a restart): claims after it count
@@ -1127,10 +1143,15 @@ fn soundness(f: &Facts<'_>, out: &mut Vec<Violation>) {
             break;
         }
         ranges.sort_unstable();
-        if let Some(w) = ranges.windows(2).find(|w| matches!(w, [a, b] if b.0 < a.1)) {
+        if let Some([(a, p), (b, q)]) = ranges
+            .windows(2)
+            .find(|w| matches!(w, [(a, _), (b, _)] if b.0 < a.1))
+        {
             out.push(v(
                 "sound",
-                format!("cluster rule #{rule}: a slot granted twice: {w:?}"),
+                format!(
+                    "cluster rule #{rule}: a slot granted twice: {a:?} to proxy {p}, {b:?} to proxy {q}"
+                ),
             ));
         }
     }

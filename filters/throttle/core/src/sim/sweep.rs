@@ -421,7 +421,7 @@ fn clocks(sc: &mut Scenario, rng: &mut Rng) {
 
 /// The named scenarios: red team 3's findings 2-6 at their own numbers, and
 /// CI's own failures.
-pub const NAMES: [&str; 19] = [
+pub const NAMES: [&str; 20] = [
     "burst-after-idle",
     "burst-after-idle-spread",
     "low-rates",
@@ -431,6 +431,7 @@ pub const NAMES: [&str; 19] = [
     "two-rules",
     "two-rules-blips",
     "two-rules-hour",
+    "skewed-at-hour",
     "two-rules-7-450",
     "clock-tie",
     "stalls",
@@ -531,6 +532,20 @@ pub fn named(name: &str) -> Option<Scenario> {
             sc.name = name.into();
             sc.start_s = super::scenario::HOUR_S + 3600 - 6;
             return Some(sc);
+        }
+        // The sweep's (2026-12-02, --at-hour seeds 116, 30, 167): a proxy
+        // 1.2 s ahead, not yet detected, took shares of the hour's first
+        // epochs by a total it read before the other added to it: a slot
+        // granted twice.
+        "skewed-at-hour" => {
+            sc.rules.push(RuleSpec::cluster("skew", 150.0, 2));
+            sc.proxies = vec![ProxySpec::new(2); 2];
+            sc.proxies[0].skew_ms = 1202;
+            for p in 0..2 {
+                sc.loads.push(uniform(0, p, 100.0, None));
+            }
+            sc.start_s = super::scenario::HOUR_S + 3600 - 4;
+            sc.duration_ms = 10_000;
         }
         "late-refusals-blips" | "two-rules-blips" => {
             let mut sc = named(name.trim_end_matches("-blips"))?;
