@@ -78,7 +78,7 @@ mod shares;
 pub use shares::{ahead_epochs, lag_epochs};
 use shares::{
     deficit_hits, div_ceil_u128, epoch_phase, fair_share, grant_rate, over_rate, phase_offset,
-    share, share_positions, spare, spare_phase,
+    reference_back, share, share_positions, spare, spare_phase,
 };
 
 /// Arrival samples kept: arrivals per epoch are measured over up to 5 epochs.
@@ -274,6 +274,9 @@ enum Purpose {
     MemberLook,
     DemandAdd,
     DemandLook,
+    /// The look again at the total that places the hour's first shares
+    /// ([`Grid::reference`]), just before they are planned.
+    ReferenceLook,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,6 +335,9 @@ struct RuleState {
     /// Whether a demand total was looked at since the counters were last
     /// lost: `stats.demand` is the fleet's demand then, even when it is 0.
     demand_seen: bool,
+    /// The reference epoch of the hour's first shares whose total was
+    /// looked at again before them ([`Purpose::ReferenceLook`]).
+    reference_read: Option<u64>,
     /// The last member counts looked at.
     member_looks: Vec<u64>,
     /// Epochs between the start of a demand epoch's adds and the look at its
@@ -485,6 +491,7 @@ impl RuleState {
         self.demand_owed.clear();
         self.demand_totals.clear();
         self.demand_seen = false;
+        self.reference_read = None;
         self.gen = None;
     }
 }
@@ -573,6 +580,7 @@ impl Caller {
                     demand_owed: Vec::new(),
                     demand_totals: Vec::new(),
                     demand_seen: false,
+                    reference_read: None,
                     member_looks: Vec::new(),
                     lag: lag_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
                     ahead: ahead_epochs(epoch_ns, engine.timeout_ns, engine.max_clock_skew_ns),
@@ -782,13 +790,27 @@ impl Caller {
             // An epoch that opens the service's hour takes its share by the
             // hour before's last total, without a claim ([`Grid::opens_hour`]).
             let span = k + lag + 1;
+            let back = reference_back(&g);
             let opens = g.opens_hour(ahead, skew, span);
-            let by = if opens { g.reference(ahead, lag) } else { y };
+            let by = if opens {
+                g.reference(ahead, lag, back)
+            } else {
+                y
+            };
             let next = e + 1;
             let next_by = g
                 .opens_hour(next, skew, span)
-                .then(|| g.reference(next, lag));
-            let keep = y.min(by).min(next_by.unwrap_or(y));
+                .then(|| g.reference(next, lag, back));
+            // The next hour's reference, kept from when it is placed.
+            let coming = g.reference(ahead.saturating_add(g.epochs_per_hour()), lag, back);
+            let keep =
+                y.min(by)
+                    .min(next_by.unwrap_or(y))
+                    .min(if coming <= ahead { coming } else { y });
+            // Its total, looked at again in the last plan before the hour's
+            // first share: every add to it is counted by then.
+            let reference_look = (!opens && g.opens_hour(ahead + 1, skew, span))
+                .then(|| g.reference(ahead + 1, lag, back));
             r.demand_ranges.retain(|(f, ..)| *f >= keep);
             r.demand_owed.retain(|(f, _)| *f >= keep);
             r.demand_totals.retain(|(f, _)| *f >= keep);
@@ -908,9 +930,7 @@ impl Caller {
             // leftover claim).
             let leftover_base = match next_by {
                 None => Some(0),
-                // A clock not known to be in step may have read another
-                // total than the proxies that took shares by it.
-                Some(_) if !r.skew.in_step() => None,
+                Some(f) if r.reference_read != Some(f) => None,
                 Some(f) => r
                     .demand_totals
                     .iter()
@@ -932,6 +952,9 @@ impl Caller {
                     },
                 })
             };
+            if let Some(f) = reference_look.filter(|&f| g.may_claim(f, now, skew, timeout)) {
+                push(Purpose::ReferenceLook, f, 0);
+            }
             if g.may_claim(look, now, skew, timeout) {
                 push(Purpose::DemandLook, look, 0);
                 push(Purpose::Gen, look, 1);
@@ -999,17 +1022,18 @@ impl Caller {
             }
             if opens
                 && r.mode == Mode::Grid
-                && r.skew.in_step()
+                && r.reference_read == Some(by)
                 && lookup3(&r.demand_ranges, by).is_some()
             {
                 // Every proxy takes the positions its place in the same
-                // total gives it: they tile the epoch without a claim. Only
-                // with a clock known to be in step with the fleet's
-                // ([`Skew::in_step`]): one further off reads the total
-                // before some adds, or after others read it, and its
-                // positions overlap theirs (until 2026-12-02, fleet sweep
-                // --at-hour seeds 116 and 167, a proxy 1.2 s ahead, not yet
-                // detected at the hour: a slot granted twice).
+                // total gives it: they tile the epoch without a claim. The
+                // same total: one looked at again seconds after the adds
+                // to it. Until 2026-12-02 the total was the one behind the
+                // hour's first share, looked at `lag` epochs after its adds:
+                // a proxy 1.2 s ahead, its skew not yet found, read it
+                // before the others added to it, and its positions overlap
+                // theirs (fleet sweep --at-hour seeds 30, 116, 167, scenario
+                // skewed-at-hour: a slot granted twice).
                 r.shares.push((ahead, share, spare_of_share));
                 if share > 0 {
                     let ranges = r.grant_positions(ahead, positions.0, positions.1);
@@ -1045,7 +1069,9 @@ impl Caller {
                     | Purpose::GridAdd
                     | Purpose::NameLook
                     | Purpose::GridLook => Counter::Members,
-                    Purpose::DemandAdd | Purpose::DemandLook => Counter::Demand,
+                    Purpose::DemandAdd | Purpose::DemandLook | Purpose::ReferenceLook => {
+                        Counter::Demand
+                    }
                 };
                 let key = match p.purpose {
                     Purpose::Gen => r.spec.grid.gen_key(&r.spec.name),

@@ -213,13 +213,20 @@ impl Grid {
     }
 
     /// The epoch whose demand total places the shares of an epoch that
-    /// opens the hour ([`Grid::opens_hour`]): the one behind the hour's
-    /// first epoch's share (`1 + lag` before it), known when that share is
-    /// planned, `k` epochs before the hour.
-    pub fn reference(&self, f: u64, lag: u64) -> u64 {
+    /// opens the hour ([`Grid::opens_hour`]): `back` epochs before the one
+    /// behind the hour's first epoch's share (`1 + lag` before it). Its
+    /// total is looked at again just before those shares are planned
+    /// ([`super::caller`]): `back` is wide enough that every proxy's add
+    /// to it has been counted by then, whatever the clocks within reach.
+    pub fn reference(&self, f: u64, lag: u64, back: u64) -> u64 {
         let start = self.epoch_start(f);
         self.epoch_of(start - start % WINDOW_NS)
-            .saturating_sub(1 + lag)
+            .saturating_sub(1 + lag + back)
+    }
+
+    /// Epochs from the hour's first to the same epoch of the next hour.
+    pub fn epochs_per_hour(&self) -> u64 {
+        WINDOW_NS / self.epoch_ns.max(1)
     }
 }
 
@@ -400,7 +407,9 @@ mod tests {
             opens,
             [false, false, true, true, true, true, true, true, true, false, false]
         );
-        assert_eq!(g.reference(f_after + 6, 2), f_after - 3);
+        assert_eq!(g.reference(f_after + 6, 2, 0), f_after - 3);
+        assert_eq!(g.reference(f_after + 6, 2, 28), f_after - 31);
+        assert_eq!(g.epochs_per_hour(), 36_000);
         for f in f_after..f_after + 7 {
             // Share claim, or the demand add behind it, crosses the hour.
             let (share_due, add_due) = (g.epoch_start(f - 3), g.epoch_start(f - 6));

@@ -89,9 +89,6 @@ pub struct Skew {
     recheck: Option<Recheck>,
     /// An answer ahead, proven: the next [`Skew::estimate`] returns it.
     proven: Option<i64>,
-    /// Whether the last full sweep since the frame last changed found us in
-    /// step with the fleet (or alone): nobody `min_move` or more away.
-    in_step: bool,
     /// Our clock's offset from the fleet's, in epochs (positive: ahead).
     pub offset_epochs: i64,
     /// The smallest correction made, in epochs: more than `max_clock_skew`
@@ -123,7 +120,6 @@ impl Skew {
             pending: None,
             recheck: None,
             proven: None,
-            in_step: false,
             offset_epochs: 0,
             min_move: i64::try_from(skew_ns / epoch_ns.max(1))
                 .unwrap_or(i64::MAX)
@@ -213,7 +209,6 @@ impl Skew {
             Answer::Behind(m) => *m >= min_move,
             Answer::Ahead(r) => r.m >= min_move,
         });
-        self.in_step = now.is_none();
         let confirmed = match (self.pending, now) {
             // Behind (others' adds are in our future: unambiguous): the same
             // twice, at most an offset step apart (2 epochs as far as 1.5 s),
@@ -330,20 +325,8 @@ impl Skew {
         })
     }
 
-    /// Whether this clock is known to be in step with the fleet's: the last
-    /// full sweep since the frame changed saw nobody an epoch or more away
-    /// (or no other proxy), and no answer waits for confirmation or proof.
-    /// What needs the fleet to have read one counter alike, with no claim
-    /// to order it (the hour's first epochs, [`super::grid::Grid::opens_hour`]),
-    /// is taken only then: a clock off by more than `max_clock_skew` reads
-    /// a total before some proxies add to it, or after others read it.
-    pub fn in_step(&self) -> bool {
-        self.in_step && self.pending.is_none() && self.recheck.is_none() && self.proven.is_none()
-    }
-
     /// Forgets what was seen (the frame changed).
     pub fn restart(&mut self) {
-        self.in_step = false;
         self.ahead.iter_mut().for_each(|c| *c = None);
         self.behind.iter_mut().for_each(|c| *c = None);
         self.pending = None;
@@ -708,35 +691,5 @@ mod tests {
             sweep(&mut s, |j| if j <= 3 { 2 } else { 0 }, |_| 2);
             assert_eq!(s.estimate(), None);
         }
-    }
-
-    #[test]
-    fn in_step_only_once_a_sweep_found_nobody_a_move_away() {
-        let mut s = Skew::new(100 * MS, 100 * MS);
-        // Nothing known yet (a proxy that just started, or a sweep cut short
-        // by the hour's probes): not in step.
-        assert!(!s.in_step());
-        sweep(&mut s, |_| 0, |_| 2);
-        assert_eq!(s.estimate(), None);
-        assert!(s.in_step());
-        // One epoch off is no skew: still in step.
-        sweep(&mut s, |j| if j <= 1 { 2 } else { 0 }, |_| 2);
-        assert_eq!(s.estimate(), None);
-        assert!(s.in_step());
-        // The others 9 epochs ahead: behind, waiting for confirmation.
-        let ahead = |j: i64| if j <= 8 { 2 } else { 0 };
-        sweep(&mut s, ahead, |_| 2);
-        assert_eq!(s.estimate(), None);
-        assert!(!s.in_step());
-        sweep(&mut s, ahead, |_| 2);
-        assert_eq!(s.estimate(), Some(-9));
-        // Moved: the frame changed, nothing is known of the new one.
-        s.restart();
-        assert!(!s.in_step());
-        // Ahead of three others, waiting for its proof: not in step.
-        let mut s = Skew::new(100 * MS, 100 * MS);
-        sweep(&mut s, |_| 0, |j| if j <= 8 { 0 } else { 3 });
-        assert_eq!(s.estimate(), None);
-        assert!(!s.in_step());
     }
 }

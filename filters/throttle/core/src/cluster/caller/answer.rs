@@ -210,6 +210,10 @@ impl Caller {
                     bump(&mut r.demand_totals, p.epoch, |_| c.after);
                     r.demand_seen = true;
                 }
+                Purpose::ReferenceLook => {
+                    bump(&mut r.demand_totals, p.epoch, |_| c.after);
+                    r.reference_read = Some(p.epoch);
+                }
                 Purpose::MemberAdd => {
                     r.member_adds.push(p.epoch);
                     r.own_adds.push(p.epoch);

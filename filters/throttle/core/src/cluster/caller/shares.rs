@@ -15,6 +15,20 @@ pub fn lag_epochs(epoch_ns: u64, timeout_ns: u64, skew_ns: u64) -> u64 {
         .max(1)
 }
 
+/// The widest spread of the proxies' clocks (max_clock_skew and the skew
+/// not yet found, as the fleet sweep draws it: within +-1.5 s) over which
+/// every proxy takes the hour's first shares by the same total.
+pub const HOUR_SPREAD_NS: u64 = 3_000_000_000;
+
+/// Epochs between the total that places the hour's first shares and the
+/// one `lag` would give ([`Grid::reference`]): the look again at it, in the
+/// last plan before those shares (`k + 1` epochs before the hour), comes
+/// after every add to it by clocks up to [`HOUR_SPREAD_NS`] apart (`lag`
+/// already covers `max_clock_skew`; this covers the rest, with room).
+pub fn reference_back(g: &Grid) -> u64 {
+    HOUR_SPREAD_NS.div_ceil(g.epoch_ns.max(1))
+}
+
 /// `k`, how many epochs ahead shares are claimed: leftovers of epoch `X` are
 /// claimed in `X - 1` (at a phase of 0 at the earliest), shares of `X` in
 /// `X - k` (a phase below `E/4`, reaching the engine within `timeout`, by a
@@ -88,7 +102,8 @@ pub(super) fn share(g: &Grid, l: u64, place: (u64, u64), total: u64, phi: u64) -
 
 /// The positions `[a, b)` of epoch's `l` that [`share`] counts: the places
 /// of all proxies in one total tile `[0, L')` without overlap, so a proxy
-/// may take its positions without a claim (a dark epoch, [`Grid::dark`]).
+/// may take its positions without a claim (an epoch that opens the hour,
+/// [`Grid::opens_hour`]).
 pub(super) fn share_positions(
     g: &Grid,
     l: u64,
