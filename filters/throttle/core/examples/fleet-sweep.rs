@@ -16,6 +16,8 @@
 //! fleet-sweep --offset-search NAME [--offsets N]         NAME's bursts moved 0..N ms later (default 100)
 //! fleet-sweep --scenario NAME --offset MS                NAME's bursts MS ms later
 //! fleet-sweep ... --at-hour                               every seed over the top of the hour
+//! fleet-sweep --scenario NAME --hour-at S                NAME started so that the hour ends S s in
+//! fleet-sweep --start-search NAME [--starts N]           NAME started at N other times (7 s apart)
 //! ```
 //! Exit status 1 if any invariant failed.
 //!
@@ -196,6 +198,14 @@ fn scenario(args: &[String], name: &str) -> Option<Scenario> {
         }
         (None, None) => sweep::named(name)?,
     };
+    if let Some(at) = arg(args, "--hour-at") {
+        let Ok(at) = at.parse::<u64>() else {
+            eprintln!("fleet-sweep: --hour-at takes whole seconds into the run");
+            std::process::exit(2);
+        };
+        sc.start_s = throttle_core::sim::scenario::HOUR_S + 3600 - at;
+        sc.name = format!("{} --hour-at {at}", sc.name);
+    }
     if let Some(k) = arg(args, "--noise") {
         let Ok(k) = k.parse::<u64>() else {
             eprintln!("fleet-sweep: --noise takes a number");
@@ -225,6 +235,36 @@ fn offset_search(name: &str, offsets: u64) -> bool {
     }
     println!(
         "fleet-sweep: offset search of {name}: {runs} runs (its bursts 0..{offsets} ms later), {failed} failed, in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    runs > 0 && failed == 0
+}
+
+/// `--start-search NAME`: named scenario NAME started so that the service's
+/// hour ends 7, 14, .. `7 * starts` s into it (`--hour-at`): every clock
+/// reading in the run moves, and with it the phases of the grid's slots,
+/// of the shares' rotation and of the first engine calls. A named scenario
+/// otherwise always starts at the top of an hour (it found the pace held at
+/// a late first call: `sporadic` waited at 8 of 60 starts). True if
+/// nothing failed.
+fn start_search(name: &str, starts: u64) -> bool {
+    let started = Instant::now();
+    let (mut runs, mut failed) = (0u64, 0u64);
+    for i in 1..=starts {
+        let Some(mut sc) = sweep::named(name) else {
+            continue;
+        };
+        let at = 7 * i;
+        sc.start_s = throttle_core::sim::scenario::HOUR_S + 3600 - at;
+        sc.name = format!("{name} --hour-at {at}");
+        runs += 1;
+        if !report(&sweep::run_checked(&sc), false) {
+            failed += 1;
+        }
+    }
+    println!(
+        "fleet-sweep: start search of {name}: {runs} runs (the hour 7..{} s in), {failed} failed, in {:.0} s",
+        7 * starts,
         started.elapsed().as_secs_f64()
     );
     runs > 0 && failed == 0
@@ -334,6 +374,12 @@ fn main() {
             .unwrap_or(100);
         std::process::exit(if offset_search(&name, offsets) { 0 } else { 1 });
     }
+    if let Some(name) = arg(&args, "--start-search") {
+        let starts = arg(&args, "--starts")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60);
+        std::process::exit(if start_search(&name, starts) { 0 } else { 1 });
+    }
     if let Some(name) = arg(&args, "--stall-search") {
         let starts = arg(&args, "--starts")
             .and_then(|s| s.parse().ok())
@@ -352,7 +398,7 @@ fn main() {
             }
         };
         let sc = match (arg(&args, "--seed"), arg(&args, "--scenario")) {
-            (Some(seed), _) => seed.parse().ok().map(sweep::draw),
+            (Some(seed), _) => seed.parse().ok().map(|s| drawn(&args, s)),
             (None, Some(name)) => scenario(&args, &name),
             _ => None,
         };
