@@ -762,6 +762,10 @@ impl Caller {
         }
         let (skew, timeout) = (self.skew_ns, self.timeout_ns);
         let wall = now;
+        let permille = self.phase_permille;
+        // When this call was due by the phase of the epochs it plans (local
+        // time): the pace counts from there, not from a late tick.
+        let mut phase_at: Option<u64> = None;
         let mut plan = Vec::new();
         for (i, (r, fact)) in self.rules.iter_mut().zip(facts).enumerate() {
             let g = r.spec.grid;
@@ -780,6 +784,11 @@ impl Caller {
             if r.plan_for != Some(e) {
                 continue;
             }
+            let due = g
+                .epoch_start(e)
+                .saturating_add(phase_offset(g.epoch_ns, permille));
+            let due = wall.saturating_sub(now.saturating_sub(due));
+            phase_at = Some(phase_at.map_or(due, |t| t.min(due)));
             r.granted.retain(|(f, _)| *f > e);
             // Shares of epoch e+k come from the demand of y = e+k-1-lag, whose
             // total was looked at in the last epoch (its adds complete by then).
@@ -1097,9 +1106,17 @@ impl Caller {
             }
         }
         let request = self.engine.request(&claims);
+        // The pace runs from when the call was due by its phase: one sent
+        // late (the first call of a rule, a late tick) does not hold every
+        // later call as late. Until 2026-12-02 it ran from the late call,
+        // and a proxy whose first call came 92 ms into an epoch called ~60
+        // ms in ever after, behind every other proxy's leftover claims (the
+        // fleet sweep's `sporadic` with the hour 98 s in: its credit went
+        // unrepaid for 1.3 s). Calls stay at least the interval apart.
+        let anchor = phase_at.unwrap_or(now).min(now);
         self.call_due = Some(
             self.call_due
-                .map_or(now, |t| t.max(now))
+                .map_or(anchor, |t| t.max(anchor))
                 .saturating_add(MIN_CALL_INTERVAL_NS),
         );
         self.in_flight = Some(InFlight {

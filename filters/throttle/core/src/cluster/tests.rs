@@ -824,6 +824,26 @@ fn a_phase_spreads_calls_over_the_first_quarter_of_the_epoch() {
     assert!(c.tick(T0 + 13 * MS, &facts).0.is_some());
 }
 
+/// A first call late in its epoch (the first request came then) does not
+/// hold the later calls late: from the next epoch on they come at the
+/// proxy's phase, where the pace ran from the late call until 2026-12-02
+/// (and the proxy called behind every other's leftover claims for good).
+#[test]
+fn a_late_first_call_does_not_hold_the_later_calls_late() {
+    let mut eng = FakeEngine::default();
+    let mut c = orders().with_phase(200); // 5 ms into each epoch
+    let mut sent = Vec::new();
+    for ms in 92..1_000 {
+        if exchange(&mut eng, &mut c, T0 + ms * MS, &waiting(1)).0 {
+            sent.push(ms);
+        }
+    }
+    assert_eq!(sent.first(), Some(&92), "{sent:?}");
+    let later: Vec<u64> = sent.iter().skip(1).map(|ms| ms % 100).collect();
+    assert!(later.len() >= 8, "{sent:?}");
+    assert!(later.iter().all(|&at| at == 5), "{sent:?}");
+}
+
 /// A lone proxy's calls over `epochs` epochs of 100 ms with the facts
 /// `facts(k)` gives (none: no tick in that epoch): the slots each call from
 /// epoch `from` on was granted.
