@@ -70,6 +70,7 @@ use crate::config::{EngineConfig, OnEngineFailure};
 use super::cursor::Mode;
 use super::engine::{Claim, Counted, Counter, Engine, Failure, Request};
 use super::grid::{Grid, WINDOW_NS};
+use super::service_clock::ServiceClock;
 use super::skew::Skew;
 
 mod answer;
@@ -380,6 +381,9 @@ struct RuleState {
     seen_second: (u64, Option<u64>, Option<u64>),
     /// When a mismatch was last logged.
     mismatch_warned: Option<u64>,
+    /// The last grid offset (epochs) a vote proposed and the service's
+    /// clock refused, as logged.
+    move_refused: Option<i64>,
 }
 
 impl RuleState {
@@ -522,6 +526,9 @@ pub struct Caller {
     forgiven: Vec<Forgiven>,
     /// When the current run of failures was last logged.
     warned_at: Option<u64>,
+    /// Where the service's clock stands against ours: the reference a
+    /// clock vote may not move a grid away from.
+    service: ServiceClock,
 }
 
 /// A run of failures is logged when it starts the fallback, then at most once
@@ -595,6 +602,7 @@ impl Caller {
                     second: None,
                     seen_second: (0, None, None),
                     mismatch_warned: None,
+                    move_refused: None,
                     gen: None,
                     reset: false,
                 })
@@ -608,6 +616,7 @@ impl Caller {
             events: Vec::new(),
             forgiven: Vec::new(),
             warned_at: None,
+            service: ServiceClock::default(),
         }
     }
 

@@ -69,6 +69,7 @@ pub mod cursor;
 pub mod engine;
 pub mod grants;
 pub mod grid;
+pub mod service_clock;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod skew;

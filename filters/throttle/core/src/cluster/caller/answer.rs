@@ -134,6 +134,11 @@ impl Caller {
             }
         }
         self.warned_at = None;
+        if !late {
+            if let Some(c) = counted.first() {
+                self.service.observe(call.sent_at, now, c.reset_s);
+            }
+        }
         let mut ranges: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.rules.len()];
         for (p, c) in call.plan.iter().zip(counted) {
             let Some(r) = self.rules.get_mut(p.rule) else {
@@ -244,7 +249,39 @@ impl Caller {
             if r.shares.len() > keep {
                 r.shares.drain(..r.shares.len() - keep);
             }
-            if let Some(delta) = r.skew.estimate() {
+            let delta = r.skew.estimate();
+            let e = i64::try_from(r.spec.grid.epoch_ns).unwrap_or(i64::MAX);
+            let skew = i64::try_from(self.skew_ns).unwrap_or(i64::MAX);
+            // A grid off the service's clock goes to it once that is known
+            // to two epochs: whatever the vote says (a vote that reads half
+            // of a skewed half moves half way; with one other proxy, ahead of
+            // us, no vote moves at all).
+            let toward = if late {
+                None
+            } else {
+                self.service
+                    .toward(r.offset_ns(), e, skew)
+                    .filter(|&to| to != r.skew.offset_epochs)
+            };
+            let delta = toward.map(|to| to - r.skew.offset_epochs).or(delta);
+            let to = delta
+                .filter(|_| toward.is_none())
+                .map(|d| r.skew.offset_epochs.saturating_add(d));
+            if let Some(to) = to.filter(|&to| self.service.misses(to.saturating_mul(e), skew)) {
+                // Where the others stand is not the service's clock: this
+                // grid stays (the others move, or this one goes to the
+                // service's clock once that is settled; see `service_clock`).
+                if r.move_refused != Some(to) {
+                    r.move_refused = Some(to);
+                    self.events.push(format!(
+                        "rule {}: the other proxies' clocks read about {} ms {} this proxy's, but the rate limit service's clock does not: its grid stays; set the clocks by NTP",
+                        r.spec.name,
+                        to.saturating_mul(e).unsigned_abs() / crate::clock::NS_PER_MS,
+                        if to > 0 { "behind" } else { "ahead of" },
+                    ));
+                }
+                r.skew.restart();
+            } else if let Some(delta) = delta {
                 r.skew.offset_epochs = r.skew.offset_epochs.saturating_add(delta);
                 let ms = r.offset_ns().unsigned_abs() / crate::clock::NS_PER_MS;
                 r.stats.clock_offset_ms = ms;
@@ -256,9 +293,14 @@ impl Caller {
                     *n += 1;
                 }
                 self.events.push(format!(
-                    "rule {}: this proxy's clock is about {ms} ms {} the other proxies' of the rule (max_clock_skew {} ms): its grid now follows theirs; set the clocks by NTP",
+                    "rule {}: this proxy's clock is about {ms} ms {} {} (max_clock_skew {} ms): its grid now follows theirs; set the clocks by NTP",
                     r.spec.name,
                     if r.skew.offset_epochs > 0 { "ahead of" } else { "behind" },
+                    if toward.is_some() {
+                        "the rate limit service's"
+                    } else {
+                        "the other proxies' of the rule"
+                    },
                     self.skew_ns / crate::clock::NS_PER_MS
                 ));
                 r.skew.restart();
