@@ -15,8 +15,8 @@
 //! clock stands against the other proxies'; the service is the one clock
 //! every proxy shares. A vote that would move a proxy's grid away from the
 //! service's clock, beyond `max_clock_skew`, is refused
-//! ([`ServiceClock::misses`]): the others, off the service's clock, are
-//! the ones to move. A grid off it goes to it ([`ServiceClock::toward`]). Until 2026-12-02 a 2-against-2 split could resolve to
+//! ([`ServiceClock::moves_away`]): the others, off the service's clock,
+//! are the ones to move. A grid off it goes to it ([`ServiceClock::target`]). Until 2026-12-02 a 2-against-2 split could resolve to
 //! the skewed half (two proxies with right clocks followed two 900 ms
 //! behind): the fleet's grid was then 900 ms off the service's, and at the
 //! top of the service's hour every call failed its hour check for a second
@@ -114,20 +114,27 @@ impl ServiceClock {
     }
 
     /// Where a grid that runs `from` ns behind our clock should run, in
-    /// epochs of `epoch_ns`, to follow the service's clock: `None` while it
-    /// is within `skew` of it (or might be), or while the service's offset
-    /// is known to less than two epochs.
+    /// epochs of `epoch_ns`, to follow the service's clock, on bounds that
+    /// have settled (12 answers over 1.5 s agree): see [`ServiceClock::target`].
     pub fn toward(&self, from: i64, epoch_ns: i64, skew: i64) -> Option<i64> {
+        self.target(from, epoch_ns, skew).filter(|_| self.settled())
+    }
+
+    /// Where a grid that runs `from` ns behind our clock should run, in
+    /// epochs of `epoch_ns`, to follow the service's clock: `None` while it
+    /// is within `skew` and an epoch of it (or might be), or while the
+    /// service's offset is known to less than two epochs. Taken at once
+    /// when a vote also says the grid is off (the vote may have read half
+    /// of a skewed half); alone, only on settled bounds.
+    pub fn target(&self, from: i64, epoch_ns: i64, skew: i64) -> Option<i64> {
         let (lo, hi) = self.offset()?;
         let epoch_ns = epoch_ns.max(1);
-        if hi.saturating_sub(lo) > 2 * epoch_ns || !self.settled() {
+        if hi.saturating_sub(lo) > 2 * epoch_ns {
             return None;
         }
         // Beyond `max_clock_skew` by more than an epoch (rounding and the
         // bounds' width never move a grid).
-        let (a, b) = (lo.saturating_add(from), hi.saturating_add(from));
-        let margin = skew.saturating_add(epoch_ns);
-        if a <= margin && b > -margin {
+        if self.gap(from, skew.saturating_add(epoch_ns)) == 0 {
             return None;
         }
         // The grid's offset that puts the service's at the middle of the
@@ -136,19 +143,38 @@ impl ServiceClock {
         Some(-(mid.saturating_add(epoch_ns / 2).div_euclid(epoch_ns)))
     }
 
-    /// Whether a grid that runs `to` ns behind our clock (our offset from
-    /// the fleet's: positive when ours is ahead) would be off the service's
-    /// clock by more than `skew`, for sure: a vote that would put it there
-    /// is refused (a move away from the service, or only part of the way
-    /// to it: the service's own move follows once its offset is settled).
-    pub fn misses(&self, to: i64, skew: i64) -> bool {
+    /// How far, for sure, a grid that runs `to` ns behind our clock is off
+    /// the service's clock beyond `skew` (0: within it, or it might be).
+    fn gap(&self, to: i64, skew: i64) -> i64 {
         let Some((lo, hi)) = self.offset() else {
-            return false;
+            return 0;
         };
         // The grid's clock is ours less the offset; the service's is ours
         // plus `d`: the service is `d + offset` ahead of the grid.
         let (a, b) = (lo.saturating_add(to), hi.saturating_add(to));
-        b <= -skew || a > skew
+        if b <= -skew {
+            -skew - b
+        } else if a > skew {
+            a - skew
+        } else {
+            0
+        }
+    }
+
+    /// Whether a grid off the service's clock (beyond `skew`, for sure) at
+    /// `from` ns would be within `skew` of it (or might be) at `to`: a
+    /// vote's first answer that the service confirms needs no second.
+    pub fn corroborates(&self, from: i64, to: i64, skew: i64) -> bool {
+        self.gap(from, skew) > 0 && self.gap(to, skew) == 0
+    }
+
+    /// Whether a grid that runs `from` ns behind our clock (our offset from
+    /// the fleet's: positive when ours is ahead) moving to `to` ns would be
+    /// further from the service's clock, and beyond `skew` of it, for sure:
+    /// a vote that would do that is refused.
+    pub fn moves_away(&self, from: i64, to: i64, skew: i64) -> bool {
+        let after = self.gap(to, skew);
+        after > 0 && after > self.gap(from, skew)
     }
 }
 
@@ -205,23 +231,24 @@ mod tests {
     }
 
     #[test]
-    fn a_vote_that_leaves_the_grid_off_the_service_is_refused() {
+    fn a_move_away_from_the_service_is_refused_one_toward_it_is_not() {
         let skew = 100 * MS as i64;
         // Our clock is the service's: following a fleet 900 ms behind
-        // (offset +900 ms: ours ahead of the fleet) misses it.
+        // (offset +900 ms: ours ahead of the fleet) moves away.
         let mut right = ServiceClock::default();
         feed(&mut right, H + 20 * NS_PER_S, 6, 0);
-        assert!(right.misses(900 * MS as i64, skew));
-        assert!(!right.misses(0, skew));
+        assert!(right.moves_away(0, 900 * MS as i64, skew));
+        assert!(!right.moves_away(0, 0, skew));
         // Ours 900 ms behind the service's: following a fleet 900 ms ahead
-        // (offset -900 ms) reaches it; half way, or the other way, does not.
+        // (offset -900 ms) moves toward it, as does half of that; the other
+        // way does not.
         let mut behind = ServiceClock::default();
         feed(&mut behind, H + 20 * NS_PER_S, 6, 900 * MS as i64);
-        assert!(!behind.misses(-900 * MS as i64, skew));
-        assert!(behind.misses(-500 * MS as i64, skew));
-        assert!(behind.misses(300 * MS as i64, skew));
+        assert!(!behind.moves_away(0, -900 * MS as i64, skew));
+        assert!(!behind.moves_away(0, -500 * MS as i64, skew));
+        assert!(behind.moves_away(0, 300 * MS as i64, skew));
         // Nothing known: nothing refused.
-        assert!(!ServiceClock::default().misses(900 * MS as i64, skew));
+        assert!(!ServiceClock::default().moves_away(0, 900 * MS as i64, skew));
     }
 
     #[test]

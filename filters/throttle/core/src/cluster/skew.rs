@@ -188,6 +188,12 @@ impl Skew {
         }
     }
 
+    /// The last sweep's answer "behind", as a move (epochs), while it waits
+    /// for the next sweep to confirm it.
+    pub fn pending_move(&self) -> Option<i64> {
+        self.pending.map(|b| -b)
+    }
+
     /// The correction (epochs to add to the offset), if one is confirmed:
     /// behind, after a full sweep, if two sweeps in a row agree; ahead, once
     /// proven ([`Skew::rechecked`]). A full sweep starts a new one.

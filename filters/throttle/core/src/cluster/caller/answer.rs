@@ -249,32 +249,47 @@ impl Caller {
             if r.shares.len() > keep {
                 r.shares.drain(..r.shares.len() - keep);
             }
-            let delta = r.skew.estimate();
             let e = i64::try_from(r.spec.grid.epoch_ns).unwrap_or(i64::MAX);
             let skew = i64::try_from(self.skew_ns).unwrap_or(i64::MAX);
+            // A vote's first answer "behind" waits for a second sweep
+            // (~0.5 s) unless the service's clock confirms it.
+            let delta = r.skew.estimate().or_else(|| {
+                r.skew.pending_move().filter(|&m| {
+                    !late
+                        && self.service.corroborates(
+                            r.offset_ns(),
+                            r.skew.offset_epochs.saturating_add(m).saturating_mul(e),
+                            skew,
+                        )
+                })
+            });
             // A grid off the service's clock goes to it once that is known
-            // to two epochs: whatever the vote says (a vote that reads half
-            // of a skewed half moves half way; with one other proxy, ahead of
-            // us, no vote moves at all).
+            // to two epochs: on bounds settled, whatever the vote says (with
+            // one other proxy, ahead of us, no vote moves at all); at once
+            // when the vote also says the grid is off (a vote that read half
+            // of a skewed half would move it half way, then again).
             let toward = if late {
                 None
+            } else if delta.is_some() {
+                self.service.target(r.offset_ns(), e, skew)
             } else {
-                self.service
-                    .toward(r.offset_ns(), e, skew)
-                    .filter(|&to| to != r.skew.offset_epochs)
-            };
+                self.service.toward(r.offset_ns(), e, skew)
+            }
+            .filter(|&to| to != r.skew.offset_epochs);
             let delta = toward.map(|to| to - r.skew.offset_epochs).or(delta);
             let to = delta
                 .filter(|_| toward.is_none())
                 .map(|d| r.skew.offset_epochs.saturating_add(d));
-            if let Some(to) = to.filter(|&to| self.service.misses(to.saturating_mul(e), skew)) {
-                // Where the others stand is not the service's clock: this
-                // grid stays (the others move, or this one goes to the
-                // service's clock once that is settled; see `service_clock`).
+            if let Some(to) = to.filter(|&to| {
+                self.service
+                    .moves_away(r.offset_ns(), to.saturating_mul(e), skew)
+            }) {
+                // The others are off the service's clock, not this proxy:
+                // they move (see `service_clock`).
                 if r.move_refused != Some(to) {
                     r.move_refused = Some(to);
                     self.events.push(format!(
-                        "rule {}: the other proxies' clocks read about {} ms {} this proxy's, but the rate limit service's clock does not: its grid stays; set the clocks by NTP",
+                        "rule {}: the other proxies' clocks are about {} ms {} this proxy's, but the rate limit service's clock agrees with this one: its grid stays, theirs follow it; set the clocks by NTP",
                         r.spec.name,
                         to.saturating_mul(e).unsigned_abs() / crate::clock::NS_PER_MS,
                         if to > 0 { "behind" } else { "ahead of" },
