@@ -70,7 +70,7 @@ use crate::config::{EngineConfig, OnEngineFailure};
 use super::cursor::Mode;
 use super::engine::{Claim, Counted, Counter, Engine, Failure, Request};
 use super::grid::{Grid, WINDOW_NS};
-use super::service_clock::ServiceClock;
+use super::service_clock::{Decision, ServiceClock};
 use super::skew::Skew;
 
 mod answer;
@@ -793,10 +793,7 @@ impl Caller {
             if r.plan_for != Some(e) {
                 continue;
             }
-            let due = g
-                .epoch_start(e)
-                .saturating_add(phase_offset(g.epoch_ns, permille));
-            let due = wall.saturating_sub(now.saturating_sub(due));
+            let due = wall.saturating_sub(now.saturating_sub(phase_due(&g, e, permille)));
             phase_at = Some(phase_at.map_or(due, |t| t.min(due)));
             r.granted.retain(|(f, _)| *f > e);
             // Shares of epoch e+k come from the demand of y = e+k-1-lag, whose
@@ -1197,10 +1194,14 @@ fn sample_arrivals(r: &mut RuleState, now: u64, arrived_total: u64) {
 /// now (fleet time): not yet planned, and this proxy's phase of the epoch
 /// reached.
 fn epoch_due(g: &Grid, last: Option<u64>, e: u64, now: u64, phase_permille: u64) -> bool {
-    last.is_none_or(|last| last < e)
-        && now
-            >= g.epoch_start(e)
-                .saturating_add(phase_offset(g.epoch_ns, phase_permille))
+    last.is_none_or(|last| last < e) && now >= phase_due(g, e, phase_permille)
+}
+
+/// When (fleet time) a process with phase `phase_permille` calls in epoch
+/// `e` of grid `g`.
+fn phase_due(g: &Grid, e: u64, phase_permille: u64) -> u64 {
+    g.epoch_start(e)
+        .saturating_add(phase_offset(g.epoch_ns, phase_permille))
 }
 
 /// Whether rule `r` planned epochs beyond `e + 1` (the clock stepped back).

@@ -178,6 +178,77 @@ impl ServiceClock {
     }
 }
 
+/// What a rule's grid does after an answer ([`ServiceClock::decide`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing moves.
+    Stay,
+    /// A vote would move the grid to this offset (epochs), away from the
+    /// service's clock: refused.
+    Refuse(i64),
+    /// The grid moves to this offset (epochs): to the service's clock, or
+    /// where the vote says.
+    Move { to: i64, by_service: bool },
+}
+
+impl ServiceClock {
+    /// Where a grid at `offset` epochs of `epoch_ns` goes, given the
+    /// member counters' vote (`vote`: a confirmed move; `pending`: a first
+    /// answer waiting for its second sweep) and the service's clock: a
+    /// first answer the service confirms needs no second; a grid off the
+    /// service's clock goes to it (on bounds settled, whatever the vote
+    /// says; at once when the vote also says it is off: a vote that read
+    /// half of a skewed half would move it half way, then again); a vote
+    /// that would take it away from the service's clock is refused. A
+    /// `late` answer says nothing of the service's clock now.
+    pub fn decide(
+        &self,
+        vote: Option<i64>,
+        pending: Option<i64>,
+        offset: i64,
+        epoch_ns: i64,
+        skew: i64,
+        late: bool,
+    ) -> Decision {
+        let from = offset.saturating_mul(epoch_ns);
+        let vote = vote.or_else(|| {
+            pending.filter(|&m| {
+                !late
+                    && self.corroborates(
+                        from,
+                        offset.saturating_add(m).saturating_mul(epoch_ns),
+                        skew,
+                    )
+            })
+        });
+        let service = if late {
+            None
+        } else if vote.is_some() {
+            self.target(from, epoch_ns, skew)
+        } else {
+            self.toward(from, epoch_ns, skew)
+        };
+        if let Some(to) = service.filter(|&to| to != offset) {
+            return Decision::Move {
+                to,
+                by_service: true,
+            };
+        }
+        let Some(m) = vote else {
+            return Decision::Stay;
+        };
+        let to = offset.saturating_add(m);
+        if self.moves_away(from, to.saturating_mul(epoch_ns), skew) {
+            Decision::Refuse(to)
+        } else {
+            Decision::Move {
+                to,
+                by_service: false,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +320,40 @@ mod tests {
         assert!(behind.moves_away(0, 300 * MS as i64, skew));
         // Nothing known: nothing refused.
         assert!(!ServiceClock::default().moves_away(0, 900 * MS as i64, skew));
+    }
+
+    #[test]
+    fn a_two_two_split_moves_only_the_half_off_the_service() {
+        let (skew, e) = (100 * MS as i64, 100 * MS as i64);
+        // The right half's vote says "follow the others, 900 ms behind":
+        // refused; late, the same (the refusal needs no fresh answer).
+        let mut right = ServiceClock::default();
+        feed(&mut right, H + 20 * NS_PER_S, 6, 0);
+        assert_eq!(
+            right.decide(Some(9), None, 0, e, skew, false),
+            Decision::Refuse(9)
+        );
+        assert_eq!(
+            right.decide(Some(9), None, 0, e, skew, true),
+            Decision::Refuse(9)
+        );
+        // The skewed half's first answer "9 epochs behind", which the
+        // service confirms: it moves at once, and only with the service's
+        // word (late, or with nothing known, it waits for the second sweep).
+        let mut behind = ServiceClock::default();
+        feed(&mut behind, H + 20 * NS_PER_S, 6, 900 * MS as i64);
+        assert!(matches!(
+            behind.decide(None, Some(-9), 0, e, skew, false),
+            Decision::Move { to: -9, .. }
+        ));
+        assert_eq!(
+            behind.decide(None, Some(-9), 0, e, skew, true),
+            Decision::Stay
+        );
+        assert_eq!(
+            ServiceClock::default().decide(None, Some(-9), 0, e, skew, false),
+            Decision::Stay
+        );
     }
 
     #[test]

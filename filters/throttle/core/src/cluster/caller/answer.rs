@@ -251,39 +251,16 @@ impl Caller {
             }
             let e = i64::try_from(r.spec.grid.epoch_ns).unwrap_or(i64::MAX);
             let skew = i64::try_from(self.skew_ns).unwrap_or(i64::MAX);
-            // A vote's first answer "behind" waits for a second sweep
-            // (~0.5 s) unless the service's clock confirms it.
-            let delta = r.skew.estimate().or_else(|| {
-                r.skew.pending_move().filter(|&m| {
-                    !late
-                        && self.service.corroborates(
-                            r.offset_ns(),
-                            r.skew.offset_epochs.saturating_add(m).saturating_mul(e),
-                            skew,
-                        )
-                })
-            });
-            // A grid off the service's clock goes to it once that is known
-            // to two epochs: on bounds settled, whatever the vote says (with
-            // one other proxy, ahead of us, no vote moves at all); at once
-            // when the vote also says the grid is off (a vote that read half
-            // of a skewed half would move it half way, then again).
-            let toward = if late {
-                None
-            } else if delta.is_some() {
-                self.service.target(r.offset_ns(), e, skew)
-            } else {
-                self.service.toward(r.offset_ns(), e, skew)
-            }
-            .filter(|&to| to != r.skew.offset_epochs);
-            let delta = toward.map(|to| to - r.skew.offset_epochs).or(delta);
-            let to = delta
-                .filter(|_| toward.is_none())
-                .map(|d| r.skew.offset_epochs.saturating_add(d));
-            if let Some(to) = to.filter(|&to| {
-                self.service
-                    .moves_away(r.offset_ns(), to.saturating_mul(e), skew)
-            }) {
+            let vote = r.skew.estimate();
+            let decision = self.service.decide(
+                vote,
+                r.skew.pending_move(),
+                r.skew.offset_epochs,
+                e,
+                skew,
+                late,
+            );
+            if let Decision::Refuse(to) = decision {
                 // The others are off the service's clock, not this proxy:
                 // they move (see `service_clock`).
                 if r.move_refused != Some(to) {
@@ -296,7 +273,8 @@ impl Caller {
                     ));
                 }
                 r.skew.restart();
-            } else if let Some(delta) = delta {
+            } else if let Decision::Move { to, by_service } = decision {
+                let delta = to - r.skew.offset_epochs;
                 r.skew.offset_epochs = r.skew.offset_epochs.saturating_add(delta);
                 let ms = r.offset_ns().unsigned_abs() / crate::clock::NS_PER_MS;
                 r.stats.clock_offset_ms = ms;
@@ -311,7 +289,7 @@ impl Caller {
                     "rule {}: this proxy's clock is about {ms} ms {} {} (max_clock_skew {} ms): its grid now follows theirs; set the clocks by NTP",
                     r.spec.name,
                     if r.skew.offset_epochs > 0 { "ahead of" } else { "behind" },
-                    if toward.is_some() {
+                    if by_service {
                         "the rate limit service's"
                     } else {
                         "the other proxies' of the rule"
