@@ -203,8 +203,7 @@ fn scenario(args: &[String], name: &str) -> Option<Scenario> {
             eprintln!("fleet-sweep: --hour-at takes whole seconds into the run");
             std::process::exit(2);
         };
-        sc.start_s = throttle_core::sim::scenario::HOUR_S + 3600 - at;
-        sc.name = format!("{} --hour-at {at}", sc.name);
+        hour_at(&mut sc, at);
     }
     if let Some(k) = arg(args, "--noise") {
         let Ok(k) = k.parse::<u64>() else {
@@ -217,22 +216,34 @@ fn scenario(args: &[String], name: &str) -> Option<Scenario> {
     Some(sc)
 }
 
-/// `--offset-search NAME`: named scenario NAME with its bursts moved 0, 1,
-/// .. `offsets - 1` ms later, over the phases of the engine calls. True if
-/// nothing failed.
-fn offset_search(name: &str, offsets: u64) -> bool {
-    let started = Instant::now();
+/// Runs every scenario, reporting failures only: (runs, failed).
+fn run_all(scenarios: impl Iterator<Item = Scenario>) -> (u64, u64) {
     let (mut runs, mut failed) = (0u64, 0u64);
-    for by in 0..offsets {
-        let Some(mut sc) = sweep::with_offset(name, by) else {
-            continue;
-        };
-        sc.name = format!("{name} --offset {by}");
+    for sc in scenarios {
         runs += 1;
         if !report(&sweep::run_checked(&sc), false) {
             failed += 1;
         }
     }
+    (runs, failed)
+}
+
+/// `sc` started so that the service's hour ends `at` whole seconds into it.
+fn hour_at(sc: &mut Scenario, at: u64) {
+    sc.start_s = throttle_core::sim::scenario::HOUR_S + 3600 - at;
+    sc.name = format!("{} --hour-at {at}", sc.name);
+}
+
+/// `--offset-search NAME`: named scenario NAME with its bursts moved 0, 1,
+/// .. `offsets - 1` ms later, over the phases of the engine calls. True if
+/// nothing failed.
+fn offset_search(name: &str, offsets: u64) -> bool {
+    let started = Instant::now();
+    let (runs, failed) = run_all((0..offsets).filter_map(|by| {
+        let mut sc = sweep::with_offset(name, by)?;
+        sc.name = format!("{name} --offset {by}");
+        Some(sc)
+    }));
     println!(
         "fleet-sweep: offset search of {name}: {runs} runs (its bursts 0..{offsets} ms later), {failed} failed, in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -249,19 +260,11 @@ fn offset_search(name: &str, offsets: u64) -> bool {
 /// nothing failed.
 fn start_search(name: &str, starts: u64) -> bool {
     let started = Instant::now();
-    let (mut runs, mut failed) = (0u64, 0u64);
-    for i in 1..=starts {
-        let Some(mut sc) = sweep::named(name) else {
-            continue;
-        };
-        let at = 7 * i;
-        sc.start_s = throttle_core::sim::scenario::HOUR_S + 3600 - at;
-        sc.name = format!("{name} --hour-at {at}");
-        runs += 1;
-        if !report(&sweep::run_checked(&sc), false) {
-            failed += 1;
-        }
-    }
+    let (runs, failed) = run_all((1..=starts).filter_map(|i| {
+        let mut sc = sweep::named(name)?;
+        hour_at(&mut sc, 7 * i);
+        Some(sc)
+    }));
     println!(
         "fleet-sweep: start search of {name}: {runs} runs (the hour 7..{} s in), {failed} failed, in {:.0} s",
         7 * starts,
